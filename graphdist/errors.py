@@ -1,0 +1,60 @@
+"""Exceptions raised by graphdist.
+
+Every error graphdist raises derives from :class:`GraphdistError`. Errors about
+a bad argument also derive from ``ValueError`` or ``TypeError`` so that code
+written against Python conventions keeps working. Messages name the offending
+argument, op, shape, file or rank and say how to fix it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "GraphdistError",
+    "TracingError",
+    "GraphError",
+    "PlanError",
+    "BackendError",
+    "DeviceError",
+    "CheckpointError",
+    "ClusterConfigError",
+    "CollectiveTimeoutError",
+]
+
+
+class GraphdistError(Exception):
+    """Base class of every error graphdist raises."""
+
+
+class TracingError(GraphdistError, TypeError):
+    """User code did something a trace cannot represent (data-dependent
+    control flow, an unsupported numpy call, a tensor turned concrete)."""
+
+
+class GraphError(GraphdistError, ValueError):
+    """A graph is malformed: failed verification, bad op attributes or
+    incompatible shapes."""
+
+
+class PlanError(GraphdistError, ValueError):
+    """A plan cannot be built, loaded or run with the given inputs."""
+
+
+class BackendError(GraphdistError, RuntimeError):
+    """A backend failed to compile or run a segment."""
+
+
+class DeviceError(GraphdistError, ValueError):
+    """A device string is malformed or names a device that does not exist."""
+
+
+class CheckpointError(GraphdistError, ValueError):
+    """A checkpoint cannot be written or read."""
+
+
+class ClusterConfigError(GraphdistError, ValueError):
+    """A cluster configuration (TF_CONFIG, GRAPHDIST_CONFIG, resolver
+    arguments) is invalid."""
+
+
+class CollectiveTimeoutError(GraphdistError, TimeoutError):
+    """A collective or remote wait did not complete within its timeout."""
