@@ -11,6 +11,7 @@ from __future__ import annotations
 __all__ = [
     "GraphdistError",
     "TracingError",
+    "AxisError",
     "GraphError",
     "PlanError",
     "BackendError",
@@ -28,6 +29,10 @@ class GraphdistError(Exception):
 class TracingError(GraphdistError, TypeError):
     """User code did something a trace cannot represent (data-dependent
     control flow, an unsupported numpy call, a tensor turned concrete)."""
+
+
+class AxisError(TracingError, ValueError, IndexError):
+    """An ``axis`` argument is out of range or repeated (like numpy's AxisError)."""
 
 
 class GraphError(GraphdistError, ValueError):

@@ -1,0 +1,22 @@
+"""graphdist's intermediate representation: values, nodes, graphs and ops."""
+
+from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Node, Value
+from graphdist.ir.onnx_io import from_onnx, to_onnx
+from graphdist.ir.ops import OPSET, OpDef, get_opdef, register_op, registered_ops
+from graphdist.ir.verify import verify
+
+__all__ = [
+    "Value",
+    "Node",
+    "Graph",
+    "OpDef",
+    "OPSET",
+    "ONNX_DOMAIN",
+    "GRAPHDIST_DOMAIN",
+    "get_opdef",
+    "register_op",
+    "registered_ops",
+    "verify",
+    "to_onnx",
+    "from_onnx",
+]

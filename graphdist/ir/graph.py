@@ -1,0 +1,439 @@
+"""The graphdist IR: :class:`Value`, :class:`Node` and :class:`Graph`.
+
+Modelled on torch.fx and onnx-ir. A :class:`Value` is an SSA edge with a dtype
+and a shape; it has at most one producer and records every use. A
+:class:`Node` is one op application (ONNX op or ``graphdist``-domain op) that
+owns its output values. A :class:`Graph` holds nodes in a valid topological
+order, its inputs, outputs and initializers (constant values).
+
+Rewiring always goes through :meth:`Graph.replace_all_uses_with` (or
+:meth:`Node.replace_input`) so that use lists stay consistent.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from graphdist.errors import GraphError
+
+__all__ = ["Value", "Node", "Graph", "Dim", "Shape", "ONNX_DOMAIN", "GRAPHDIST_DOMAIN"]
+
+ONNX_DOMAIN = ""
+GRAPHDIST_DOMAIN = "graphdist"
+
+#: A dimension is a static size or a symbolic name (e.g. ``"batch"``).
+Dim = int | str
+Shape = tuple[Dim, ...]
+
+
+class Value:
+    """An SSA value: produced by one node (or a graph input/initializer).
+
+    Attributes:
+        name: Unique name inside its graph.
+        dtype: numpy dtype of the elements.
+        shape: Tuple of static ints or symbolic dimension names.
+        producer: The node that computes it, or ``None`` for graph inputs and
+            initializers.
+        index: Output position in ``producer.outputs``.
+        const_value: The array of an initializer, else ``None``.
+        uses: ``(node, input_index)`` pairs that read this value.
+    """
+
+    __slots__ = ("name", "dtype", "shape", "producer", "index", "const_value", "uses", "meta")
+
+    def __init__(
+        self,
+        name: str,
+        dtype: Any,
+        shape: Sequence[Dim],
+        producer: Node | None = None,
+        index: int = 0,
+        const_value: np.ndarray | None = None,
+    ) -> None:
+        self.name = name
+        self.dtype = np.dtype(dtype)
+        self.shape: Shape = tuple(shape)
+        self.producer = producer
+        self.index = index
+        self.const_value = const_value
+        self.uses: list[tuple[Node, int]] = []
+        self.meta: dict[str, Any] = {}
+
+    @property
+    def rank(self) -> int:
+        """Number of dimensions."""
+        return len(self.shape)
+
+    @property
+    def is_static(self) -> bool:
+        """True when every dimension is a known integer."""
+        return all(isinstance(d, int) for d in self.shape)
+
+    @property
+    def nbytes(self) -> int | None:
+        """Size in bytes, or ``None`` when a dimension is symbolic."""
+        if not self.is_static:
+            return None
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def type_str(self) -> str:
+        """Short type string such as ``float32[256,784]``."""
+        dims = ",".join(str(d) for d in self.shape)
+        return f"{self.dtype.name}[{dims}]"
+
+    def __repr__(self) -> str:
+        return f"%{self.name}: {self.type_str()}"
+
+
+class Node:
+    """One op application.
+
+    Attributes:
+        op_type: ONNX op type (``"MatMul"``) or graphdist op (``"AllReduce"``).
+        domain: ``""`` for ONNX ops, ``"graphdist"`` for graphdist ops.
+        inputs: Input values; ``None`` marks an omitted optional input.
+        attrs: Attributes with Python values (ints, floats, strings, lists,
+            numpy arrays).
+        outputs: Values this node produces (owned by it).
+        device: Placement such as ``"cpu:0"`` once assigned, else ``None``.
+        replica: Replica index once replicated, else ``None``.
+        meta: Free-form annotations for passes (source location, region...).
+    """
+
+    __slots__ = ("name", "op_type", "domain", "inputs", "attrs", "outputs", "device", "replica", "meta", "graph")
+
+    def __init__(
+        self,
+        op_type: str,
+        inputs: Sequence[Value | None],
+        attrs: dict[str, Any] | None = None,
+        *,
+        domain: str = ONNX_DOMAIN,
+        name: str = "",
+    ) -> None:
+        self.name = name
+        self.op_type = op_type
+        self.domain = domain
+        self.inputs: list[Value | None] = []
+        self.attrs: dict[str, Any] = dict(attrs or {})
+        self.outputs: list[Value] = []
+        self.device: str | None = None
+        self.replica: int | None = None
+        self.meta: dict[str, Any] = {}
+        self.graph: Graph | None = None
+        for value in inputs:
+            self._append_input(value)
+
+    @property
+    def qualified_op(self) -> str:
+        """``op_type`` prefixed by its domain when not ONNX (``graphdist.AllReduce``)."""
+        return f"{self.domain}.{self.op_type}" if self.domain else self.op_type
+
+    def _append_input(self, value: Value | None) -> None:
+        index = len(self.inputs)
+        self.inputs.append(value)
+        if value is not None:
+            value.uses.append((self, index))
+
+    def replace_input(self, index: int, new: Value | None) -> None:
+        """Points input ``index`` at ``new``, keeping use lists consistent."""
+        old = self.inputs[index]
+        if old is not None:
+            old.uses.remove((self, index))
+        self.inputs[index] = new
+        if new is not None:
+            new.uses.append((self, index))
+
+    def detach_inputs(self) -> None:
+        """Removes this node from the use lists of all its inputs."""
+        for index, value in enumerate(self.inputs):
+            if value is not None:
+                value.uses.remove((self, index))
+        self.inputs = []
+
+    def __repr__(self) -> str:
+        outs = ", ".join(f"%{v.name}" for v in self.outputs)
+        ins = ", ".join("None" if v is None else f"%{v.name}" for v in self.inputs)
+        return f"{outs} = {self.qualified_op}({ins})"
+
+
+class Graph:
+    """A dataflow graph of :class:`Node` objects in topological order.
+
+    Attributes:
+        name: Graph name (becomes the ONNX graph name).
+        inputs: Graph inputs (fed at run time).
+        outputs: Graph outputs.
+        initializers: Constant values by name.
+        nodes: Nodes in a valid topological order.
+        stage: Pipeline stage the graph is in (``"traced"``, ``"rewritten"``,
+            ``"partitioned"``), checked by :func:`graphdist.ir.verify`.
+        meta: Free-form annotations (for example the output structure).
+    """
+
+    def __init__(self, name: str = "graph", stage: str = "traced") -> None:
+        self.name = name
+        self.stage = stage
+        self.inputs: list[Value] = []
+        self.outputs: list[Value] = []
+        self.initializers: dict[str, Value] = {}
+        self.nodes: list[Node] = []
+        self.meta: dict[str, Any] = {}
+        self._names: set[str] = set()
+        self._node_names: set[str] = set()
+        self._counter = itertools.count()
+
+    # ------------------------------------------------------------------ names
+    def unique_name(self, hint: str, *, node: bool = False) -> str:
+        """Returns ``hint`` or ``hint_<n>``, unused in this graph so far.
+
+        Node names and value names are separate namespaces (as in ONNX).
+        """
+        taken = self._node_names if node else self._names
+        hint = hint or "v"
+        name = hint
+        while name in taken:
+            name = f"{hint}_{next(self._counter)}"
+        taken.add(name)
+        return name
+
+    # ---------------------------------------------------------- construction
+    def add_input(self, name: str, dtype: Any, shape: Sequence[Dim]) -> Value:
+        """Adds a graph input and returns its value."""
+        value = Value(self.unique_name(name), dtype, shape)
+        self.inputs.append(value)
+        return value
+
+    def add_initializer(self, name: str, array: np.ndarray) -> Value:
+        """Adds a constant value and returns it."""
+        array = np.asarray(array)
+        value = Value(self.unique_name(name), array.dtype, array.shape, const_value=array)
+        self.initializers[value.name] = value
+        return value
+
+    def add_node(
+        self,
+        op_type: str,
+        inputs: Sequence[Value | None],
+        attrs: dict[str, Any] | None = None,
+        *,
+        domain: str = ONNX_DOMAIN,
+        num_outputs: int | None = None,
+        name: str | None = None,
+        output_types: Sequence[tuple[Any, Sequence[Dim]]] | None = None,
+    ) -> Node:
+        """Creates a node, infers its output types and appends it.
+
+        Args:
+            op_type: Op name, registered in :mod:`graphdist.ir.ops`.
+            inputs: Input values (``None`` for omitted optional inputs).
+            attrs: Op attributes.
+            domain: Op domain.
+            num_outputs: Output count for variadic ops (Split).
+            name: Node name hint; defaults to the op type.
+            output_types: ``(dtype, shape)`` per output to skip inference
+                (import of ONNX graphs uses it).
+
+        Returns:
+            The new node; its outputs are in ``node.outputs``.
+
+        Raises:
+            GraphError: The op is unknown or its inputs do not type-check.
+        """
+        from graphdist.ir.ops import get_opdef  # local: ops imports graph
+
+        node = Node(op_type, inputs, attrs, domain=domain)
+        node.name = self.unique_name(name or op_type.lower(), node=True)
+        if output_types is None:
+            opdef = get_opdef(op_type, domain)
+            output_types = opdef.infer(node, num_outputs)
+        for index, (dtype, shape) in enumerate(output_types):
+            out = Value(self.unique_name(node.name if index == 0 else f"{node.name}_{index}"), dtype, shape)
+            out.producer, out.index = node, index
+            node.outputs.append(out)
+        self.append(node)
+        return node
+
+    def append(self, node: Node) -> None:
+        """Appends an already built node (its inputs must be defined earlier)."""
+        node.graph = self
+        self.nodes.append(node)
+
+    def insert_before(self, anchor: Node, node: Node) -> None:
+        """Inserts ``node`` right before ``anchor`` in the node order."""
+        node.graph = self
+        self.nodes.insert(self.nodes.index(anchor), node)
+
+    def remove_node(self, node: Node) -> None:
+        """Removes a node whose outputs are no longer used."""
+        for out in node.outputs:
+            if out.uses or out in self.outputs:
+                raise GraphError(
+                    f"cannot remove node {node.name} ({node.qualified_op}): its output "
+                    f"%{out.name} is still used; rewire it with replace_all_uses_with first"
+                )
+        node.detach_inputs()
+        self.nodes.remove(node)
+        node.graph = None
+
+    def replace_all_uses_with(self, old: Value, new: Value) -> int:
+        """Makes every reader of ``old`` (nodes and graph outputs) read ``new``.
+
+        Returns:
+            The number of uses rewired.
+
+        Raises:
+            GraphError: dtypes differ (shapes may differ only by symbolic dims).
+        """
+        if old is new:
+            return 0
+        if old.dtype != new.dtype:
+            raise GraphError(
+                f"replace_all_uses_with: %{old.name} is {old.type_str()} but the replacement "
+                f"%{new.name} is {new.type_str()}; insert a Cast first"
+            )
+        count = 0
+        for node, index in list(old.uses):
+            node.replace_input(index, new)
+            count += 1
+        for position, out in enumerate(self.outputs):
+            if out is old:
+                self.outputs[position] = new
+                count += 1
+        return count
+
+    # -------------------------------------------------------------- queries
+    def values(self) -> Iterator[Value]:
+        """Every value: inputs, initializers, then node outputs in order."""
+        yield from self.inputs
+        yield from self.initializers.values()
+        for node in self.nodes:
+            yield from node.outputs
+
+    def find_nodes(self, op_type: str, domain: str | None = None) -> list[Node]:
+        """Nodes with the given op type (and domain when given)."""
+        return [n for n in self.nodes if n.op_type == op_type and (domain is None or n.domain == domain)]
+
+    def topological_sort(self) -> None:
+        """Reorders ``nodes`` so every node follows its producers (stable).
+
+        Raises:
+            GraphError: The graph has a cycle.
+        """
+        position = {id(n): i for i, n in enumerate(self.nodes)}
+        indegree = {id(n): 0 for n in self.nodes}
+        for node in self.nodes:
+            for producer in _producers(node):
+                if id(producer) in indegree:
+                    indegree[id(node)] += 1
+        import heapq
+
+        ready = [(position[id(n)], n) for n in self.nodes if indegree[id(n)] == 0]
+        heapq.heapify(ready)
+        ordered: list[Node] = []
+        while ready:
+            _, node = heapq.heappop(ready)
+            ordered.append(node)
+            for consumer in _consumers(node):
+                if id(consumer) in indegree:
+                    indegree[id(consumer)] -= 1
+                    if indegree[id(consumer)] == 0:
+                        heapq.heappush(ready, (position[id(consumer)], consumer))
+        if len(ordered) != len(self.nodes):
+            stuck = [n.name for n in self.nodes if indegree[id(n)] > 0][:5]
+            raise GraphError(f"graph {self.name!r} has a cycle through nodes {stuck}")
+        self.nodes = ordered
+
+    def to_networkx(self):  # -> networkx.MultiDiGraph
+        """Returns a ``networkx.MultiDiGraph``: one vertex per node, graph input
+        and initializer; one edge per value use, keyed by the value name."""
+        import networkx as nx
+
+        g = nx.MultiDiGraph(name=self.name)
+        for value in self.inputs:
+            g.add_node(value.name, kind="input", type=value.type_str())
+        for value in self.initializers.values():
+            g.add_node(value.name, kind="initializer", type=value.type_str())
+        for node in self.nodes:
+            g.add_node(node.name, kind="op", op=node.qualified_op, device=node.device, replica=node.replica)
+            for value in node.inputs:
+                if value is not None:
+                    g.add_edge(_vertex_of(value), node.name, key=value.name, type=value.type_str())
+        for value in self.outputs:
+            sink = f"output:{value.name}"
+            g.add_node(sink, kind="output", type=value.type_str())
+            g.add_edge(_vertex_of(value), sink, key=value.name, type=value.type_str())
+        return g
+
+    def copy(self) -> Graph:
+        """Deep copy of structure (constant arrays are shared, not copied)."""
+        new = Graph(self.name, self.stage)
+        new.meta = dict(self.meta)
+        new._names = set(self._names)
+        new._node_names = set(self._node_names)
+        mapping: dict[int, Value] = {}
+
+        def clone(value: Value) -> Value:
+            twin = Value(value.name, value.dtype, value.shape, const_value=value.const_value)
+            twin.meta = dict(value.meta)
+            mapping[id(value)] = twin
+            return twin
+
+        new.inputs = [clone(v) for v in self.inputs]
+        new.initializers = {name: clone(v) for name, v in self.initializers.items()}
+        for node in self.nodes:
+            twin = Node(node.op_type, [None if v is None else mapping[id(v)] for v in node.inputs], node.attrs,
+                        domain=node.domain, name=node.name)
+            twin.device, twin.replica, twin.meta = node.device, node.replica, dict(node.meta)
+            for out in node.outputs:
+                out_twin = clone(out)
+                out_twin.producer, out_twin.index = twin, out.index
+                twin.outputs.append(out_twin)
+            new.append(twin)
+        new.outputs = [mapping[id(v)] for v in self.outputs]
+        return new
+
+    # ----------------------------------------------------------- rendering
+    def summary(self) -> str:
+        """A readable text listing of the graph (see :mod:`graphdist.ir.printer`)."""
+        from graphdist.ir.printer import format_graph
+
+        return format_graph(self)
+
+    def to_onnx(self, *, opset: int | None = None):  # -> onnx.ModelProto
+        """Lowers to an ``onnx.ModelProto`` (see :mod:`graphdist.ir.onnx_io`)."""
+        from graphdist.ir.onnx_io import to_onnx
+
+        return to_onnx(self) if opset is None else to_onnx(self, opset=opset)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    def __repr__(self) -> str:
+        return f"<Graph {self.name!r} stage={self.stage} nodes={len(self.nodes)} inputs={len(self.inputs)}>"
+
+
+def _vertex_of(value: Value) -> str:
+    return value.producer.name if value.producer is not None else value.name
+
+
+def _producers(node: Node) -> Iterable[Node]:
+    seen: set[int] = set()
+    for value in node.inputs:
+        if value is not None and value.producer is not None and id(value.producer) not in seen:
+            seen.add(id(value.producer))
+            yield value.producer
+
+
+def _consumers(node: Node) -> Iterable[Node]:
+    seen: set[int] = set()
+    for out in node.outputs:
+        for consumer, _ in out.uses:
+            if id(consumer) not in seen:
+                seen.add(id(consumer))
+                yield consumer

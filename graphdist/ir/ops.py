@@ -1,0 +1,476 @@
+"""The OpDef registry: what graphdist knows about each op.
+
+Ops are ONNX ops (opset :data:`OPSET`, ONNX semantics) plus the ``graphdist``
+domain (collectives, placement, variables, replica ids). Each op has an
+:class:`OpDef` with
+
+* ``infer``: the shape/dtype rule, ``infer(node, num_outputs) -> [(dtype, shape)]``,
+  raising :class:`~graphdist.errors.GraphError` on bad inputs;
+* ``gradient``: the reverse-mode rule used by autodiff (filled in by the
+  autodiff module; ``None`` means "not differentiable yet");
+* ``reference``: a numpy implementation, required for ``graphdist`` ops (ONNX
+  ops are executed by ``onnx.reference``).
+
+Shape rules that need constant operands (Reshape's shape, reduction axes,
+Slice bounds) read them from initializers; the tracer always emits those
+operands as initializers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+
+from graphdist.errors import GraphError
+from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Dim, Node, Shape, Value
+
+__all__ = [
+    "OPSET",
+    "GRAPHDIST_OPSET",
+    "OpDef",
+    "register_op",
+    "get_opdef",
+    "has_opdef",
+    "registered_ops",
+    "broadcast_shapes",
+    "onnx_dtype",
+    "numpy_dtype",
+    "normalize_axis",
+]
+
+OPSET = 18
+GRAPHDIST_OPSET = 1
+
+TypeList = list[tuple[np.dtype, Shape]]
+InferFn = Callable[[Node, "int | None"], TypeList]
+
+
+@dataclass
+class OpDef:
+    """Description of one op.
+
+    Attributes:
+        op_type: Op name.
+        domain: ``""`` (ONNX) or ``"graphdist"``.
+        infer: Shape/dtype rule.
+        gradient: Reverse-mode rule (set by autodiff), or ``None``.
+        reference: numpy implementation ``(*inputs, **attrs) -> tuple``.
+        doc: One-line description.
+    """
+
+    op_type: str
+    domain: str
+    infer: InferFn
+    gradient: Callable[..., Any] | None = None
+    reference: Callable[..., tuple[np.ndarray, ...]] | None = None
+    doc: str = ""
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+_REGISTRY: dict[tuple[str, str], OpDef] = {}
+
+
+def register_op(opdef: OpDef) -> OpDef:
+    """Adds (or replaces) an op in the registry."""
+    _REGISTRY[(opdef.domain, opdef.op_type)] = opdef
+    return opdef
+
+
+def get_opdef(op_type: str, domain: str = ONNX_DOMAIN) -> OpDef:
+    """Returns the OpDef of ``domain.op_type``.
+
+    Raises:
+        GraphError: The op is not registered.
+    """
+    try:
+        return _REGISTRY[(domain, op_type)]
+    except KeyError:
+        known = sorted(o for d, o in _REGISTRY if d == domain)
+        raise GraphError(
+            f"op {domain + '.' if domain else ''}{op_type} is not supported by graphdist; "
+            f"supported ops in this domain: {', '.join(known)}"
+        ) from None
+
+
+def has_opdef(op_type: str, domain: str = ONNX_DOMAIN) -> bool:
+    """True when ``domain.op_type`` is registered."""
+    return (domain, op_type) in _REGISTRY
+
+
+def registered_ops() -> list[tuple[str, str]]:
+    """Every registered ``(domain, op_type)`` pair."""
+    return sorted(_REGISTRY)
+
+
+# ----------------------------------------------------------------- helpers
+def onnx_dtype(dtype: Any) -> int:
+    """ONNX ``TensorProto`` element type of a numpy dtype."""
+    return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+
+def numpy_dtype(elem_type: int) -> np.dtype:
+    """numpy dtype of an ONNX ``TensorProto`` element type."""
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+
+
+def normalize_axis(axis: int, rank: int, what: str = "axis") -> int:
+    """Maps a possibly negative axis into ``[0, rank)``.
+
+    Raises:
+        GraphError: ``axis`` is out of range.
+    """
+    if not -rank <= axis < max(rank, 1) or (rank == 0 and axis not in (0, -1)):
+        raise GraphError(f"{what} {axis} is out of range for a tensor of rank {rank}; use -{rank} <= {what} < {rank}")
+    return axis % rank if rank else 0
+
+
+def broadcast_shapes(*shapes: Shape) -> Shape:
+    """numpy broadcasting of static or symbolic shapes.
+
+    Raises:
+        GraphError: The shapes are not broadcast-compatible.
+    """
+    rank = max((len(s) for s in shapes), default=0)
+    result: list[Dim] = []
+    for position in range(rank):
+        dims = [s[len(s) - rank + position] for s in shapes if len(s) - rank + position >= 0]
+        chosen: Dim = 1
+        for dim in dims:
+            if dim == 1:
+                continue
+            if chosen == 1:
+                chosen = dim
+            elif dim != chosen:
+                if isinstance(dim, str) or isinstance(chosen, str):
+                    chosen = chosen if isinstance(chosen, int) else dim
+                    continue
+                raise GraphError(
+                    "shapes " + " and ".join(str(tuple(s)) for s in shapes) + " cannot be broadcast together"
+                )
+        result.append(chosen)
+    return tuple(result)
+
+
+def _const(node: Node, index: int, what: str) -> np.ndarray | None:
+    if index >= len(node.inputs) or node.inputs[index] is None:
+        return None
+    value = node.inputs[index]
+    if value.const_value is None:
+        raise GraphError(f"{node.op_type}: the {what} operand must be a constant (initializer), got %{value.name}")
+    return np.asarray(value.const_value)
+
+
+def _in(node: Node, index: int) -> Value:
+    value = node.inputs[index] if index < len(node.inputs) else None
+    if value is None:
+        raise GraphError(f"{node.op_type} ({node.name}): input {index} is missing")
+    return value
+
+
+def _same_dtype(node: Node, values: Sequence[Value]) -> np.dtype:
+    dtypes = {v.dtype for v in values}
+    if len(dtypes) != 1:
+        listing = ", ".join(v.type_str() for v in values)
+        raise GraphError(f"{node.op_type} ({node.name}) needs inputs of one dtype, got {listing}; insert a Cast")
+    return dtypes.pop()
+
+
+# ------------------------------------------------------------ shape rules
+def _elementwise(out_dtype: Any = None) -> InferFn:
+    def infer(node: Node, _: int | None) -> TypeList:
+        values = [_in(node, i) for i in range(len(node.inputs))]
+        dtype = _same_dtype(node, values)
+        shape = broadcast_shapes(*(v.shape for v in values))
+        return [(np.dtype(out_dtype) if out_dtype is not None else dtype, shape)]
+
+    return infer
+
+
+def _unary(out_dtype: Any = None) -> InferFn:
+    def infer(node: Node, _: int | None) -> TypeList:
+        x = _in(node, 0)
+        return [(np.dtype(out_dtype) if out_dtype is not None else x.dtype, x.shape)]
+
+    return infer
+
+
+def _infer_pow(node: Node, _: int | None) -> TypeList:
+    base, exponent = _in(node, 0), _in(node, 1)
+    return [(base.dtype, broadcast_shapes(base.shape, exponent.shape))]
+
+
+def _infer_where(node: Node, _: int | None) -> TypeList:
+    cond, x, y = _in(node, 0), _in(node, 1), _in(node, 2)
+    if cond.dtype != np.bool_:
+        raise GraphError(f"Where ({node.name}): condition must be bool, got {cond.type_str()}")
+    dtype = _same_dtype(node, [x, y])
+    return [(dtype, broadcast_shapes(cond.shape, x.shape, y.shape))]
+
+
+def _infer_matmul(node: Node, _: int | None) -> TypeList:
+    a, b = _in(node, 0), _in(node, 1)
+    dtype = _same_dtype(node, [a, b])
+    if a.rank == 0 or b.rank == 0:
+        raise GraphError(f"MatMul ({node.name}): operands must have rank >= 1, got {a.type_str()} and {b.type_str()}")
+    a_shape = (1, *a.shape) if a.rank == 1 else a.shape
+    b_shape = (*b.shape, 1) if b.rank == 1 else b.shape
+    k_a, k_b = a_shape[-1], b_shape[-2]
+    if isinstance(k_a, int) and isinstance(k_b, int) and k_a != k_b:
+        raise GraphError(
+            f"MatMul ({node.name}): inner dimensions differ: {a.type_str()} @ {b.type_str()} "
+            f"({k_a} != {k_b})"
+        )
+    batch = broadcast_shapes(a_shape[:-2], b_shape[:-2])
+    shape = (*batch, a_shape[-2], b_shape[-1])
+    if a.rank == 1:
+        shape = shape[:-2] + shape[-1:]
+    if b.rank == 1:
+        shape = shape[:-1]
+    return [(dtype, tuple(shape))]
+
+
+def _reduced_shape(node: Node, x: Value, axes: np.ndarray | None, keepdims: bool, noop_empty: bool) -> Shape:
+    if axes is None or axes.size == 0:
+        if noop_empty:
+            return x.shape
+        return tuple(1 for _ in x.shape) if keepdims else ()
+    normalized = {normalize_axis(int(a), x.rank, f"{node.op_type} axis") for a in axes.reshape(-1)}
+    if keepdims:
+        return tuple(1 if i in normalized else d for i, d in enumerate(x.shape))
+    return tuple(d for i, d in enumerate(x.shape) if i not in normalized)
+
+
+def _infer_reduce(node: Node, _: int | None) -> TypeList:
+    x = _in(node, 0)
+    axes = _const(node, 1, "axes")
+    keepdims = bool(node.attrs.get("keepdims", 1))
+    noop = bool(node.attrs.get("noop_with_empty_axes", 0))
+    return [(x.dtype, _reduced_shape(node, x, axes, keepdims, noop))]
+
+
+def _infer_arg_reduce(node: Node, _: int | None) -> TypeList:
+    x = _in(node, 0)
+    axis = np.array([node.attrs.get("axis", 0)])
+    keepdims = bool(node.attrs.get("keepdims", 1))
+    return [(np.dtype(np.int64), _reduced_shape(node, x, axis, keepdims, False))]
+
+
+def _infer_reshape(node: Node, _: int | None) -> TypeList:
+    x = _in(node, 0)
+    target = [int(d) for d in _const(node, 1, "shape").reshape(-1)]
+    if node.attrs.get("allowzero", 0) == 0:
+        target = [x.shape[i] if d == 0 else d for i, d in enumerate(target)]
+    if target.count(-1) > 1:
+        raise GraphError(f"Reshape ({node.name}): at most one dimension may be -1, got {target}")
+    if -1 in target:
+        known = int(np.prod([d for d in target if d != -1], dtype=np.int64))
+        if not x.is_static:
+            raise GraphError(f"Reshape ({node.name}): cannot infer -1 for symbolic shape {x.shape}")
+        total = int(np.prod(x.shape, dtype=np.int64))
+        if known == 0 or total % known:
+            raise GraphError(f"Reshape ({node.name}): cannot reshape {x.type_str()} into {tuple(target)}")
+        target[target.index(-1)] = total // known
+    if x.is_static and int(np.prod(x.shape, dtype=np.int64)) != int(np.prod(target, dtype=np.int64)):
+        raise GraphError(f"Reshape ({node.name}): cannot reshape {x.type_str()} into {tuple(target)}")
+    return [(x.dtype, tuple(target))]
+
+
+def _infer_transpose(node: Node, _: int | None) -> TypeList:
+    x = _in(node, 0)
+    perm = node.attrs.get("perm", list(range(x.rank))[::-1])
+    if sorted(perm) != list(range(x.rank)):
+        raise GraphError(f"Transpose ({node.name}): perm {list(perm)} is not a permutation of {x.rank} axes")
+    return [(x.dtype, tuple(x.shape[p] for p in perm))]
+
+
+def _infer_unsqueeze(node: Node, _: int | None) -> TypeList:
+    x = _in(node, 0)
+    axes = [int(a) for a in _const(node, 1, "axes").reshape(-1)]
+    rank = x.rank + len(axes)
+    normalized = sorted(normalize_axis(a, rank, "Unsqueeze axis") for a in axes)
+    shape = list(x.shape)
+    for axis in normalized:
+        shape.insert(axis, 1)
+    return [(x.dtype, tuple(shape))]
+
+
+def _infer_squeeze(node: Node, _: int | None) -> TypeList:
+    x = _in(node, 0)
+    axes = _const(node, 1, "axes")
+    if axes is None:
+        return [(x.dtype, tuple(d for d in x.shape if d != 1))]
+    normalized = {normalize_axis(int(a), x.rank, "Squeeze axis") for a in axes.reshape(-1)}
+    for axis in normalized:
+        if x.shape[axis] != 1:
+            raise GraphError(f"Squeeze ({node.name}): axis {axis} of {x.type_str()} has size {x.shape[axis]}, not 1")
+    return [(x.dtype, tuple(d for i, d in enumerate(x.shape) if i not in normalized))]
+
+
+def _infer_concat(node: Node, _: int | None) -> TypeList:
+    values = [_in(node, i) for i in range(len(node.inputs))]
+    dtype = _same_dtype(node, values)
+    rank = values[0].rank
+    if any(v.rank != rank for v in values):
+        raise GraphError(f"Concat ({node.name}): inputs have different ranks: {[v.type_str() for v in values]}")
+    axis = normalize_axis(node.attrs["axis"], rank, "Concat axis")
+    shape = list(values[0].shape)
+    for v in values[1:]:
+        for i, (a, b) in enumerate(zip(shape, v.shape)):
+            if i != axis and isinstance(a, int) and isinstance(b, int) and a != b:
+                raise GraphError(
+                    f"Concat ({node.name}): shapes {[v.shape for v in values]} differ outside axis {axis}"
+                )
+    sizes = [v.shape[axis] for v in values]
+    shape[axis] = sum(sizes) if all(isinstance(s, int) for s in sizes) else "+".join(map(str, sizes))
+    return [(dtype, tuple(shape))]
+
+
+def _infer_split(node: Node, num_outputs: int | None) -> TypeList:
+    x = _in(node, 0)
+    axis = normalize_axis(node.attrs.get("axis", 0), x.rank, "Split axis")
+    split = _const(node, 1, "split")
+    size = x.shape[axis]
+    if split is not None:
+        sizes = [int(s) for s in split.reshape(-1)]
+        if isinstance(size, int) and sum(sizes) != size:
+            raise GraphError(f"Split ({node.name}): sizes {sizes} do not add up to {size}")
+    else:
+        count = node.attrs.get("num_outputs", num_outputs)
+        if count is None or not isinstance(size, int):
+            raise GraphError(f"Split ({node.name}): needs num_outputs or constant split sizes")
+        if size % count:
+            raise GraphError(f"Split ({node.name}): axis of size {size} cannot be split evenly into {count}")
+        sizes = [size // count] * count
+    outs = []
+    for s in sizes:
+        shape = list(x.shape)
+        shape[axis] = s
+        outs.append((x.dtype, tuple(shape)))
+    return outs
+
+
+def _infer_slice(node: Node, _: int | None) -> TypeList:
+    x = _in(node, 0)
+    starts = _const(node, 1, "starts").reshape(-1)
+    ends = _const(node, 2, "ends").reshape(-1)
+    axes = _const(node, 3, "axes")
+    steps = _const(node, 4, "steps")
+    axes = list(range(len(starts))) if axes is None else [int(a) for a in axes.reshape(-1)]
+    steps = [1] * len(starts) if steps is None else [int(s) for s in steps.reshape(-1)]
+    shape = list(x.shape)
+    for start, end, axis, step in zip(starts, ends, axes, steps):
+        axis = normalize_axis(axis, x.rank, "Slice axis")
+        dim = shape[axis]
+        if not isinstance(dim, int):
+            raise GraphError(f"Slice ({node.name}): cannot slice symbolic dimension {dim!r}")
+        shape[axis] = len(range(*slice(int(start), int(end), step).indices(dim)))
+    return [(x.dtype, tuple(shape))]
+
+
+def _infer_gather(node: Node, _: int | None) -> TypeList:
+    x, indices = _in(node, 0), _in(node, 1)
+    if indices.dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
+        raise GraphError(f"Gather ({node.name}): indices must be int32 or int64, got {indices.type_str()}")
+    axis = normalize_axis(node.attrs.get("axis", 0), x.rank, "Gather axis")
+    return [(x.dtype, x.shape[:axis] + indices.shape + x.shape[axis + 1 :])]
+
+
+def _infer_cast(node: Node, _: int | None) -> TypeList:
+    x = _in(node, 0)
+    return [(numpy_dtype(node.attrs["to"]), x.shape)]
+
+
+def _infer_expand(node: Node, _: int | None) -> TypeList:
+    x = _in(node, 0)
+    target = tuple(int(d) for d in _const(node, 1, "shape").reshape(-1))
+    return [(x.dtype, broadcast_shapes(x.shape, target))]
+
+
+def _infer_clip(node: Node, _: int | None) -> TypeList:
+    x = _in(node, 0)
+    bounds = [v for v in node.inputs[1:] if v is not None]
+    _same_dtype(node, [x, *bounds])
+    return [(x.dtype, x.shape)]
+
+
+def _infer_softmax(node: Node, _: int | None) -> TypeList:
+    x = _in(node, 0)
+    normalize_axis(node.attrs.get("axis", -1), x.rank, f"{node.op_type} axis")
+    return [(x.dtype, x.shape)]
+
+
+# --------------------------------------------------------- graphdist ops
+def _infer_replica_id(node: Node, _: int | None) -> TypeList:
+    return [(np.dtype(np.int32), ())]
+
+
+def _infer_all_gather(node: Node, _: int | None) -> TypeList:
+    x = _in(node, 0)
+    group = int(node.attrs.get("group_size", 1))
+    axis = normalize_axis(node.attrs.get("axis", 0), x.rank, "AllGather axis")
+    shape = list(x.shape)
+    dim = shape[axis]
+    shape[axis] = dim * group if isinstance(dim, int) else f"{dim}*{group}"
+    return [(x.dtype, tuple(shape))]
+
+
+_REDUCERS = {"SUM": np.add, "MEAN": np.add, "MAX": np.maximum, "MIN": np.minimum}
+
+
+def _reference_all_reduce(*values: np.ndarray, reduce_op: str = "SUM", **_: Any) -> tuple[np.ndarray, ...]:
+    """All-reduce over the given participants; every participant gets the result."""
+    total = values[0]
+    for other in values[1:]:
+        total = _REDUCERS[reduce_op](total, other)
+    if reduce_op == "MEAN":
+        total = (total / len(values)).astype(values[0].dtype)
+    return tuple(np.array(total, copy=True) for _ in values)
+
+
+def _reference_all_gather(*values: np.ndarray, axis: int = 0, **_: Any) -> tuple[np.ndarray, ...]:
+    """All-gather over the given participants."""
+    joined = np.concatenate(values, axis=axis)
+    return tuple(np.array(joined, copy=True) for _ in values)
+
+
+def _register_defaults() -> None:
+    onnx_ops: dict[str, InferFn] = {}
+    for name in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Mod"):
+        onnx_ops[name] = _elementwise()
+    for name in ("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"):
+        onnx_ops[name] = _elementwise(np.bool_)
+    for name in ("And", "Or", "Xor"):
+        onnx_ops[name] = _elementwise(np.bool_)
+    for name in ("Neg", "Abs", "Exp", "Log", "Sqrt", "Tanh", "Sigmoid", "Relu", "Reciprocal", "Floor",
+                 "Ceil", "Sign", "Sin", "Cos", "Erf", "Identity", "Not", "Round", "Softplus"):
+        onnx_ops[name] = _unary()
+    for name in ("IsNaN", "IsInf"):
+        onnx_ops[name] = _unary(np.bool_)
+    for name in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd"):
+        onnx_ops[name] = _infer_reduce
+    onnx_ops.update(
+        Pow=_infer_pow, Where=_infer_where, MatMul=_infer_matmul, ArgMax=_infer_arg_reduce,
+        ArgMin=_infer_arg_reduce, Reshape=_infer_reshape, Transpose=_infer_transpose,
+        Unsqueeze=_infer_unsqueeze, Squeeze=_infer_squeeze, Concat=_infer_concat, Split=_infer_split,
+        Slice=_infer_slice, Gather=_infer_gather, Cast=_infer_cast, Expand=_infer_expand, Clip=_infer_clip,
+        Softmax=_infer_softmax, LogSoftmax=_infer_softmax,
+    )
+    for name, infer in onnx_ops.items():
+        register_op(OpDef(name, ONNX_DOMAIN, infer))
+
+    register_op(OpDef("ReplicaId", GRAPHDIST_DOMAIN, _infer_replica_id,
+                      reference=lambda replica=0, **_: (np.array(replica, np.int32),),
+                      doc="The replica's index in its sync group (int32 scalar)."))
+    register_op(OpDef("AllReduce", GRAPHDIST_DOMAIN, _unary(), reference=_reference_all_reduce,
+                      doc="Reduce a value over a replica group; every member gets the result.",
+                      attrs={"reduce_op": "SUM", "group_size": 1}))
+    register_op(OpDef("AllGather", GRAPHDIST_DOMAIN, _infer_all_gather, reference=_reference_all_gather,
+                      doc="Concatenate a value over a replica group along `axis`.",
+                      attrs={"axis": 0, "group_size": 1}))
+
+
+_register_defaults()

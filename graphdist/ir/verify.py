@@ -1,0 +1,107 @@
+"""Per-stage invariants of a graph, checked after every pass in tests.
+
+Stages and what :func:`verify` checks:
+
+* every stage: names unique; each node's op registered; every input defined
+  before use (topological order); use lists consistent with inputs; every
+  output typed and equal to what the op's shape rule infers; graph outputs
+  defined.
+* ``"rewritten"`` and ``"partitioned"``: every node placed on a device.
+* ``"partitioned"``: no edge crosses devices except into a collective or
+  transfer node of the ``graphdist`` domain.
+"""
+
+from __future__ import annotations
+
+from graphdist.errors import GraphError
+from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node
+from graphdist.ir.ops import get_opdef
+
+__all__ = ["verify", "STAGES", "CROSS_DEVICE_OPS"]
+
+STAGES = ("traced", "rewritten", "partitioned")
+
+#: graphdist ops allowed to read values placed on another device.
+CROSS_DEVICE_OPS = frozenset({"AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Send", "Recv"})
+
+
+def verify(graph: Graph, stage: str | None = None) -> None:
+    """Checks the invariants of ``stage`` (default: ``graph.stage``).
+
+    Raises:
+        GraphError: Listing every violated invariant.
+    """
+    stage = stage or graph.stage
+    if stage not in STAGES:
+        raise GraphError(f"unknown stage {stage!r}; use one of {', '.join(STAGES)}")
+    problems = _check_structure(graph)
+    if stage in ("rewritten", "partitioned"):
+        problems += [f"node {n.name} ({n.qualified_op}) has no device" for n in graph.nodes if n.device is None]
+    if stage == "partitioned":
+        problems += _check_cross_device_edges(graph)
+    if problems:
+        listing = "\n  ".join(problems[:20])
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        raise GraphError(f"graph {graph.name!r} fails verification at stage {stage!r}:\n  {listing}{more}")
+
+
+def _check_structure(graph: Graph) -> list[str]:
+    problems: list[str] = []
+    defined = {id(v) for v in graph.inputs} | {id(v) for v in graph.initializers.values()}
+    names = [v.name for v in graph.values()]
+    duplicates = {n for n in names if names.count(n) > 1} if len(set(names)) != len(names) else set()
+    problems += [f"value name {n!r} is used more than once" for n in sorted(duplicates)]
+    for node in graph.nodes:
+        problems += _check_node(node, defined)
+        defined.update(id(v) for v in node.outputs)
+    problems += [f"graph output %{v.name} is not defined" for v in graph.outputs if id(v) not in defined]
+    return problems
+
+
+def _check_node(node: Node, defined: set[int]) -> list[str]:
+    problems = []
+    try:
+        opdef = get_opdef(node.op_type, node.domain)
+    except GraphError as err:
+        return [str(err)]
+    for index, value in enumerate(node.inputs):
+        if value is None:
+            continue
+        if id(value) not in defined:
+            problems.append(f"node {node.name} reads %{value.name} before it is defined")
+        if (node, index) not in value.uses:
+            problems.append(f"use list of %{value.name} misses node {node.name} input {index}")
+    for out in node.outputs:
+        if out.producer is not node:
+            problems.append(f"output %{out.name} of {node.name} names another producer")
+    try:
+        inferred = opdef.infer(node, len(node.outputs))
+    except GraphError as err:
+        return [*problems, f"node {node.name}: {err}"]
+    for out, (dtype, shape) in zip(node.outputs, inferred):
+        if out.dtype != dtype or _static(out.shape) != _static(shape):
+            problems.append(
+                f"node {node.name} ({node.qualified_op}): output %{out.name} is {out.type_str()} "
+                f"but its shape rule gives {dtype.name}{list(shape)}"
+            )
+    return problems
+
+
+def _static(shape: tuple) -> tuple:
+    # Symbolic names may be spelt differently by importers; compare static dims only.
+    return tuple(d if isinstance(d, int) else "?" for d in shape)
+
+
+def _check_cross_device_edges(graph: Graph) -> list[str]:
+    problems = []
+    for node in graph.nodes:
+        if node.domain == GRAPHDIST_DOMAIN and node.op_type in CROSS_DEVICE_OPS:
+            continue
+        for value in node.inputs:
+            producer = value.producer if value is not None else None
+            if producer is not None and producer.device != node.device:
+                problems.append(
+                    f"edge %{value.name} crosses from {producer.device} ({producer.name}) to "
+                    f"{node.device} ({node.name}) without a transfer or collective"
+                )
+    return problems
