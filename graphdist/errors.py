@@ -13,6 +13,7 @@ __all__ = [
     "TracingError",
     "AxisError",
     "GraphError",
+    "InvalidArgumentError",
     "PlanError",
     "BackendError",
     "DeviceError",
@@ -38,6 +39,11 @@ class AxisError(TracingError, ValueError, IndexError):
 class GraphError(GraphdistError, ValueError):
     """A graph is malformed: failed verification, bad op attributes or
     incompatible shapes."""
+
+
+class InvalidArgumentError(GraphdistError, ValueError):
+    """An argument to a graphdist API has a bad value (unknown reduce op,
+    mismatched structures, wrong axis for a non-distributed value...)."""
 
 
 class PlanError(GraphdistError, ValueError):

@@ -1,0 +1,6 @@
+"""Whole-step compilation: ``gd.function``, concrete functions and plans."""
+
+from graphdist.compile.function import ConcreteFunction, Function, function
+from graphdist.compile.plan import Plan, Segment
+
+__all__ = ["function", "Function", "ConcreteFunction", "Plan", "Segment"]

@@ -1,0 +1,29 @@
+"""Distribution strategies, distributed values and replica contexts."""
+
+from graphdist.distribute.one_device import OneDeviceStrategy
+from graphdist.distribute.reduce_op import ReduceOp
+from graphdist.distribute.replica_context import ReplicaContext, get_replica_context, in_cross_replica_context
+from graphdist.distribute.strategy import (
+    Strategy,
+    StrategyExtended,
+    experimental_set_strategy,
+    get_strategy,
+    has_strategy,
+)
+from graphdist.distribute.values import DistributedValues, PerReplica, ValueContext
+
+__all__ = [
+    "Strategy",
+    "StrategyExtended",
+    "OneDeviceStrategy",
+    "ReduceOp",
+    "ReplicaContext",
+    "PerReplica",
+    "DistributedValues",
+    "ValueContext",
+    "get_strategy",
+    "has_strategy",
+    "experimental_set_strategy",
+    "get_replica_context",
+    "in_cross_replica_context",
+]

@@ -493,8 +493,6 @@ def _swapaxes(a: Any, axis1: int, axis2: int) -> Any:
 
 
 def _moveaxis(a: Any, source: Any, destination: Any) -> Any:
-    sources = axis_tuple(source, a.ndim, "np.moveaxis source") if not isinstance(source, int) else \
-        axis_tuple((source,), a.ndim, "np.moveaxis source")
     sources = [int(s) % a.ndim for s in (source if isinstance(source, (tuple, list)) else (source,))]
     dests = [int(d) % a.ndim for d in (destination if isinstance(destination, (tuple, list)) else (destination,))]
     order = [n for n in range(a.ndim) if n not in sources]
@@ -577,6 +575,7 @@ _FUNCTIONS: dict[Callable[..., Any], Callable[..., Any]] = {
     np.ndim: lambda a: a.ndim,
     np.size: lambda a, axis=None: a.size if axis is None else a.shape[axis],
     np.astype: _astype,
+    np.result_type: lambda *operands: np.result_type(*(x.dtype if _is_tensor(x) else x for x in operands)),
 }
 
 

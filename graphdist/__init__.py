@@ -1,0 +1,86 @@
+"""graphdist: the tf.distribute programming model for numpy-style Python,
+compiled through ONNX (ONNX Runtime, onnx.reference; TVM to come).
+
+    import numpy as np
+    import graphdist as gd
+
+    strategy = gd.OneDeviceStrategy("cpu:0")
+    result = strategy.run(lambda x: np.tanh(x) * 2, args=(np.ones(3, np.float32),))
+"""
+
+from graphdist import config, nest, stats
+from graphdist.compile import ConcreteFunction, Function, Plan, function
+from graphdist.distribute import (
+    DistributedValues,
+    OneDeviceStrategy,
+    PerReplica,
+    ReduceOp,
+    ReplicaContext,
+    Strategy,
+    StrategyExtended,
+    ValueContext,
+    experimental_set_strategy,
+    get_replica_context,
+    get_strategy,
+    has_strategy,
+    in_cross_replica_context,
+)
+from graphdist.errors import (
+    AxisError,
+    BackendError,
+    CheckpointError,
+    ClusterConfigError,
+    CollectiveTimeoutError,
+    DeviceError,
+    GraphdistError,
+    GraphError,
+    InvalidArgumentError,
+    PlanError,
+    TracingError,
+)
+from graphdist.ir import Graph, Node, Value, verify
+from graphdist.trace import Tensor, TensorSpec, trace
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__",
+    "config",
+    "nest",
+    "stats",
+    "function",
+    "Function",
+    "ConcreteFunction",
+    "Plan",
+    "trace",
+    "Tensor",
+    "TensorSpec",
+    "Graph",
+    "Node",
+    "Value",
+    "verify",
+    "Strategy",
+    "StrategyExtended",
+    "OneDeviceStrategy",
+    "ReduceOp",
+    "ReplicaContext",
+    "PerReplica",
+    "DistributedValues",
+    "ValueContext",
+    "get_strategy",
+    "has_strategy",
+    "experimental_set_strategy",
+    "get_replica_context",
+    "in_cross_replica_context",
+    "GraphdistError",
+    "TracingError",
+    "AxisError",
+    "GraphError",
+    "InvalidArgumentError",
+    "PlanError",
+    "BackendError",
+    "DeviceError",
+    "CheckpointError",
+    "ClusterConfigError",
+    "CollectiveTimeoutError",
+]

@@ -1,0 +1,322 @@
+"""Backend protocol, backend registry and the compile cache.
+
+A backend turns one ONNX segment into an :class:`Executable` for one device.
+Backends never see strategies or plans: they get an ``onnx.ModelProto``, a
+:class:`~graphdist.runtime.devices.Device` and a thread budget.
+
+Compiled executables are cached twice (:class:`CompileCache`):
+
+* in memory, per process, keyed by the segment's bytes, the backend, its
+  target, its library version and the thread budget;
+* on disk, in ``<cache dir>/<backend>/<key>/``; the backend decides what it
+  persists there (see each backend's docstring). The cache directory is
+  ``$GRAPHDIST_CACHE_DIR``, else ``~/.cache/graphdist``.
+
+Files in the disk cache are written atomically (:func:`atomic_write_bytes`),
+so a killed process never leaves half a file behind, and a backend that finds
+an unreadable artefact discards it and compiles again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import numpy as np
+
+from graphdist import stats
+from graphdist.errors import PlanError
+
+if TYPE_CHECKING:
+    import onnx
+
+    from graphdist.runtime.devices import Device
+
+__all__ = [
+    "DEFAULT_BACKEND",
+    "MAX_IR_VERSION",
+    "Backend",
+    "CompileCache",
+    "Executable",
+    "atomic_write_bytes",
+    "available_backends",
+    "cache_dir",
+    "cache_key",
+    "default_cache",
+    "get_backend",
+    "prepare_model",
+    "register_backend",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Backend used when neither an argument nor ``GRAPHDIST_BACKEND`` names one.
+DEFAULT_BACKEND = "ort"
+
+#: Highest ONNX IR version handed to backends (ONNX Runtime 1.31 reads at
+#: most 13, onnx 1.23 writes 14; 10 is understood by every supported version).
+MAX_IR_VERSION = 10
+
+
+@runtime_checkable
+class Executable(Protocol):
+    """A compiled segment, ready to run on its device.
+
+    Attributes:
+        input_names: Names of the segment's graph inputs, in order.
+        output_names: Names of the segment's graph outputs, in order.
+    """
+
+    input_names: list[str]
+    output_names: list[str]
+
+    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """Runs the segment.
+
+        Args:
+            feeds: One array per graph input, by name.
+
+        Returns:
+            One array per graph output, in ``output_names`` order.
+
+        Raises:
+            BackendError: The backend rejected the feeds or failed.
+        """
+        ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Compiles ONNX segments for devices.
+
+    Attributes:
+        name: Registry name, e.g. ``"ort"``.
+        version: Version of the underlying library (part of the cache key).
+    """
+
+    name: str
+    version: str
+
+    def target(self, device: Device) -> str:
+        """Returns the compile target for ``device`` (e.g. ``"cpu"``,
+        ``"cuda:0"``); devices with equal targets share compiled code."""
+        ...
+
+    def compile(
+        self,
+        model: onnx.ModelProto,
+        device: Device,
+        *,
+        threads: int | None = None,
+        cache_dir: Path | None = None,
+    ) -> Executable:
+        """Compiles ``model`` for ``device``.
+
+        Args:
+            model: The segment. Not modified.
+            device: Where it will run.
+            threads: Intra-op thread budget; ``None`` means all host cores.
+            cache_dir: Directory this compile may persist artefacts in and
+                reuse them from; ``None`` disables the disk cache.
+
+        Raises:
+            BackendError: The segment cannot be compiled.
+            DeviceError: The device is not available.
+        """
+        ...
+
+
+_registry: dict[str, Backend] = {}
+_registry_lock = threading.Lock()
+
+
+def register_backend(backend: Backend) -> None:
+    """Makes ``backend`` available under ``backend.name`` (replacing any
+    backend registered under that name)."""
+    with _registry_lock:
+        if backend.name in _registry:
+            logger.debug("replacing backend %r", backend.name)
+        _registry[backend.name] = backend
+
+
+def available_backends() -> list[str]:
+    """Returns the names of the registered backends, sorted."""
+    with _registry_lock:
+        return sorted(_registry)
+
+
+def get_backend(name: str | None = None) -> Backend:
+    """Returns the backend registered as ``name``.
+
+    Args:
+        name: Backend name (case-insensitive). ``None`` means
+            ``$GRAPHDIST_BACKEND``, else ``"ort"``.
+
+    Raises:
+        PlanError: No backend has that name; the message lists the choices.
+    """
+    source = "backend"
+    if name is None:
+        env = os.environ.get("GRAPHDIST_BACKEND", "").strip()
+        source, name = (
+            ("GRAPHDIST_BACKEND", env) if env else ("backend", DEFAULT_BACKEND)
+        )
+    key = name.strip().lower() if isinstance(name, str) else name
+    with _registry_lock:
+        backend = _registry.get(key)
+        choices = ", ".join(repr(n) for n in sorted(_registry))
+    if backend is None:
+        raise PlanError(f"unknown {source} {name!r}; choose one of {choices}")
+    return backend
+
+
+def cache_dir() -> Path:
+    """Returns the on-disk compile cache directory (not created here):
+    ``$GRAPHDIST_CACHE_DIR``, else ``~/.cache/graphdist``."""
+    env = os.environ.get("GRAPHDIST_CACHE_DIR", "").strip()
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "graphdist"
+
+
+def cache_key(
+    backend: Backend, model: onnx.ModelProto, device: Device, threads: int | None = None
+) -> str:
+    """Returns the hex SHA-256 identifying a compile of ``model``.
+
+    It covers the serialized model (deterministic serialization), the backend
+    name, its target for ``device``, its library version and ``threads``.
+    """
+    digest = hashlib.sha256(model.SerializeToString(deterministic=True))
+    for part in (backend.name, backend.target(device), backend.version, str(threads)):
+        digest.update(b"\0" + part.encode())
+    return digest.hexdigest()
+
+
+def prepare_model(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Returns ``model`` with an IR version every backend can read.
+
+    The caller's model is never modified: when the IR version is above
+    :data:`MAX_IR_VERSION` a copy with that version is returned, otherwise
+    ``model`` itself.
+    """
+    if model.ir_version <= MAX_IR_VERSION:
+        return model
+    copy = type(model)()
+    copy.CopyFrom(model)
+    copy.ir_version = MAX_IR_VERSION
+    return copy
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Writes ``data`` to ``path`` atomically.
+
+    The bytes go to a temporary file in the same directory, are flushed to
+    disk and then renamed over ``path``, so readers see either the old file,
+    no file, or the complete new one.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class CompileCache:
+    """Compiled executables by cache key, in memory, backed by a disk cache.
+
+    Thread-safe: concurrent requests for the same key compile once; requests
+    for different keys compile in parallel.
+
+    Args:
+        directory: Root of the disk cache; ``None`` means :func:`cache_dir`
+            at the time of each compile (so ``GRAPHDIST_CACHE_DIR`` may be
+            changed at run time).
+    """
+
+    def __init__(self, directory: Path | None = None) -> None:
+        self._directory = directory
+        self._memory: dict[str, Executable] = {}
+        self._pending: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def directory(self) -> Path:
+        """Root directory of the disk cache."""
+        return self._directory if self._directory is not None else cache_dir()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._memory)
+
+    def clear(self) -> None:
+        """Forgets every executable held in memory (the disk cache stays)."""
+        with self._lock:
+            self._memory.clear()
+
+    def get_or_compile(
+        self,
+        backend: Backend,
+        model: onnx.ModelProto,
+        device: Device,
+        threads: int | None = None,
+    ) -> Executable:
+        """Returns the executable for ``model`` on ``device``, compiling it
+        (or loading it from disk) the first time.
+
+        Counts ``memory_cache_hits`` in :mod:`graphdist.stats` on a memory
+        hit; the backend counts ``compiles`` or ``disk_cache_hits``.
+
+        Raises:
+            BackendError: The backend failed to compile the segment.
+            DeviceError: The device is not available.
+        """
+        key = cache_key(backend, model, device, threads)
+        with self._lock:
+            hit = self._memory.get(key)
+            if hit is None:
+                key_lock = self._pending.setdefault(key, threading.Lock())
+        if hit is not None:
+            stats.increment("memory_cache_hits")
+            return hit
+        with key_lock:
+            with self._lock:
+                hit = self._memory.get(key)
+            if hit is not None:
+                stats.increment("memory_cache_hits")
+                return hit
+            directory = self.directory / backend.name / key
+            logger.debug(
+                "compiling %s segment for %s (key %s)", backend.name, device, key
+            )
+            executable = backend.compile(
+                model, device, threads=threads, cache_dir=directory
+            )
+            with self._lock:
+                self._memory[key] = executable
+                self._pending.pop(key, None)
+        return executable
+
+
+_default_cache: CompileCache | None = None
+_default_lock = threading.Lock()
+
+
+def default_cache() -> CompileCache:
+    """Returns the process-wide :class:`CompileCache`."""
+    global _default_cache
+    with _default_lock:
+        if _default_cache is None:
+            _default_cache = CompileCache()
+        return _default_cache

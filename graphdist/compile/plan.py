@@ -1,0 +1,178 @@
+"""``Plan``: a partitioned graph as data (segments per device) plus its compiled form.
+
+A plan lists devices, segments (a sub-graph lowered to ONNX, its device,
+inputs and outputs), constants that are outputs themselves, and the order to
+run segments in. ``compile`` turns each segment into a backend executable
+(through the compile cache); ``run`` executes the plan with the scheduler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+
+from graphdist.errors import GraphError, PlanError
+from graphdist.ir.graph import Graph, Node, Value
+from graphdist.ir.printer import format_table
+from graphdist.runtime.devices import parse_device, thread_budget
+
+__all__ = ["Segment", "Plan", "extract_subgraph"]
+
+
+@dataclass
+class Segment:
+    """One device's share of a plan.
+
+    Attributes:
+        name: Segment name (unique in the plan).
+        device: Device string.
+        graph: The segment's sub-graph.
+        inputs: Names of the values it reads (graph inputs or other segments' outputs).
+        outputs: Names of the values it produces for others.
+    """
+
+    name: str
+    device: str
+    graph: Graph
+    inputs: list[str]
+    outputs: list[str]
+    _model: onnx.ModelProto | None = field(default=None, repr=False)
+
+    @property
+    def model(self) -> onnx.ModelProto:
+        """The segment lowered to ONNX (cached)."""
+        if self._model is None:
+            self._model = self.graph.to_onnx()
+        return self._model
+
+
+def extract_subgraph(graph: Graph, nodes: list[Node], name: str, outputs: list[Value]) -> Graph:
+    """Copies ``nodes`` (in order) into a new graph.
+
+    Values read but not produced by ``nodes`` become inputs (initializers are
+    copied); ``outputs`` become the sub-graph's outputs.
+    """
+    sub = Graph(name, stage=graph.stage)
+    mapping: dict[int, Value] = {}
+
+    def resolve(value: Value) -> Value:
+        twin = mapping.get(id(value))
+        if twin is None:
+            if value.const_value is not None:
+                twin = Value(value.name, value.dtype, value.shape, const_value=value.const_value)
+                sub.initializers[value.name] = twin
+            else:
+                twin = Value(value.name, value.dtype, value.shape)
+                sub.inputs.append(twin)
+            sub._names.add(value.name)
+            mapping[id(value)] = twin
+        return twin
+
+    for node in nodes:
+        twin = Node(node.op_type, [None if v is None else resolve(v) for v in node.inputs], node.attrs,
+                    domain=node.domain, name=node.name)
+        twin.device, twin.replica, twin.meta = node.device, node.replica, dict(node.meta)
+        sub._node_names.add(node.name)
+        for out in node.outputs:
+            out_twin = Value(out.name, out.dtype, out.shape, producer=twin, index=out.index)
+            sub._names.add(out.name)
+            twin.outputs.append(out_twin)
+            mapping[id(out)] = out_twin
+        sub.append(twin)
+    sub.outputs = [mapping[id(v)] for v in outputs]
+    return sub
+
+
+class Plan:
+    """A partitioned step: segments per device and how to run them.
+
+    Attributes:
+        graph: The partitioned graph the plan was built from.
+        segments: Segments in execution order.
+        input_names: Names of the plan's inputs, in call order.
+        output_names: Names of the values returned, in order (may repeat).
+        constants: Outputs that are constants, by name.
+        devices: Devices the plan runs on.
+    """
+
+    def __init__(self, graph: Graph, segments: list[Segment], constants: dict[str, np.ndarray]) -> None:
+        self.graph = graph
+        self.segments = segments
+        self.input_names = [v.name for v in graph.inputs]
+        self.output_names = [v.name for v in graph.outputs]
+        self.constants = constants
+        self.devices = sorted({s.device for s in segments}, key=lambda d: (parse_device(d).kind, parse_device(d).index))
+        self._scheduler: Any = None
+        self.backend_name: str | None = None
+
+    # -------------------------------------------------------------- build
+    @classmethod
+    def from_graph(cls, graph: Graph) -> Plan:
+        """Builds segments from a graph whose nodes carry ``meta["segment"]``."""
+        if graph.stage != "partitioned":
+            raise GraphError(f"Plan.from_graph needs a partitioned graph, got stage {graph.stage!r}")
+        order: list[str] = []
+        members: dict[str, list[Node]] = {}
+        for node in graph.nodes:
+            name = node.meta["segment"]
+            if name not in members:
+                order.append(name)
+                members[name] = []
+            members[name].append(node)
+        graph_outputs = {id(v) for v in graph.outputs}
+        segments = []
+        for name in order:
+            nodes = members[name]
+            inside = {id(n) for n in nodes}
+            outs = [out for n in nodes for out in n.outputs
+                    if id(out) in graph_outputs or any(id(user) not in inside for user, _ in out.uses)]
+            sub = extract_subgraph(graph, nodes, f"{graph.name}.{name}", outs)
+            segments.append(Segment(name, nodes[0].device, sub, [v.name for v in sub.inputs], [v.name for v in outs]))
+        constants = {v.name: np.asarray(v.const_value) for v in graph.outputs if v.const_value is not None}
+        return cls(graph, segments, constants)
+
+    # ------------------------------------------------------------ compile
+    def compile(self, backend: Any, cache: Any = None) -> Plan:
+        """Compiles every segment with ``backend`` (through the compile cache)."""
+        from graphdist.backends import default_cache
+        from graphdist.runtime.scheduler import Scheduler
+
+        cache = cache or default_cache()
+        threads = thread_budget(len(self.devices) or 1)
+        executables = [cache.get_or_compile(backend, s.model, parse_device(s.device), threads) for s in self.segments]
+        self.backend_name = backend.name
+        self._scheduler = Scheduler(self, executables)
+        return self
+
+    @property
+    def compiled(self) -> bool:
+        """True once :meth:`compile` has run."""
+        return self._scheduler is not None
+
+    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """Runs the compiled plan; ``feeds`` maps every input name to an array."""
+        if self._scheduler is None:
+            raise PlanError("the plan is not compiled; call plan.compile(backend) first")
+        return self._scheduler.run(feeds)
+
+    # ---------------------------------------------------------- inspection
+    def summary(self) -> str:
+        """A table of segments: device, ops, inputs and outputs."""
+        rows = []
+        for seg in self.segments:
+            ops: dict[str, int] = {}
+            for node in seg.graph.nodes:
+                ops[node.qualified_op] = ops.get(node.qualified_op, 0) + 1
+            top = ", ".join(f"{op} x{n}" for op, n in sorted(ops.items(), key=lambda kv: -kv[1])[:6])
+            rows.append([seg.name, seg.device, str(len(seg.graph.nodes)), str(len(seg.inputs)),
+                         str(len(seg.outputs)), top])
+        header = f"Plan {self.graph.name!r}: {len(self.segments)} segment(s) on {', '.join(self.devices)}"
+        backend = f"  backend={self.backend_name}" if self.backend_name else ""
+        table = format_table(["segment", "device", "nodes", "inputs", "outputs", "ops"], rows)
+        return f"{header}{backend}\n{table}"
+
+    def __repr__(self) -> str:
+        return f"<Plan {self.graph.name!r} segments={len(self.segments)} devices={self.devices}>"

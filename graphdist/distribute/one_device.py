@@ -1,0 +1,47 @@
+"""``OneDeviceStrategy``: all variables and computation on one device."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from graphdist.distribute.strategy import Strategy
+from graphdist.runtime.devices import Device, parse_device
+
+__all__ = ["OneDeviceStrategy", "single_device_pipeline"]
+
+
+def single_device_pipeline(device: Device) -> list[Any]:
+    """Passes that prepare a one-replica graph for ``device``."""
+    from passes.assign_devices import AssignDevicesPass
+    from passes.eliminate_dead_nodes import EliminateDeadNodesPass
+    from passes.lower_collectives import LowerCollectivesPass
+    from passes.materialize_replica_ids import MaterializeReplicaIdsPass
+
+    return [MaterializeReplicaIdsPass(), LowerCollectivesPass(), EliminateDeadNodesPass(), AssignDevicesPass()]
+
+
+class OneDeviceStrategy(Strategy):
+    """Places variables and computation on one device.
+
+    Args:
+        device: Device string, e.g. ``"cpu:0"``, ``"/gpu:0"`` (needs a GPU),
+            ``"/job:localhost/replica:0/task:0/device:CPU:0"``.
+
+    Raises:
+        DeviceError: The string is malformed or names a device that is absent.
+    """
+
+    def __init__(self, device: Any) -> None:
+        super().__init__([parse_device(device)])
+
+    @property
+    def device(self) -> str:
+        """The strategy's device."""
+        return str(self._devices[0])
+
+    def pipeline(self) -> list[Any]:
+        """Materialise replica ids, drop single-replica collectives, place on the device."""
+        return single_device_pipeline(self._devices[0])
+
+    def __repr__(self) -> str:
+        return f"OneDeviceStrategy(device={self.device!r})"

@@ -1,0 +1,403 @@
+"""``Strategy``: the tf.distribute programming model over traced graphs.
+
+A strategy is configuration: devices, a replica count, and the pass pipeline
+(:meth:`Strategy.pipeline`) that rewrites a traced step for those devices.
+``run`` traces the replica function once per input signature (through
+:class:`graphdist.compile.function.Function`), rewrites, compiles and
+executes it. Inside a trace (``gd.function``), ``run``, ``reduce`` and
+``gather`` record nodes instead of executing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from graphdist import nest
+from graphdist.distribute import context
+from graphdist.distribute.reduce_op import ReduceOp
+from graphdist.distribute.replica_context import ReplicaContext, emit_collective, new_group_key
+from graphdist.distribute.values import DistributedValues, PerReplica, ValueContext, regroup
+from graphdist.errors import AxisError, InvalidArgumentError
+from graphdist.runtime.devices import Device, check_available, parse_device
+from graphdist.trace.tracer import axis_tuple, call_user_function, current_trace
+
+__all__ = ["Strategy", "StrategyExtended", "get_strategy", "has_strategy", "experimental_set_strategy"]
+
+logger = logging.getLogger(__name__)
+
+
+class StrategyExtended:
+    """Additional APIs for distribution-aware code (``strategy.extended``)."""
+
+    def __init__(self, strategy: Strategy) -> None:
+        self._strategy = strategy
+
+    @property
+    def worker_devices(self) -> tuple[str, ...]:
+        """Devices that run replicas, one per local replica."""
+        return tuple(str(d) for d in self._strategy._devices)
+
+    @property
+    def parameter_devices(self) -> tuple[str, ...]:
+        """Devices that hold variables."""
+        return tuple(str(d) for d in self._strategy._parameter_devices())
+
+    def reduce_to(self, reduce_op: Any, value: Any, destinations: Any) -> Any:
+        """Reduces ``value`` across replicas onto ``destinations`` (a device string,
+        or a value whose device is taken)."""
+        self._check_destinations(destinations)
+        return self._strategy.reduce(reduce_op, value, axis=None)
+
+    def batch_reduce_to(self, reduce_op: Any, value_destination_pairs: Sequence[tuple[Any, Any]]) -> list[Any]:
+        """:meth:`reduce_to` for several ``(value, destinations)`` pairs."""
+        return [self.reduce_to(reduce_op, value, dest) for value, dest in value_destination_pairs]
+
+    @contextlib.contextmanager
+    def colocate_vars_with(self, colocate_with_variable: Any) -> Iterator[None]:
+        """Variables created in this block live where ``colocate_with_variable`` lives."""
+        yield
+
+    def variable_created_in_scope(self, v: Any) -> bool:
+        """True when ``v`` was created inside this strategy's scope."""
+        return getattr(v, "_strategy", None) is self._strategy
+
+    def _check_destinations(self, destinations: Any) -> None:
+        if isinstance(destinations, (str, Device)):
+            parse_device(destinations)
+        elif destinations is None:
+            raise InvalidArgumentError("reduce_to: destinations must be a device string or a value, not None")
+
+
+class Strategy:
+    """A state and compute distribution policy on a list of devices.
+
+    Subclasses set the devices and return their pass pipeline; the API below
+    is shared. See ``shared/API.md`` for the contract.
+    """
+
+    _extended_cls = StrategyExtended
+
+    def __init__(self, devices: Sequence[Any]) -> None:
+        self._devices: tuple[Device, ...] = self._validate_devices(devices)
+        self._extended = self._extended_cls(self)
+        self._functions: dict[Any, Any] = {}
+
+    @staticmethod
+    def _validate_devices(devices: Sequence[Any]) -> tuple[Device, ...]:
+        if isinstance(devices, (str, Device)):
+            devices = [devices]
+        parsed = tuple(parse_device(d) for d in devices)
+        if not parsed:
+            raise InvalidArgumentError("devices must name at least one device, e.g. ['cpu:0']")
+        duplicates = sorted({str(d) for d in parsed if parsed.count(d) > 1})
+        if duplicates:
+            raise InvalidArgumentError(f"devices lists {', '.join(duplicates)} more than once; name each device once")
+        for device in parsed:
+            check_available(device)
+        return parsed
+
+    # ---------------------------------------------------------- properties
+    @property
+    def extended(self) -> StrategyExtended:
+        """:class:`StrategyExtended` with additional methods."""
+        return self._extended
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        """Number of replicas over which gradients are aggregated."""
+        return len(self._devices)
+
+    @property
+    def cluster_resolver(self) -> Any:
+        """The cluster resolver, ``None`` for single-worker strategies."""
+        return None
+
+    def _parameter_devices(self) -> tuple[Device, ...]:
+        return self._devices
+
+    def pipeline(self) -> list[Any]:
+        """The passes that rewrite a traced step for this strategy."""
+        raise NotImplementedError(f"{type(self).__name__} does not define a pass pipeline")
+
+    # -------------------------------------------------------------- scope
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[Strategy]:
+        """Makes this strategy current (``gd.get_strategy()``) in cross-replica context."""
+        current = get_strategy()
+        if current is not self and not isinstance(current, DefaultStrategy) and not isinstance(self, DefaultStrategy):
+            raise InvalidArgumentError(
+                f"cannot enter {type(self).__name__}.scope() inside {type(current).__name__}.scope(): "
+                "mixing different strategies is not allowed; exit the other scope first"
+            )
+        with context.push_strategy(self):
+            yield self
+
+    def _ensure_scope(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext() if get_strategy() is self else self.scope()
+
+    # ---------------------------------------------------------------- run
+    def run(self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None,
+            options: Any = None) -> Any:
+        """Runs ``fn`` on every replica; returns its result structure with a
+        :class:`PerReplica` at each leaf (a plain value with one replica)."""
+        if not callable(fn):
+            raise InvalidArgumentError(f"run: fn must be callable, got {type(fn).__name__}")
+        if not isinstance(args, (tuple, list)):
+            raise InvalidArgumentError(f"run: args must be a tuple of arguments, got {type(args).__name__}; "
+                                       "write args=(x,) for a single argument")
+        kwargs = dict(kwargs or {})
+        with self._ensure_scope():
+            if current_trace() is not None:
+                return self._run_traced(fn, tuple(args), kwargs)
+            return self._function_for(fn)(*args, **kwargs)
+
+    def _function_for(self, fn: Callable[..., Any]) -> Any:
+        from graphdist.compile.function import Function
+
+        key = (getattr(fn, "__func__", fn), id(getattr(fn, "__self__", None)))
+        function = self._functions.get(key)
+        if function is None:
+            def replica_step(*args: Any, **kwargs: Any) -> Any:
+                return self.run(fn, args, kwargs)
+
+            name = getattr(fn, "__name__", "replica_fn").strip("<>")
+            function = Function(replica_step, name=name, strategy=self)
+            self._functions[key] = function
+        return function
+
+    def _run_traced(self, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
+        ctx = current_trace()
+        strategies = ctx.graph.meta.setdefault("strategies", [])
+        if self not in strategies:
+            strategies.append(self)
+        count = self.num_replicas_in_sync
+        group_keys: list[str] = []
+        results = []
+        for replica in range(count):
+            replica_args, replica_kwargs = _select_replica((args, kwargs), replica, count)
+            replica_ctx = ReplicaContext(self, replica, group_keys)
+            with ctx.region(context="replica", replica=replica), context.replica_scope(replica_ctx):
+                results.append(call_user_function(fn, replica_args, replica_kwargs))
+        return results[0] if count == 1 else nest.map_structure(lambda *vs: PerReplica(vs), *results)
+
+    # ------------------------------------------------------------- reduce
+    def reduce(self, reduce_op: Any, value: Any, axis: int | None = None) -> Any:
+        """Reduces ``value`` across replicas (and along ``axis`` within each)."""
+        op = ReduceOp.from_any(reduce_op)
+        if axis is not None and not isinstance(axis, (int, np.integer)):
+            raise InvalidArgumentError(f"reduce: axis must be None or an int, got {axis!r}")
+        with self._ensure_scope():
+            if _is_traced(value):
+                reduce_one = self._reduce_traced
+            else:
+                def reduce_one(op: ReduceOp, v: Any, axis: int | None) -> Any:
+                    return _reduce_eager(op, self._local(v), axis)
+            if isinstance(value, DistributedValues):
+                return reduce_one(op, value, axis)
+            return nest.map_structure(lambda v: reduce_one(op, v, axis), value)
+
+    def _local(self, value: Any) -> tuple[Any, ...]:
+        """Per-replica components; a plain value is the one component."""
+        if isinstance(value, DistributedValues):
+            return value.values
+        return (value,)
+
+    def _reduce_traced(self, op: ReduceOp, value: Any, axis: int | None) -> Any:
+        ctx = current_trace()
+        components = self._local(value)
+        key = new_group_key("reduce")
+        counts = []
+        partials = []
+        for replica, component in enumerate(components):
+            with ctx.region(context="replica", replica=replica):
+                partial, count = _reduce_local(op, component, axis)
+                partials.append(partial)
+                counts.append(count)
+        cross_op = ReduceOp.SUM if op is ReduceOp.MEAN and axis is not None else op
+        attrs = {"reduce_op": cross_op.value, "group_size": len(components), "group_key": key}
+        reduced = []
+        for replica, partial in enumerate(partials):
+            with ctx.region(context="replica", replica=replica):
+                reduced.append(emit_collective("AllReduce", partial, attrs))
+        result = reduced[0]
+        if op is ReduceOp.MEAN and axis is not None:
+            result = _divide_keep_dtype(result, sum(counts))
+        return result
+
+    # ------------------------------------------------------------- gather
+    def gather(self, value: Any, axis: int) -> Any:
+        """Concatenates ``value``'s per-replica components along ``axis``."""
+        with self._ensure_scope():
+            components = self._local(value)
+            for component in components:
+                if np.ndim(component) == 0:
+                    raise InvalidArgumentError("gather: values must have rank >= 1 (scalars cannot be concatenated)")
+                axis_tuple(axis, np.ndim(component), "gather axis")
+            if _is_traced(value):
+                return self._gather_traced(components, axis)
+            (normalized,) = axis_tuple(axis, np.ndim(components[0]), "gather axis")
+            return np.concatenate([np.asarray(c) for c in components], axis=normalized)
+
+    def _gather_traced(self, components: Sequence[Any], axis: int) -> Any:
+        ctx = current_trace()
+        key = new_group_key("gather")
+        outs = []
+        for replica, component in enumerate(components):
+            (normalized,) = axis_tuple(axis, np.ndim(component), "gather axis")
+            attrs = {"axis": normalized, "group_size": len(components), "group_key": key}
+            with ctx.region(context="replica", replica=replica):
+                outs.append(emit_collective("AllGather", component, attrs))
+        return outs[0]
+
+    # ------------------------------------------------------- distributed values
+    def experimental_local_results(self, value: Any) -> tuple[Any, ...]:
+        """The per-replica components of ``value`` as a tuple (``(value,)`` for a plain value)."""
+        if isinstance(value, DistributedValues):
+            return value.values
+        leaves, treedef = nest.flatten(value, is_leaf=lambda v: isinstance(v, DistributedValues))
+        if not any(isinstance(leaf, DistributedValues) for leaf in leaves):
+            return (value,)
+        per_replica = [[leaf.values[r] if isinstance(leaf, DistributedValues) else leaf for leaf in leaves]
+                       for r in range(self.num_replicas_in_sync)]
+        return tuple(nest.unflatten(treedef, leaves_r) for leaves_r in per_replica)
+
+    def experimental_distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Any:
+        """Calls ``value_fn(ValueContext(i, n))`` for every replica ``i``."""
+        if not callable(value_fn):
+            raise InvalidArgumentError("value_fn must be callable with a ValueContext argument")
+        count = self.num_replicas_in_sync
+        return regroup([value_fn(ValueContext(i, count)) for i in range(count)])
+
+    def __repr__(self) -> str:
+        devices = ", ".join(self.extended.worker_devices)
+        return f"{type(self).__name__}(devices=[{devices}])"
+
+
+def _is_traced(value: Any) -> bool:
+    from graphdist.trace.tensor import Tensor
+
+    if current_trace() is None:
+        return False
+    leaves, _ = nest.flatten(value, is_leaf=lambda v: isinstance(v, DistributedValues))
+    for leaf in leaves:
+        parts = leaf.values if isinstance(leaf, DistributedValues) else (leaf,)
+        if any(isinstance(p, Tensor) for p in parts):
+            return True
+    return False
+
+
+def _select_replica(structure: Any, replica: int, count: int) -> Any:
+    def pick(leaf: Any) -> Any:
+        if isinstance(leaf, DistributedValues):
+            if len(leaf.values) != count:
+                raise InvalidArgumentError(
+                    f"a distributed value has {len(leaf.values)} components but the strategy has {count} "
+                    "replicas; create it with this strategy"
+                )
+            return leaf.values[replica]
+        return leaf
+
+    leaves, treedef = nest.flatten(structure, is_leaf=lambda v: isinstance(v, DistributedValues))
+    return nest.unflatten(treedef, [pick(leaf) for leaf in leaves])
+
+
+_NUMPY_REDUCERS = {ReduceOp.SUM: np.sum, ReduceOp.MEAN: np.sum, ReduceOp.MAX: np.max, ReduceOp.MIN: np.min}
+
+
+def _check_axis(component: Any, axis: int) -> int:
+    rank = np.ndim(component)
+    if rank == 0:
+        raise AxisError(f"reduce: axis={axis} was given but the value is a scalar; use axis=None")
+    (normalized,) = axis_tuple(axis, rank, "reduce axis")
+    return normalized
+
+
+def _reduce_local(op: ReduceOp, component: Any, axis: int | None) -> tuple[Any, int]:
+    """One replica's part of a reduce: along ``axis`` (and the element count)."""
+    if axis is None:
+        return component, 1
+    normalized = _check_axis(component, axis)
+    return _NUMPY_REDUCERS[op](component, axis=normalized), np.shape(component)[normalized]
+
+
+def _divide_keep_dtype(total: Any, count: int) -> Any:
+    dtype = total.dtype if hasattr(total, "dtype") else np.result_type(total)
+    if dtype.kind in "iu":
+        return total // count
+    return total / np.asarray(count, dtype=dtype)
+
+
+def _reduce_eager(op: ReduceOp, components: Sequence[Any], axis: int | None) -> Any:
+    shapes = {np.shape(c) for c in components}
+    if axis is None and len(shapes) > 1:
+        raise InvalidArgumentError(
+            f"reduce with axis=None needs per-replica values of one shape, got {sorted(shapes)}; "
+            "pass axis=0 to reduce along the batch dimension (e.g. for a partial last batch)"
+        )
+    partials, counts = zip(*(_reduce_local(op, np.asarray(c), axis) for c in components))
+    stacked = np.stack([np.asarray(p) for p in partials])
+    if op is ReduceOp.MAX:
+        result = stacked.max(axis=0)
+    elif op is ReduceOp.MIN:
+        result = stacked.min(axis=0)
+    else:
+        result = stacked.sum(axis=0, dtype=stacked.dtype)
+        if op is ReduceOp.MEAN:
+            result = _divide_keep_dtype(result, sum(counts) if axis is not None else len(components))
+    return result[()] if isinstance(result, np.ndarray) and result.ndim == 0 else result
+
+
+# ------------------------------------------------------- current strategy
+class DefaultStrategy(Strategy):
+    """The no-op strategy current outside any scope: one replica on ``cpu:0``.
+
+    A singleton: obtain it with :func:`get_strategy` outside any scope.
+    """
+
+    _instance: DefaultStrategy | None = None
+
+    def __init__(self) -> None:
+        if DefaultStrategy._instance is not None:
+            raise InvalidArgumentError("the default strategy is a singleton; use gd.get_strategy() outside any scope")
+        super().__init__(["cpu:0"])
+
+    def pipeline(self) -> list[Any]:
+        from graphdist.distribute.one_device import single_device_pipeline
+
+        return single_device_pipeline(self._devices[0])
+
+    def __repr__(self) -> str:
+        return "DefaultStrategy()"
+
+
+def _default_strategy() -> DefaultStrategy:
+    if DefaultStrategy._instance is None:
+        DefaultStrategy._instance = DefaultStrategy()
+    return DefaultStrategy._instance
+
+
+def get_strategy() -> Strategy:
+    """The current strategy: the innermost entered scope, else the default strategy."""
+    stack = context.strategy_stack()
+    return stack[-1] if stack else _default_strategy()
+
+
+def has_strategy() -> bool:
+    """True when a non-default strategy's scope is entered."""
+    return not isinstance(get_strategy(), DefaultStrategy)
+
+
+def experimental_set_strategy(strategy: Strategy | None) -> None:
+    """Sets (or with ``None`` clears) a strategy current for the rest of the thread."""
+    stack = context.strategy_stack()
+    replicas = context.replica_stack()
+    stack.clear()
+    replicas.clear()
+    if strategy is not None:
+        stack.append(strategy)
+        replicas.append(context.CROSS_REPLICA)

@@ -1,0 +1,39 @@
+"""AssignDevicesPass: place every node on a device.
+
+Invariant established: every node has ``node.device`` (the graph is in stage
+``"rewritten"``).
+
+Cases:
+* node already placed: kept;
+* node traced inside replica ``r`` (``meta["replica"]``): ``ctx.devices[r]``,
+  and ``node.replica = r``;
+* node in cross-replica context: the first device (where ``strategy.reduce``
+  results land).
+"""
+
+from __future__ import annotations
+
+from graphdist.ir.graph import Graph
+from passes.base import PassBase, PassContext, PassResult
+
+__all__ = ["AssignDevicesPass"]
+
+
+class AssignDevicesPass(PassBase):
+    """Places unplaced nodes on their replica's device."""
+
+    stage = "rewritten"
+
+    def call(self, graph: Graph, ctx: PassContext) -> PassResult:
+        modified = False
+        for node in graph.nodes:
+            if node.device is not None:
+                continue
+            replica = node.meta.get("replica")
+            if replica is not None and replica >= len(ctx.devices):
+                raise ValueError(f"node {node.name} belongs to replica {replica} but only "
+                                 f"{len(ctx.devices)} devices are configured")
+            node.device = ctx.devices[replica or 0]
+            node.replica = replica
+            modified = True
+        return PassResult(graph, modified)

@@ -1,0 +1,205 @@
+"""Tests for the ONNX Runtime backend: results, devices, error wrapping."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from graphdist import stats
+from graphdist.backends import get_backend
+from graphdist.backends.ort import OrtBackend, OrtExecutable
+from graphdist.errors import BackendError, DeviceError
+from graphdist.runtime import devices
+from graphdist.runtime.devices import Device
+
+RNG = np.random.default_rng(0)
+W = RNG.standard_normal((4, 3)).astype(np.float32)
+B = RNG.standard_normal(3).astype(np.float32)
+
+
+def mlp_model(ir_version: int | None = 10) -> onnx.ModelProto:
+    """relu(x @ W + B), float32, weights as initializers, batch dim symbolic."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "W"], ["m"]),
+            helper.make_node("Add", ["m", "B"], ["a"]),
+            helper.make_node("Relu", ["a"], ["y"]),
+        ],
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+        [numpy_helper.from_array(W, "W"), numpy_helper.from_array(B, "B")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    if ir_version is not None:
+        model.ir_version = ir_version
+    return model
+
+
+def f64_model() -> onnx.ModelProto:
+    """Two float64 inputs, two outputs: (tanh(a * b), sum(a - b, axis=1))."""
+    axes = numpy_helper.from_array(np.array([1], dtype=np.int64), "axes")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Mul", ["a", "b"], ["p"]),
+            helper.make_node("Tanh", ["p"], ["t"]),
+            helper.make_node("Sub", ["a", "b"], ["d"]),
+            helper.make_node("ReduceSum", ["d", "axes"], ["s"], keepdims=0),
+        ],
+        "f64",
+        [
+            helper.make_tensor_value_info("a", TensorProto.DOUBLE, [2, 3]),
+            helper.make_tensor_value_info("b", TensorProto.DOUBLE, [2, 3]),
+        ],
+        [
+            helper.make_tensor_value_info("t", TensorProto.DOUBLE, [2, 3]),
+            helper.make_tensor_value_info("s", TensorProto.DOUBLE, [2]),
+        ],
+        [axes],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    return model
+
+
+def bad_model() -> onnx.ModelProto:
+    """A model using an op that does not exist."""
+    graph = helper.make_graph(
+        [helper.make_node("NoSuchOp", ["x"], ["y"])],
+        "broken",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    return model
+
+
+@pytest.fixture
+def backend() -> OrtBackend:
+    return OrtBackend()
+
+
+@pytest.fixture
+def mlp(backend: OrtBackend) -> OrtExecutable:
+    return backend.compile(mlp_model(), Device("cpu", 0), threads=1)
+
+
+def test_registered_as_default() -> None:
+    assert isinstance(get_backend("ort"), OrtBackend)
+    assert get_backend("ort").name == "ort"
+
+
+def test_version_and_targets(backend: OrtBackend) -> None:
+    import onnxruntime
+
+    assert backend.version == f"onnxruntime-{onnxruntime.__version__}"
+    assert backend.target(Device("cpu", 0)) == "cpu"
+    assert backend.target(Device("cpu", 5)) == "cpu"
+    assert backend.target(Device("cuda", 1)) == "cuda:1"
+
+
+def test_mlp_matches_numpy(mlp: OrtExecutable) -> None:
+    x = RNG.standard_normal((5, 4)).astype(np.float32)
+    (y,) = mlp.run({"x": x})
+    assert y.dtype == np.float32 and y.shape == (5, 3)
+    np.testing.assert_allclose(y, np.maximum(x @ W + B, 0), rtol=1e-5, atol=1e-6)
+    assert mlp.input_names == ["x"] and mlp.output_names == ["y"]
+
+
+def test_symbolic_batch_dim(mlp: OrtExecutable) -> None:
+    for batch in (1, 7):
+        x = RNG.standard_normal((batch, 4)).astype(np.float32)
+        assert mlp.run({"x": x})[0].shape == (batch, 3)
+
+
+def test_float64_model_matches_numpy(backend: OrtBackend) -> None:
+    exe = backend.compile(f64_model(), Device("cpu", 0))
+    a = RNG.standard_normal((2, 3))
+    b = RNG.standard_normal((2, 3))
+    t, s = exe.run({"a": a, "b": b})
+    assert t.dtype == np.float64 and s.dtype == np.float64
+    np.testing.assert_allclose(t, np.tanh(a * b), rtol=1e-12)
+    np.testing.assert_allclose(s, (a - b).sum(axis=1), rtol=1e-12)
+    assert exe.input_names == ["a", "b"] and exe.output_names == ["t", "s"]
+
+
+def test_session_options(backend: OrtBackend) -> None:
+    exe = backend.compile(mlp_model(), Device("cpu", 0), threads=1)
+    options = exe.session.get_session_options()
+    assert options.intra_op_num_threads == 1
+    assert options.inter_op_num_threads == 1
+    assert exe.session.get_providers() == ["CPUExecutionProvider"]
+    default = backend.compile(mlp_model(), Device("cpu", 1))
+    assert (
+        default.session.get_session_options().intra_op_num_threads
+        == devices.host_cores()
+    )
+
+
+def test_compile_counts_a_compile(backend: OrtBackend) -> None:
+    before = stats.snapshot()
+    backend.compile(mlp_model(), Device("cpu", 0))
+    changes = stats.delta(before)
+    assert changes["compiles"] == 1 and changes["disk_cache_hits"] == 0
+
+
+def test_ir_version_14_runs_and_is_not_mutated(backend: OrtBackend) -> None:
+    model = mlp_model(ir_version=None)
+    model.ir_version = 14
+    exe = backend.compile(model, Device("cpu", 0))
+    assert model.ir_version == 14
+    x = RNG.standard_normal((2, 4)).astype(np.float32)
+    np.testing.assert_allclose(
+        exe.run({"x": x})[0], np.maximum(x @ W + B, 0), rtol=1e-5
+    )
+
+
+def test_wrong_dtype_is_wrapped(mlp: OrtExecutable) -> None:
+    x = RNG.standard_normal((5, 4))  # float64, model wants float32
+    with pytest.raises(BackendError) as info:
+        mlp.run({"x": x})
+    message = str(info.value)
+    assert "'mlp'" in message
+    assert "x: float64[5, 4]" in message
+    assert "x: float32['N', 4]" in message
+    assert "[ONNXRuntimeError]" not in message
+    assert info.value.__cause__ is not None
+    assert not isinstance(info.value.__cause__, BackendError)
+
+
+def test_missing_feed_is_wrapped(mlp: OrtExecutable) -> None:
+    x = RNG.standard_normal((5, 4)).astype(np.float32)
+    with pytest.raises(BackendError, match=r"missing feed\(s\) 'x'") as info:
+        mlp.run({"z": x})
+    assert "unexpected feed(s) 'z'" in str(info.value)
+    with pytest.raises(BackendError, match=r"missing feed\(s\) 'x'.*Feeds given: none"):
+        mlp.run({})
+
+
+def test_wrong_shape_is_wrapped(mlp: OrtExecutable) -> None:
+    x = RNG.standard_normal((5, 2)).astype(np.float32)
+    with pytest.raises(BackendError, match=r"x: float32\[5, 2\]"):
+        mlp.run({"x": x})
+
+
+def test_invalid_model_is_wrapped(backend: OrtBackend) -> None:
+    with pytest.raises(BackendError, match="'broken'.*check_model") as info:
+        backend.compile(bad_model(), Device("cpu", 0))
+    assert "NoSuchOp" in str(info.value)
+    assert info.value.__cause__ is not None
+
+
+def test_tpu_is_refused(backend: OrtBackend) -> None:
+    with pytest.raises(BackendError, match="use backend 'tvm' for tpu"):
+        backend.compile(mlp_model(), Device("tpu", 0))
+
+
+def test_missing_gpu_is_refused(
+    backend: OrtBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(devices, "num_gpus", lambda: 0)
+    with pytest.raises(DeviceError, match="no GPU is visible"):
+        backend.compile(mlp_model(), "cuda:0")
