@@ -29,7 +29,8 @@ class GraphdistError(Exception):
 
 class TracingError(GraphdistError, TypeError):
     """User code did something a trace cannot represent (data-dependent
-    control flow, an unsupported numpy call, a tensor turned concrete)."""
+    control flow, an unsupported numpy call, a tensor turned concrete).
+    """
 
 
 class AxisError(TracingError, ValueError, IndexError):
@@ -38,12 +39,14 @@ class AxisError(TracingError, ValueError, IndexError):
 
 class GraphError(GraphdistError, ValueError):
     """A graph is malformed: failed verification, bad op attributes or
-    incompatible shapes."""
+    incompatible shapes.
+    """
 
 
 class InvalidArgumentError(GraphdistError, ValueError):
     """An argument to a graphdist API has a bad value (unknown reduce op,
-    mismatched structures, wrong axis for a non-distributed value...)."""
+    mismatched structures, wrong axis for a non-distributed value...).
+    """
 
 
 class PlanError(GraphdistError, ValueError):
@@ -64,7 +67,8 @@ class CheckpointError(GraphdistError, ValueError):
 
 class ClusterConfigError(GraphdistError, ValueError):
     """A cluster configuration (TF_CONFIG, GRAPHDIST_CONFIG, resolver
-    arguments) is invalid."""
+    arguments) is invalid.
+    """
 
 
 class CollectiveTimeoutError(GraphdistError, TimeoutError):

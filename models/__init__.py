@@ -1,0 +1,1 @@
+"""Model zoo: step functions with example data."""

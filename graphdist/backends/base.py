@@ -104,7 +104,8 @@ class Backend(Protocol):
 
     def target(self, device: Device) -> str:
         """Returns the compile target for ``device`` (e.g. ``"cpu"``,
-        ``"cuda:0"``); devices with equal targets share compiled code."""
+        ``"cuda:0"``); devices with equal targets share compiled code.
+        """
         ...
 
     def compile(
@@ -137,7 +138,8 @@ _registry_lock = threading.Lock()
 
 def register_backend(backend: Backend) -> None:
     """Makes ``backend`` available under ``backend.name`` (replacing any
-    backend registered under that name)."""
+    backend registered under that name).
+    """
     with _registry_lock:
         if backend.name in _registry:
             logger.debug("replacing backend %r", backend.name)
@@ -177,7 +179,8 @@ def get_backend(name: str | None = None) -> Backend:
 
 def cache_dir() -> Path:
     """Returns the on-disk compile cache directory (not created here):
-    ``$GRAPHDIST_CACHE_DIR``, else ``~/.cache/graphdist``."""
+    ``$GRAPHDIST_CACHE_DIR``, else ``~/.cache/graphdist``.
+    """
     env = os.environ.get("GRAPHDIST_CACHE_DIR", "").strip()
     if env:
         return Path(env).expanduser()

@@ -318,7 +318,8 @@ class OrtBackend:
         self, cache_dir: Path, name: str, device: Device, threads: int
     ) -> OrtExecutable | None:
         """Returns an executable from a valid cached optimized model, else
-        ``None`` after discarding whatever invalid files were there."""
+        ``None`` after discarding whatever invalid files were there.
+        """
         path = cache_dir / OPTIMIZED_MODEL_FILE
         checksum = path.with_name(path.name + _CHECKSUM_SUFFIX)
         try:

@@ -49,7 +49,8 @@ class StrategyExtended:
 
     def reduce_to(self, reduce_op: Any, value: Any, destinations: Any) -> Any:
         """Reduces ``value`` across replicas onto ``destinations`` (a device string,
-        or a value whose device is taken)."""
+        or a value whose device is taken).
+        """
         self._check_destinations(destinations)
         return self._strategy.reduce(reduce_op, value, axis=None)
 
@@ -144,7 +145,8 @@ class Strategy:
     def run(self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None,
             options: Any = None) -> Any:
         """Runs ``fn`` on every replica; returns its result structure with a
-        :class:`PerReplica` at each leaf (a plain value with one replica)."""
+        :class:`PerReplica` at each leaf (a plain value with one replica).
+        """
         if not callable(fn):
             raise InvalidArgumentError(f"run: fn must be callable, got {type(fn).__name__}")
         if not isinstance(args, (tuple, list)):

@@ -351,7 +351,8 @@ class Graph:
 
     def to_networkx(self):  # -> networkx.MultiDiGraph
         """Returns a ``networkx.MultiDiGraph``: one vertex per node, graph input
-        and initializer; one edge per value use, keyed by the value name."""
+        and initializer; one edge per value use, keyed by the value name.
+        """
         import networkx as nx
 
         g = nx.MultiDiGraph(name=self.name)

@@ -113,7 +113,7 @@ def onnx_dtype(dtype: Any) -> int:
 
 
 def numpy_dtype(elem_type: int) -> np.dtype:
-    """numpy dtype of an ONNX ``TensorProto`` element type."""
+    """Numpy dtype of an ONNX ``TensorProto`` element type."""
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
 
 
@@ -129,7 +129,7 @@ def normalize_axis(axis: int, rank: int, what: str = "axis") -> int:
 
 
 def broadcast_shapes(*shapes: Shape) -> Shape:
-    """numpy broadcasting of static or symbolic shapes.
+    """Numpy broadcasting of static or symbolic shapes.
 
     Raises:
         GraphError: The shapes are not broadcast-compatible.

@@ -1,0 +1,1 @@
+"""Runtime: devices, the plan scheduler and communicators."""

@@ -90,7 +90,8 @@ class Device:
     @property
     def tf_name(self) -> str:
         """The fully qualified TensorFlow name, e.g.
-        ``"/job:localhost/replica:0/task:0/device:CPU:0"``."""
+        ``"/job:localhost/replica:0/task:0/device:CPU:0"``.
+        """
         return (
             f"/job:localhost/replica:0/task:0/device:{_TF_KIND[self.kind]}:{self.index}"
         )

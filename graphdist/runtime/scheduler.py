@@ -47,6 +47,7 @@ class Scheduler:
             try:
                 seg_feeds = {name: env[name] for name in segment.inputs}
             except KeyError as err:
-                raise PlanError(f"segment {segment.name} needs {err.args[0]!r}, which no earlier step produced") from None
+                missing = err.args[0]
+                raise PlanError(f"segment {segment.name} needs {missing!r}, which no earlier step produced") from None
             env.update(zip(segment.outputs, executable.run(seg_feeds)))
         return [env[name] for name in self._plan.output_names]

@@ -408,7 +408,8 @@ def _concatenate(arrays: Sequence[Any], axis: int | None = 0, out: Any = None, d
     values = [_value(ctx, a, target) for a in arrays]
     ranks = {v.rank for v in values}
     if len(ranks) != 1:
-        raise TracingError(f"np.concatenate: all inputs must have the same rank, got shapes {[v.shape for v in values]}")
+        shapes = [v.shape for v in values]
+        raise TracingError(f"np.concatenate: all inputs must have the same rank, got shapes {shapes}")
     (axis,) = axis_tuple(axis, values[0].rank, "np.concatenate axis")
     return ctx.emit1("Concat", values, {"axis": axis})
 
@@ -641,7 +642,8 @@ def _is_advanced(k: Any) -> bool:
 
 def getitem(x: Any, key: Any) -> Any:
     """Static indexing and slicing: ints, slices, ``None``, ``...`` and one integer
-    array (or integer tensor) index, as numpy does."""
+    array (or integer tensor) index, as numpy does.
+    """
     ctx = _context(x, *(key if isinstance(key, tuple) else (key,)))
     items = _expand_key(key, x.ndim)
     advanced = [i for i, k in enumerate(items) if _is_advanced(k)]

@@ -51,7 +51,7 @@ class Tensor:
 
     @property
     def dtype(self) -> np.dtype:
-        """numpy dtype."""
+        """Numpy dtype."""
         return self.value.dtype
 
     @property

@@ -169,8 +169,8 @@ class TraceContext:
         except GraphError as err:
             where = _user_location()
             raise TracingError(f"{err}" + (f" (at {where})" if where else "")) from None
-        for annotations in self.regions:
-            node.meta.update(annotations)
+        for region in self.regions:
+            node.meta.update(region)
         location = _user_location()
         if location:
             node.meta["source"] = location

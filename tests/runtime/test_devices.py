@@ -161,10 +161,10 @@ class _FakeCuda:
         self.init_status = init_status
         self.count = count
 
-    def cuInit(self, flags: int) -> int:
+    def cuInit(self, flags: int) -> int:  # noqa: N802 - CUDA driver API name
         return self.init_status
 
-    def cuDeviceGetCount(self, ref: Any) -> int:
+    def cuDeviceGetCount(self, ref: Any) -> int:  # noqa: N802 - CUDA driver API name
         ref._obj.value = self.count
         return 0
 

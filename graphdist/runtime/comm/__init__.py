@@ -1,0 +1,1 @@
+"""Communicators between devices and processes."""
