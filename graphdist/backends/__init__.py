@@ -24,6 +24,7 @@ from graphdist.backends.base import (
 )
 from graphdist.backends.ort import OrtBackend
 from graphdist.backends.reference import ReferenceBackend
+from graphdist.backends.reference_ops import graphdist_reference_ops
 
 __all__ = [
     "Backend",
@@ -40,4 +41,4 @@ __all__ = [
 ]
 
 register_backend(OrtBackend())
-register_backend(ReferenceBackend())
+register_backend(ReferenceBackend(custom_ops=graphdist_reference_ops()))

@@ -21,7 +21,7 @@ from graphdist import nest, stats
 from graphdist.distribute.values import DistributedValues, PerReplica
 from graphdist.errors import InvalidArgumentError, TracingError
 from graphdist.ir.graph import Graph
-from graphdist.trace.tracer import TensorSpec, TraceContext, call_user_function
+from graphdist.trace.tracer import TensorSpec, TraceContext, call_user_function, current_trace
 
 __all__ = ["function", "Function", "ConcreteFunction"]
 
@@ -130,6 +130,10 @@ class Function:
         return self._fn
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if current_trace() is not None:
+            # Called from code being traced: inline, as nested tf.functions are.
+            with _strategy_scope(self._strategy):
+                return self._fn(*args, **kwargs)
         key, arrays = signature_of(args, kwargs)
         concrete = self._concrete.get(key)
         if concrete is None:

@@ -1,0 +1,124 @@
+"""Pass tests in the style of TVM/torch.fx: before vs expected structure, honest
+``modified``, a second run changes nothing, numerics before == after."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graphdist as gd
+from graphdist.backends import default_cache, get_backend
+from graphdist.ir import Graph, verify
+from graphdist.runtime.devices import parse_device
+from passes.assign_devices import AssignDevicesPass
+from passes.base import PassContext, PassManager
+from passes.eliminate_dead_nodes import EliminateDeadNodesPass
+from passes.lower_collectives import LowerCollectivesPass
+from passes.materialize_replica_ids import MaterializeReplicaIdsPass
+from passes.partition import PartitionPass
+
+X = np.arange(6, dtype=np.float32).reshape(2, 3)
+
+
+def _run(graph: Graph, x: np.ndarray = X) -> list[np.ndarray]:
+    """Evaluates a graph with the reference backend (graphdist ops as one participant)."""
+    exe = default_cache().get_or_compile(get_backend("reference"), graph.to_onnx(), parse_device("cpu:0"))
+    return exe.run({graph.inputs[0].name: x})
+
+
+def _ops(graph: Graph) -> list[str]:
+    return [n.qualified_op for n in graph.nodes]
+
+
+def _replica_step(x):
+    ctx = gd.get_replica_context()
+    total = ctx.all_reduce("sum", x * 2.0)
+    gathered = ctx.all_gather(x, axis=0)
+    return total + ctx.replica_id_in_sync_group.astype(np.float32), gathered
+
+
+@pytest.fixture
+def traced() -> Graph:
+    return gd.trace(_replica_step, X)
+
+
+def _check_pass(pass_, graph: Graph, expected_ops: list[str], ctx: PassContext | None = None) -> Graph:
+    ctx = ctx or PassContext()
+    before = _run(graph)
+    result = pass_(graph, ctx)
+    assert result.modified, f"{pass_.name} changed the graph but said it did not"
+    assert _ops(result.graph) == expected_ops
+    verify(result.graph)
+    for got, want in zip(_run(result.graph), before):
+        np.testing.assert_array_equal(got, want)
+    again = pass_(result.graph, ctx)
+    assert not again.modified, f"{pass_.name} is not idempotent"
+    assert _ops(again.graph) == expected_ops
+    return result.graph
+
+
+def test_materialize_replica_ids(traced: Graph) -> None:
+    assert "graphdist.ReplicaId" in _ops(traced)
+    graph = _check_pass(MaterializeReplicaIdsPass(), traced,
+                        ["Mul", "graphdist.AllReduce", "graphdist.AllGather", "Cast", "Add"])
+    constants = [v for v in graph.initializers.values() if v.name.startswith("replica_id")]
+    assert [int(c.const_value) for c in constants] == [0]
+
+
+def test_lower_single_replica_collectives(traced: Graph) -> None:
+    _check_pass(LowerCollectivesPass(), traced, ["Mul", "graphdist.ReplicaId", "Cast", "Add"])
+
+
+def test_lower_collectives_refuses_wide_groups() -> None:
+    graph = Graph("wide")
+    x = graph.add_input("x", np.float32, (2,))
+    graph.outputs = graph.add_node("AllReduce", [x], {"reduce_op": "SUM", "group_size": 2},
+                                   domain="graphdist").outputs
+    with pytest.raises(NotImplementedError, match="2 replicas"):
+        LowerCollectivesPass()(graph)
+
+
+def test_eliminate_dead_nodes() -> None:
+    def fn(x):
+        unused = np.exp(x) * 3.0  # noqa: F841 - dead on purpose
+        return x + 1.0
+
+    graph = gd.trace(fn, X)
+    assert _ops(graph) == ["Exp", "Mul", "Add"]
+    graph = _check_pass(EliminateDeadNodesPass(), graph, ["Add"])
+    assert len(graph.initializers) == 1  # the 3.0 constant went with its user
+
+
+def test_assign_devices_and_partition(traced: Graph) -> None:
+    ctx = PassContext(devices=("cpu:0",))
+    graph = _check_pass(AssignDevicesPass(), traced, _ops(traced), ctx)
+    assert graph.stage == "rewritten"
+    assert {n.device for n in graph.nodes} == {"cpu:0"}
+    graph = _check_pass(PartitionPass(), graph, _ops(traced), ctx)
+    assert graph.stage == "partitioned"
+    assert {n.meta["segment"] for n in graph.nodes} == {"cpu0"}
+
+
+def test_unplaced_graph_fails_rewritten_verification(traced: Graph) -> None:
+    with pytest.raises(gd.GraphError, match="has no device"):
+        verify(traced, "rewritten")
+
+
+def test_one_device_pipeline_end_to_end(traced: Graph) -> None:
+    strategy = gd.OneDeviceStrategy("cpu:0")
+    before = _run(traced)
+    result = PassManager(strategy.pipeline()).run(traced.copy(), PassContext(devices=("cpu:0",)))
+    assert result.modified
+    assert not any(n.domain == "graphdist" for n in result.graph.nodes)
+    for got, want in zip(_run(result.graph), before):
+        np.testing.assert_array_equal(got, want)
+    assert not PassManager(strategy.pipeline()).run(result.graph, PassContext(devices=("cpu:0",))).modified
+
+
+def test_dump_writes_every_stage(tmp_path, traced: Graph) -> None:
+    strategy = gd.OneDeviceStrategy("cpu:0")
+    PassManager(strategy.pipeline()).run(traced, PassContext(dump_dir=str(tmp_path)))
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert any(n.endswith("00.traced.txt") for n in names)
+    assert any("MaterializeReplicaIdsPass.onnx" in n for n in names)
+    assert len([n for n in names if n.endswith(".txt")]) == 1 + len(strategy.pipeline())
