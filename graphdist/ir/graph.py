@@ -281,14 +281,20 @@ class Graph:
         self.nodes.remove(node)
         node.graph = None
 
-    def replace_all_uses_with(self, old: Value, new: Value) -> int:
+    def replace_all_uses_with(self, old: Value, new: Value, *, exclude: Iterable[Node] = ()) -> int:
         """Makes every reader of ``old`` (nodes and graph outputs) read ``new``.
+
+        Args:
+            old: The value to stop reading.
+            new: Its replacement.
+            exclude: Nodes that keep reading ``old``; typically the node that
+                computes ``new`` from ``old`` (``y = AllReduce(x)`` replacing ``x``).
 
         Returns:
             The number of uses rewired.
 
         Raises:
-            GraphError: dtypes differ (shapes may differ only by symbolic dims).
+            GraphError: dtypes differ, or shapes differ other than by symbolic dims.
         """
         if old is new:
             return 0
@@ -297,10 +303,19 @@ class Graph:
                 f"replace_all_uses_with: %{old.name} is {old.type_str()} but the replacement "
                 f"%{new.name} is {new.type_str()}; insert a Cast first"
             )
+        if len(old.shape) != len(new.shape) or any(
+            isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(old.shape, new.shape)
+        ):
+            raise GraphError(
+                f"replace_all_uses_with: %{old.name} is {old.type_str()} but the replacement "
+                f"%{new.name} is {new.type_str()}; shapes must match (up to symbolic dimensions)"
+            )
+        skip = {id(n) for n in exclude}
         count = 0
         for node, index in list(old.uses):
-            node.replace_input(index, new)
-            count += 1
+            if id(node) not in skip:
+                node.replace_input(index, new)
+                count += 1
         for position, out in enumerate(self.outputs):
             if out is old:
                 self.outputs[position] = new
@@ -351,7 +366,9 @@ class Graph:
 
     def to_networkx(self):  # -> networkx.MultiDiGraph
         """Returns a ``networkx.MultiDiGraph``: one vertex per node, graph input
-        and initializer; one edge per value use, keyed by the value name.
+        and initializer, and ``output:<name>`` per graph output; one edge per
+        value use, keyed ``<value name>:<input index>`` (so ``Mul(x, x)`` has two
+        edges) with attributes ``value`` (the value name) and ``type``.
         """
         import networkx as nx
 
@@ -362,13 +379,14 @@ class Graph:
             g.add_node(value.name, kind="initializer", type=value.type_str())
         for node in self.nodes:
             g.add_node(node.name, kind="op", op=node.qualified_op, device=node.device, replica=node.replica)
-            for value in node.inputs:
+            for index, value in enumerate(node.inputs):
                 if value is not None:
-                    g.add_edge(_vertex_of(value), node.name, key=value.name, type=value.type_str())
+                    g.add_edge(_vertex_of(value), node.name, key=f"{value.name}:{index}", value=value.name,
+                               type=value.type_str())
         for value in self.outputs:
             sink = f"output:{value.name}"
             g.add_node(sink, kind="output", type=value.type_str())
-            g.add_edge(_vertex_of(value), sink, key=value.name, type=value.type_str())
+            g.add_edge(_vertex_of(value), sink, key=f"{value.name}:0", value=value.name, type=value.type_str())
         return g
 
     def copy(self) -> Graph:
@@ -388,7 +406,8 @@ class Graph:
         new.inputs = [clone(v) for v in self.inputs]
         new.initializers = {name: clone(v) for name, v in self.initializers.items()}
         for node in self.nodes:
-            twin = Node(node.op_type, [None if v is None else mapping[id(v)] for v in node.inputs], node.attrs,
+            attrs = {k: list(v) if isinstance(v, list) else v for k, v in node.attrs.items()}
+            twin = Node(node.op_type, [None if v is None else mapping[id(v)] for v in node.inputs], attrs,
                         domain=node.domain, name=node.name)
             twin.device, twin.replica, twin.meta = node.device, node.replica, dict(node.meta)
             for out in node.outputs:

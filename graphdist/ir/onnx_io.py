@@ -37,6 +37,10 @@ def _attribute(name: str, value: Any) -> onnx.AttributeProto:
         value = value.item()
     if isinstance(value, tuple):
         value = list(value)
+    if isinstance(value, list) and not value:
+        # make_attribute cannot infer the type of an empty list; ONNX list attributes are ints
+        # (perm, axes, pads...) far more often than anything else.
+        return helper.make_attribute(name, value, attr_type=onnx.AttributeProto.INTS)
     return helper.make_attribute(name, value)
 
 
@@ -85,7 +89,10 @@ def to_onnx(graph: Graph, *, opset: int = OPSET, doc: str = "") -> onnx.ModelPro
 
 
 # ------------------------------------------------------------------ import
-def _shape_of(type_proto: onnx.TypeProto) -> tuple[int | str, ...]:
+def _shape_of(type_proto: onnx.TypeProto, name: str = "") -> tuple[int | str, ...]:
+    if not type_proto.tensor_type.HasField("shape"):
+        raise GraphError(f"value {name!r} has no shape (unknown rank); graphdist needs the rank of every "
+                         "graph input and output: give the model a typed input/output with a shape")
     dims = []
     for index, dim in enumerate(type_proto.tensor_type.shape.dim):
         if dim.HasField("dim_value"):
@@ -119,6 +126,7 @@ def from_onnx(model: onnx.ModelProto | str) -> Graph:
     """
     if isinstance(model, str):
         model = onnx.load(model)
+    model = _at_opset(model)
     try:
         inferred = onnx.shape_inference.infer_shapes(model)
     except Exception:  # noqa: BLE001 - custom domains can defeat ONNX inference; our rules still run
@@ -133,7 +141,7 @@ def from_onnx(model: onnx.ModelProto | str) -> Graph:
     for vi in proto.input:
         if vi.name in init_names:
             continue
-        value = Value(vi.name, numpy_dtype(vi.type.tensor_type.elem_type), _shape_of(vi.type))
+        value = Value(vi.name, numpy_dtype(vi.type.tensor_type.elem_type), _shape_of(vi.type, vi.name))
         graph._names.add(vi.name)
         graph.inputs.append(value)
         values[vi.name] = value
@@ -141,6 +149,30 @@ def from_onnx(model: onnx.ModelProto | str) -> Graph:
         _import_node(graph, node_proto, values, types)
     graph.outputs = [values[o.name] for o in proto.output]
     return graph
+
+
+def _at_opset(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` converted to the default-domain opset graphdist's shape rules follow.
+
+    Older opsets pass axes, split sizes and clip bounds as attributes rather than inputs.
+    """
+    version = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), OPSET)
+    if version == OPSET:
+        return model
+    from onnx import version_converter
+
+    try:
+        return version_converter.convert_version(model, OPSET)
+    except Exception as err:  # noqa: BLE001 - the converter raises assorted errors
+        raise GraphError(
+            f"cannot import an ONNX model with opset {version}: converting it to opset {OPSET} failed "
+            f"({type(err).__name__}: {err}); re-export it with opset {OPSET}"
+        ) from None
+
+
+_CONSTANT_FORMS = {
+    "value_float": np.float32, "value_floats": np.float32, "value_int": np.int64, "value_ints": np.int64,
+}
 
 
 def _import_initializer(graph: Graph, name: str, array: np.ndarray) -> Value:
@@ -151,15 +183,25 @@ def _import_initializer(graph: Graph, name: str, array: np.ndarray) -> Value:
 
 
 def _import_node(graph: Graph, proto: onnx.NodeProto, values: dict[str, Value], types: dict) -> None:
-    attrs = {a.name: _python_attr(a) for a in proto.attribute}
-    if proto.op_type == "Constant" and proto.domain in ("", "ai.onnx"):
-        tensor = attrs.get("value")
-        if tensor is None:
-            raise GraphError(f"Constant node {proto.name!r}: only the 'value' form is supported")
-        values[proto.output[0]] = _import_initializer(graph, proto.output[0], np.asarray(tensor))
-        return
     domain = "" if proto.domain == "ai.onnx" else proto.domain
-    get_opdef(proto.op_type, domain)  # raises a clear error for unsupported ops
+    where = f"node {proto.name!r} ({proto.op_type})" if proto.name else f"a {proto.op_type} node"
+    if proto.op_type == "Constant" and domain == "":
+        attrs = {a.name: _python_attr(a) for a in proto.attribute}
+        if "value" in attrs:
+            array = np.asarray(attrs["value"])
+        elif len(attrs) == 1 and next(iter(attrs)) in _CONSTANT_FORMS:
+            key, raw = next(iter(attrs.items()))
+            array = np.asarray(raw, dtype=_CONSTANT_FORMS[key])
+        else:
+            raise GraphError(f"{where}: Constant with attribute(s) {sorted(attrs)} is not supported; use "
+                             f"'value' or one of {', '.join(_CONSTANT_FORMS)}")
+        values[proto.output[0]] = _import_initializer(graph, proto.output[0], array)
+        return
+    try:
+        get_opdef(proto.op_type, domain)
+        attrs = {a.name: _python_attr(a) for a in proto.attribute}
+    except GraphError as err:
+        raise GraphError(f"cannot import {where}: {err}") from None
     try:
         inputs = [values[name] if name else None for name in proto.input]
     except KeyError as err:
@@ -167,8 +209,9 @@ def _import_node(graph: Graph, proto: onnx.NodeProto, values: dict[str, Value], 
     node = Node(proto.op_type, inputs, attrs, domain=domain)
     node.name = graph.unique_name(proto.name or proto.op_type.lower(), node=True)
     known = [types.get(name) for name in proto.output]
-    if all(vi is not None and vi.type.tensor_type.elem_type for vi in known):
-        out_types = [(numpy_dtype(vi.type.tensor_type.elem_type), _shape_of(vi.type)) for vi in known]
+    if all(vi is not None and vi.type.tensor_type.elem_type and vi.type.tensor_type.HasField("shape")
+           for vi in known):
+        out_types = [(numpy_dtype(vi.type.tensor_type.elem_type), _shape_of(vi.type, vi.name)) for vi in known]
     else:
         out_types = get_opdef(proto.op_type, domain).infer(node, len(proto.output))
     for index, (name, (dtype, shape)) in enumerate(zip(proto.output, out_types)):

@@ -123,9 +123,13 @@ def normalize_axis(axis: int, rank: int, what: str = "axis") -> int:
     Raises:
         GraphError: ``axis`` is out of range.
     """
-    if not -rank <= axis < max(rank, 1) or (rank == 0 and axis not in (0, -1)):
-        raise GraphError(f"{what} {axis} is out of range for a tensor of rank {rank}; use -{rank} <= {what} < {rank}")
-    return axis % rank if rank else 0
+    if rank == 0:
+        raise GraphError(f"{what} {axis} is out of range for a tensor of rank 0: a scalar has no axes")
+    if not -rank <= axis < rank:
+        raise GraphError(
+            f"{what} {axis} is out of range for a tensor of rank {rank}; valid axes are {-rank}..{rank - 1}"
+        )
+    return axis % rank
 
 
 def broadcast_shapes(*shapes: Shape) -> Shape:
@@ -261,21 +265,32 @@ def _infer_arg_reduce(node: Node, _: int | None) -> TypeList:
 
 def _infer_reshape(node: Node, _: int | None) -> TypeList:
     x = _in(node, 0)
-    target = [int(d) for d in _const(node, 1, "shape").reshape(-1)]
+    requested = [int(d) for d in _const(node, 1, "shape").reshape(-1)]
+    target: list[Dim] = list(requested)
     if node.attrs.get("allowzero", 0) == 0:
-        target = [x.shape[i] if d == 0 else d for i, d in enumerate(target)]
+        for i, d in enumerate(requested):
+            if d == 0:
+                if i >= x.rank:
+                    raise GraphError(f"Reshape ({node.name}): 0 at position {i} copies a dimension that "
+                                     f"{x.type_str()} does not have")
+                target[i] = x.shape[i]
     if target.count(-1) > 1:
-        raise GraphError(f"Reshape ({node.name}): at most one dimension may be -1, got {target}")
+        raise GraphError(f"Reshape ({node.name}): at most one dimension may be -1, got {requested}")
+    # Symbolic dimensions must be carried over unchanged (the same names on both sides);
+    # the static dimensions then have to multiply out.
+    symbolic_in = sorted(d for d in x.shape if isinstance(d, str))
+    symbolic_out = sorted(d for d in target if isinstance(d, str))
+    static_in = int(np.prod([d for d in x.shape if isinstance(d, int)], dtype=np.int64))
+    static_out = int(np.prod([d for d in target if isinstance(d, int) and d != -1], dtype=np.int64))
+    if symbolic_in != symbolic_out:
+        raise GraphError(f"Reshape ({node.name}): cannot reshape {x.type_str()} into {tuple(requested)}: "
+                         "symbolic dimensions must be kept with 0 (copy) at their position")
     if -1 in target:
-        known = int(np.prod([d for d in target if d != -1], dtype=np.int64))
-        if not x.is_static:
-            raise GraphError(f"Reshape ({node.name}): cannot infer -1 for symbolic shape {x.shape}")
-        total = int(np.prod(x.shape, dtype=np.int64))
-        if known == 0 or total % known:
-            raise GraphError(f"Reshape ({node.name}): cannot reshape {x.type_str()} into {tuple(target)}")
-        target[target.index(-1)] = total // known
-    if x.is_static and int(np.prod(x.shape, dtype=np.int64)) != int(np.prod(target, dtype=np.int64)):
-        raise GraphError(f"Reshape ({node.name}): cannot reshape {x.type_str()} into {tuple(target)}")
+        if static_out == 0 or static_in % static_out:
+            raise GraphError(f"Reshape ({node.name}): cannot reshape {x.type_str()} into {tuple(requested)}")
+        target[target.index(-1)] = static_in // static_out
+    elif static_in != static_out:
+        raise GraphError(f"Reshape ({node.name}): cannot reshape {x.type_str()} into {tuple(requested)}")
     return [(x.dtype, tuple(target))]
 
 
@@ -365,6 +380,8 @@ def _infer_slice(node: Node, _: int | None) -> TypeList:
     for start, end, axis, step in zip(starts, ends, axes, steps):
         axis = normalize_axis(axis, x.rank, "Slice axis")
         dim = shape[axis]
+        if step == 0:
+            raise GraphError(f"Slice ({node.name}): step of axis {axis} must not be 0")
         if not isinstance(dim, int):
             raise GraphError(f"Slice ({node.name}): cannot slice symbolic dimension {dim!r}")
         shape[axis] = len(range(*slice(int(start), int(end), step).indices(dim)))

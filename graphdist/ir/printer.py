@@ -8,7 +8,7 @@ from graphdist.ir.graph import Graph, Node, Value
 
 __all__ = ["format_graph", "format_table"]
 
-_MAX_ATTR = 40
+_MAX_VALUE = 24  # characters of one attribute value before it is elided
 
 
 def format_table(header: list[str], rows: list[list[str]], indent: str = "  ") -> str:
@@ -21,12 +21,14 @@ def format_table(header: list[str], rows: list[list[str]], indent: str = "  ") -
 
 
 def _attrs(node: Node) -> str:
+    # Every key stays visible; only long values are elided.
     parts = []
     for key, value in sorted(node.attrs.items()):
         text = repr(value.tolist() if hasattr(value, "tolist") else value)
+        if len(text) > _MAX_VALUE:
+            text = text[: _MAX_VALUE - 3] + "..."
         parts.append(f"{key}={text}")
-    text = ", ".join(parts)
-    return text if len(text) <= _MAX_ATTR else text[: _MAX_ATTR - 3] + "..."
+    return ", ".join(parts)
 
 
 def _operand(value: Value | None) -> str:

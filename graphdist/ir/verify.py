@@ -2,16 +2,19 @@
 
 Stages and what :func:`verify` checks:
 
-* every stage: names unique; each node's op registered; every input defined
-  before use (topological order); use lists consistent with inputs; every
-  output typed and equal to what the op's shape rule infers; graph outputs
-  defined.
+* every stage: value names and node names unique; each node's op
+  registered; every input defined before use (topological order, no cycles);
+  use lists consistent with inputs in both directions; every output typed and
+  equal to what the op's shape rule infers (as many outputs as it gives);
+  graph outputs defined.
 * ``"rewritten"`` and ``"partitioned"``: every node placed on a device.
 * ``"partitioned"``: no edge crosses devices except into a collective or
   transfer node of the ``graphdist`` domain.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from graphdist.errors import GraphError
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node
@@ -48,14 +51,29 @@ def verify(graph: Graph, stage: str | None = None) -> None:
 def _check_structure(graph: Graph) -> list[str]:
     problems: list[str] = []
     defined = {id(v) for v in graph.inputs} | {id(v) for v in graph.initializers.values()}
-    names = [v.name for v in graph.values()]
-    duplicates = {n for n in names if names.count(n) > 1} if len(set(names)) != len(names) else set()
-    problems += [f"value name {n!r} is used more than once" for n in sorted(duplicates)]
+    problems += [f"value name {n!r} is used more than once" for n in _duplicates(v.name for v in graph.values())]
+    problems += [f"node name {n!r} is used more than once" for n in _duplicates(n.name for n in graph.nodes)]
+    in_graph = {id(n) for n in graph.nodes}
     for node in graph.nodes:
         problems += _check_node(node, defined)
         defined.update(id(v) for v in node.outputs)
+    for value in graph.values():
+        for user, index in value.uses:
+            if id(user) not in in_graph:
+                problems.append(f"use list of %{value.name} names node {user.name}, which is not in the graph")
+            elif index >= len(user.inputs) or user.inputs[index] is not value:
+                problems.append(f"use list of %{value.name} names input {index} of {user.name}, which reads "
+                                "another value")
     problems += [f"graph output %{v.name} is not defined" for v in graph.outputs if id(v) not in defined]
     return problems
+
+
+def _duplicates(names: Iterable[str]) -> list[str]:
+    seen: set[str] = set()
+    repeated: set[str] = set()
+    for name in names:
+        (repeated if name in seen else seen).add(name)
+    return sorted(repeated)
 
 
 def _check_node(node: Node, defined: set[int]) -> list[str]:
@@ -78,6 +96,9 @@ def _check_node(node: Node, defined: set[int]) -> list[str]:
         inferred = opdef.infer(node, len(node.outputs))
     except GraphError as err:
         return [*problems, f"node {node.name}: {err}"]
+    if len(inferred) != len(node.outputs):
+        problems.append(f"node {node.name} ({node.qualified_op}) has {len(node.outputs)} outputs but its shape "
+                        f"rule gives {len(inferred)}")
     for out, (dtype, shape) in zip(node.outputs, inferred):
         if out.dtype != dtype or _static(out.shape) != _static(shape):
             problems.append(

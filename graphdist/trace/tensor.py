@@ -18,7 +18,14 @@ from graphdist.ir.graph import Value
 from graphdist.trace import numpy_api as npa
 from graphdist.trace.tracer import TraceContext
 
-__all__ = ["Tensor"]
+__all__ = ["Tensor", "UnsupportedAttributeError"]
+
+
+class UnsupportedAttributeError(TracingError, AttributeError):
+    """An ``ndarray`` attribute or method that traced tensors do not provide.
+
+    Also an ``AttributeError``, so ``hasattr``/``getattr(x, name, default)`` keep working.
+    """
 
 
 def _concrete_error(tensor: Tensor, what: str, fix: str) -> TracingError:
@@ -78,6 +85,17 @@ class Tensor:
 
     def __repr__(self) -> str:
         return f"Tensor(%{self.value.name}, shape={self.shape}, dtype={self.dtype})"
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called for names the class does not define.
+        if name.startswith("__") or name in Tensor.__slots__:
+            raise AttributeError(name)
+        public = sorted(n for n in dir(Tensor) if not n.startswith("_"))
+        raise UnsupportedAttributeError(
+            f"ndarray.{name} is not supported on traced tensors. Supported attributes and methods: "
+            f"{', '.join(public)}; numpy functions (np.*) on tensors are listed in the error of an "
+            "unsupported np call"
+        )
 
     __hash__ = object.__hash__  # __eq__ builds a graph node, so hash by identity
 
@@ -158,6 +176,7 @@ class Tensor:
     def __neg__(self) -> Tensor: return np.negative(self)
     def __pos__(self) -> Tensor: return np.positive(self)
     def __abs__(self) -> Tensor: return np.absolute(self)
+    def __round__(self, ndigits: int | None = None) -> Tensor: return np.round(self, ndigits or 0)
     def __eq__(self, other: Any) -> Tensor: return np.equal(self, other)  # type: ignore[override]
     def __ne__(self, other: Any) -> Tensor: return np.not_equal(self, other)  # type: ignore[override]
     def __lt__(self, other: Any) -> Tensor: return np.less(self, other)
@@ -230,6 +249,14 @@ class Tensor:
     def std(self, axis: Any = None, ddof: int = 0, keepdims: bool = False) -> Tensor:
         """Like ``ndarray.std``."""
         return np.std(self, axis=axis, ddof=ddof, keepdims=keepdims)
+
+    def all(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        """Like ``ndarray.all``."""
+        return np.all(self, axis=axis, keepdims=keepdims)
+
+    def any(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        """Like ``ndarray.any``."""
+        return np.any(self, axis=axis, keepdims=keepdims)
 
     def argmax(self, axis: Any = None, keepdims: bool = False) -> Tensor:
         """Like ``ndarray.argmax``."""
