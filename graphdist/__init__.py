@@ -8,7 +8,7 @@ compiled through ONNX (ONNX Runtime, onnx.reference; TVM to come).
     result = strategy.run(lambda x: np.tanh(x) * 2, args=(np.ones(3, np.float32),))
 """
 
-from graphdist import config, nest, stats
+from graphdist import config, nest, optimizers, stats
 from graphdist.compile import ConcreteFunction, Function, Plan, function
 from graphdist.distribute import (
     DistributedValues,
@@ -25,6 +25,7 @@ from graphdist.distribute import (
     has_strategy,
     in_cross_replica_context,
 )
+from graphdist.distribute.variables import Variable
 from graphdist.errors import (
     AxisError,
     BackendError,
@@ -40,6 +41,7 @@ from graphdist.errors import (
 )
 from graphdist.ir import Graph, Node, Value, verify
 from graphdist.trace import Tensor, TensorSpec, trace
+from graphdist.trace.tape import GradientTape, grad, value_and_grad
 
 __version__ = "0.1.0"
 
@@ -53,6 +55,11 @@ __all__ = [
     "ConcreteFunction",
     "Plan",
     "trace",
+    "Variable",
+    "GradientTape",
+    "grad",
+    "value_and_grad",
+    "optimizers",
     "Tensor",
     "TensorSpec",
     "Graph",

@@ -19,6 +19,7 @@ import numpy as np
 
 from graphdist import nest, stats
 from graphdist.distribute.values import DistributedValues, PerReplica
+from graphdist.distribute.variables import Variable, read_variable
 from graphdist.errors import InvalidArgumentError, TracingError
 from graphdist.ir.graph import Graph
 from graphdist.trace.tracer import TensorSpec, TraceContext, call_user_function, current_trace
@@ -47,6 +48,8 @@ def _leaf_signature(leaf: Any, arrays: list[Any]) -> Any:
         return (leaf.shape, leaf.dtype.str)
     if isinstance(leaf, DistributedValues):
         return ("per_replica", tuple(_leaf_signature(v, arrays) for v in leaf.values))
+    if isinstance(leaf, Variable):
+        return ("variable", id(leaf))
     try:
         hash(leaf)
     except TypeError:
@@ -79,6 +82,16 @@ class ConcreteFunction:
         self._input_names = input_names
         self._output_treedef, self._output_counts = output_spec
         self._plain_outputs = all(c is None for c in self._output_counts)
+        rewritten = graphs["rewritten"]
+        # Variables are fed from their current values and written back after the step.
+        self._variable_feeds = list(graphs["traced"].meta.get("variables", []))
+        self._updates = list(rewritten.meta.get("variable_updates", []))
+        self._num_results = len(rewritten.outputs) - len(self._updates)
+
+    @property
+    def variables(self) -> list[Variable]:
+        """Variables the step reads or updates."""
+        return [v for _, v in self._variable_feeds]
 
     def graph(self, stage: str = "traced") -> Graph:
         """The step's graph at ``stage``: ``"traced"``, ``"rewritten"`` or ``"partitioned"``."""
@@ -88,7 +101,14 @@ class ConcreteFunction:
 
     def call_flat(self, arrays: list[Any]) -> Any:
         """Runs the plan on the flat input arrays and rebuilds the output structure."""
-        outputs = self.plan.run(dict(zip(self._input_names, arrays)))
+        feeds = dict(zip(self._input_names, arrays))
+        for name, variable in self._variable_feeds:
+            feeds[name] = variable._value
+        outputs = self.plan.run(feeds)
+        if self._updates:
+            for (_, variable), value in zip(self._updates, outputs[self._num_results:]):
+                variable._write(value)
+            outputs = outputs[: self._num_results]
         outputs = [out[()] if out.ndim == 0 else out for out in outputs]
         if self._plain_outputs:
             return nest.unflatten(self._output_treedef, outputs)
@@ -183,6 +203,7 @@ class Function:
             proxy_args, proxy_kwargs, input_names = _make_inputs(ctx, args, kwargs)
             with _strategy_scope(self._strategy):
                 result = call_user_function(self._fn, proxy_args, proxy_kwargs)
+            result = nest.map_structure(lambda v: read_variable(v) if isinstance(v, Variable) else v, result)
             leaves, treedef = nest.flatten(result, is_leaf=_is_distributed)
             counts = [len(leaf.values) if _is_distributed(leaf) else None for leaf in leaves]
             flat = [v for leaf in leaves for v in (leaf.values if _is_distributed(leaf) else (leaf,))]

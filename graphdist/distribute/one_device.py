@@ -13,11 +13,14 @@ __all__ = ["OneDeviceStrategy", "single_device_pipeline"]
 def single_device_pipeline(device: Device) -> list[Any]:
     """Passes that prepare a one-replica graph for ``device``."""
     from passes.assign_devices import AssignDevicesPass
+    from passes.autodiff import AutodiffPass
     from passes.eliminate_dead_nodes import EliminateDeadNodesPass
     from passes.lower_collectives import LowerCollectivesPass
+    from passes.lower_variable_updates import LowerVariableUpdatesPass
     from passes.materialize_replica_ids import MaterializeReplicaIdsPass
 
-    return [MaterializeReplicaIdsPass(), LowerCollectivesPass(), EliminateDeadNodesPass(), AssignDevicesPass()]
+    return [AutodiffPass(), LowerVariableUpdatesPass(), MaterializeReplicaIdsPass(), LowerCollectivesPass(),
+            EliminateDeadNodesPass(), AssignDevicesPass()]
 
 
 class OneDeviceStrategy(Strategy):
@@ -40,7 +43,7 @@ class OneDeviceStrategy(Strategy):
         return str(self._devices[0])
 
     def pipeline(self) -> list[Any]:
-        """Materialise replica ids, drop single-replica collectives, place on the device."""
+        """Autodiff, variable updates, replica ids, single-replica collectives, placement."""
         return single_device_pipeline(self._devices[0])
 
     def __repr__(self) -> str:

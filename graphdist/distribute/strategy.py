@@ -121,6 +121,15 @@ class Strategy:
     def _parameter_devices(self) -> tuple[Device, ...]:
         return self._devices
 
+    def _create_variable(self, variable: Any) -> None:
+        """Hook called for every variable created while this strategy is current.
+
+        Single-device strategies place it on their parameter device; later
+        strategies override this to mirror, centralise or shard variables.
+        """
+        variable._strategy = self
+        variable._device = str(self._parameter_devices()[0])
+
     def pipeline(self) -> list[Any]:
         """The passes that rewrite a traced step for this strategy."""
         raise NotImplementedError(f"{type(self).__name__} does not define a pass pipeline")
@@ -372,6 +381,10 @@ class DefaultStrategy(Strategy):
         from graphdist.distribute.one_device import single_device_pipeline
 
         return single_device_pipeline(self._devices[0])
+
+    def _create_variable(self, variable: Any) -> None:
+        variable._strategy = None  # the default strategy does not capture variables
+        variable._device = str(self._devices[0])
 
     def __repr__(self) -> str:
         return "DefaultStrategy()"

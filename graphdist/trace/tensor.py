@@ -101,9 +101,13 @@ class Tensor:
 
     # --------------------------------------------------- numpy protocols
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        if any(getattr(x, "_graphdist_variable", False) for x in inputs):
+            return NotImplemented  # gd.Variable's handler reads the variable, then dispatches again
         return npa.apply_ufunc(ufunc, method, *inputs, **kwargs)
 
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        if any(getattr(t, "_graphdist_variable", False) for t in types):
+            return NotImplemented
         return npa.apply_function(func, args, kwargs)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:

@@ -1,0 +1,87 @@
+"""AutodiffPass: expand ``graphdist.Gradient`` nodes into backward ops.
+
+Invariant established: no ``Gradient`` node remains; each output of a former
+``Gradient(target, *sources)`` node is computed by ops that equal
+d(sum(target))/d(source), built in reverse mode in one sweep over the nodes
+that precede it, from the OpDef gradient rules.
+
+Cases:
+* source on the path to the target: the accumulated gradient (several uses
+  of a value add up);
+* source not connected to the target: zeros of the source's shape;
+* an op on the path without a gradient rule: ``GraphError`` naming the op
+  and the node, and saying which sources need it;
+* several ``Gradient`` nodes (several tapes or calls): each expanded on its own.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphdist.errors import GraphError
+from graphdist.ir import gradients  # noqa: F401 - registers the rules
+from graphdist.ir.gradients import GradBuilder
+from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
+from graphdist.ir.ops import get_opdef
+from passes.base import PassBase, PassContext, PassResult
+
+__all__ = ["AutodiffPass"]
+
+
+def _depends_on_sources(forward: list[Node], sources: list[Value]) -> set[int]:
+    reached = {id(s) for s in sources}
+    for node in forward:
+        if any(v is not None and id(v) in reached for v in node.inputs):
+            reached.update(id(out) for out in node.outputs)
+    return reached
+
+
+def _accumulate(b: GradBuilder, grads: dict[int, Value], value: Value, grad: Value) -> None:
+    if grad.dtype != value.dtype:
+        grad = b.cast(grad, value.dtype)
+    previous = grads.get(id(value))
+    grads[id(value)] = grad if previous is None else b.add(previous, grad)
+
+
+def _backward(graph: Graph, gradient_node: Node, b: GradBuilder) -> list[Value]:
+    target, *sources = gradient_node.inputs
+    forward = graph.nodes[: graph.nodes.index(gradient_node)]
+    reached = _depends_on_sources(forward, sources)
+    grads: dict[int, Value] = {id(target): b.const(np.ones(target.shape, target.dtype), target.dtype)}
+    for node in reversed(forward):
+        output_grads = [grads.get(id(out)) for out in node.outputs]
+        if all(g is None for g in output_grads):
+            continue
+        if not any(v is not None and id(v) in reached for v in node.inputs):
+            continue
+        rule = get_opdef(node.op_type, node.domain).gradient
+        if rule is None:
+            raise GraphError(
+                f"cannot differentiate through {node.qualified_op} (node {node.name}"
+                f"{', at ' + node.meta['source'] if 'source' in node.meta else ''}): the op has no gradient "
+                "rule. Rewrite that part with differentiable numpy ops, or stop the gradient before it"
+            )
+        input_grads = rule(b, node, output_grads)
+        for value, grad in zip(node.inputs, input_grads):
+            if value is not None and grad is not None and id(value) in reached:
+                _accumulate(b, grads, value, grad)
+    return [grads.get(id(s)) or b.zeros_like(s) for s in sources]
+
+
+class AutodiffPass(PassBase):
+    """Expands every ``graphdist.Gradient`` node (reverse mode)."""
+
+    def call(self, graph: Graph, ctx: PassContext) -> PassResult:
+        gradient_nodes = graph.find_nodes("Gradient", GRAPHDIST_DOMAIN)
+        for gradient_node in gradient_nodes:
+            builder = GradBuilder(graph)
+            results = _backward(graph, gradient_node, builder)
+            # Backward ops read only values defined before the Gradient node: place them there.
+            created = {id(n) for n in builder.created}
+            rest = [n for n in graph.nodes if id(n) not in created]
+            at = rest.index(gradient_node)
+            graph.nodes = rest[:at] + builder.created + rest[at:]
+            for out, grad in zip(gradient_node.outputs, results):
+                graph.replace_all_uses_with(out, grad)
+            graph.remove_node(gradient_node)
+        return PassResult(graph, modified=bool(gradient_nodes))

@@ -1,0 +1,48 @@
+"""LowerVariableUpdatesPass: turn ``graphdist.AssignVariable`` nodes into plan outputs.
+
+Invariant established: no ``AssignVariable`` node remains; the final value
+assigned to each variable in the step is a graph output, and
+``graph.meta["variable_updates"]`` lists ``(output name, variable)`` pairs the
+runtime writes back after the step.
+
+Cases:
+* one assign of a variable: its value becomes an output;
+* several assigns of one variable: reads in between already use the earlier
+  values; only the last value is written back;
+* an assigned value that is also a user output or an input: an ``Identity``
+  gives the update its own output name.
+"""
+
+from __future__ import annotations
+
+from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph
+from passes.base import PassBase, PassContext, PassResult
+
+__all__ = ["LowerVariableUpdatesPass"]
+
+
+class LowerVariableUpdatesPass(PassBase):
+    """Replaces variable-update nodes by outputs written back by the runtime."""
+
+    def call(self, graph: Graph, ctx: PassContext) -> PassResult:
+        assigns = graph.find_nodes("AssignVariable", GRAPHDIST_DOMAIN)
+        if not assigns:
+            return PassResult(graph, modified=False)
+        variables = {name: var for _, var in graph.meta.get("variables", []) for name in [var._name]}
+        last = {}
+        for node in assigns:
+            last[node.attrs["variable"]] = node
+        updates = list(graph.meta.get("variable_updates", []))
+        for node in assigns:
+            value = node.inputs[0]
+            graph.replace_all_uses_with(node.outputs[0], value)
+            graph.remove_node(node)
+            if last[node.attrs["variable"]] is not node:
+                continue
+            taken = {id(v) for v in graph.outputs}
+            if value.producer is None or id(value) in taken:
+                value = graph.add_node("Identity", [value], name="update").outputs[0]
+            graph.outputs.append(value)
+            updates.append((value.name, variables[node.attrs["variable"]]))
+        graph.meta["variable_updates"] = updates
+        return PassResult(graph, modified=True)
