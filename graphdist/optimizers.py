@@ -41,7 +41,7 @@ class Optimizer:
         key = (id(variable), kind)
         slot = self._slots.get(key)
         if slot is None:
-            slot = Variable(np.zeros(variable.shape, variable.dtype), name=f"{variable._name}/{kind}",
+            slot = Variable(np.zeros(variable.shape, variable.dtype), name=f"{self._name}/{variable._name}/{kind}",
                             trainable=False)
             self._slots[key] = slot
         return slot

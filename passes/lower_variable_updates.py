@@ -28,7 +28,7 @@ class LowerVariableUpdatesPass(PassBase):
         assigns = graph.find_nodes("AssignVariable", GRAPHDIST_DOMAIN)
         if not assigns:
             return PassResult(graph, modified=False)
-        variables = {name: var for _, var in graph.meta.get("variables", []) for name in [var._name]}
+        variables = {var.uid: var for _, var in graph.meta.get("variables", [])}
         last = {}
         for node in assigns:
             last[node.attrs["variable"]] = node

@@ -24,15 +24,13 @@ from graphdist.ir.graph import GRAPHDIST_DOMAIN
 
 __all__ = ["Variable", "read_variable", "is_variable"]
 
-_names_lock = threading.Lock()
-_name_counts: dict[str, itertools.count] = {}
+_ids = itertools.count()
+_ids_lock = threading.Lock()
 
 
-def _unique_name(base: str) -> str:
-    with _names_lock:
-        counter = _name_counts.setdefault(base, itertools.count())
-        index = next(counter)
-    return base if index == 0 else f"{base}_{index}"
+def _next_id() -> int:
+    with _ids_lock:
+        return next(_ids)
 
 
 def _initial_array(initial_value: Any, dtype: Any) -> np.ndarray:
@@ -60,7 +58,8 @@ class Variable:
 
     Args:
         initial_value: Array-like (or a callable returning one).
-        name: Name; made unique (``Variable``, ``Variable_1``...).
+        name: Name (default ``"Variable"``; like TF eager, names need not be unique:
+            each variable also has a unique ``uid``).
         trainable: Whether optimizers and ``model.trainable_variables`` see it.
         dtype: numpy dtype; Python floats default to float32 as in TF.
     """
@@ -71,8 +70,8 @@ class Variable:
     def __init__(self, initial_value: Any, name: str | None = None, trainable: bool = True,
                  dtype: Any = None) -> None:
         self._value = _initial_array(initial_value, dtype)
-        base = re.sub(r"[^A-Za-z0-9_./-]", "_", name or "Variable")
-        self._name = _unique_name(base)
+        self._name = re.sub(r"[^A-Za-z0-9_./-]", "_", name or "Variable")
+        self.uid = f"{self._name}#{_next_id()}"
         self.trainable = bool(trainable)
         self._strategy: Any = None
         self._device: str | None = None
@@ -179,7 +178,7 @@ class Variable:
         return read_variable(self)[key]
 
     def __repr__(self) -> str:
-        value = np.array2string(self._value, separator=", ")
+        value = str(self._value[()]) if self.ndim == 0 else np.array2string(self._value, separator=", ")
         return f"<gd.Variable '{self.name}' shape={self.shape} dtype={self.dtype.name}, numpy={value}>"
 
     __hash__ = object.__hash__
@@ -237,7 +236,7 @@ def _assign_traced(ctx: Any, variable: Variable, value: Any) -> Any:
 
     read_variable(variable)  # the variable is an input of the step even if never read
     tensor = cast_tensor(_as_tensor(ctx, value), variable.dtype)
-    node_out = ctx.emit1("AssignVariable", [tensor.value], {"variable": variable._name},
+    node_out = ctx.emit1("AssignVariable", [tensor.value], {"variable": variable.uid},
                          domain=GRAPHDIST_DOMAIN, name="assign")
     node_out.value.producer.meta["side_effect"] = True
     ctx.graph.meta["variable_state"][id(variable)] = node_out
