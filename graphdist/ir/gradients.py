@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from graphdist.errors import GraphError
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Node, Value
 from graphdist.ir.ops import get_opdef, onnx_dtype
 
@@ -334,3 +335,216 @@ def _pow(b: GradBuilder, node: Node, g: list[Value | None]) -> list[Value | None
     if _float(exponent):
         gexp = _ub(b, b.mul(g[0], b.mul(y, b.op1("Log", [x]))), exponent)
     return [_ub(b, gx, x), gexp]
+
+
+# ------------------------------------------------- elementwise unary rules
+def _unary_rule(derivative: Callable[[GradBuilder, Node], Value]) -> GradRule:
+    """A rule ``g * derivative(x)`` for a one-input, one-output elementwise op."""
+
+    def rule(b: GradBuilder, node: Node, g: list[Value | None]) -> list[Value | None]:
+        return [b.mul(g[0], derivative(b, node))]
+
+    return rule
+
+
+register_gradient("Abs")(_unary_rule(lambda b, n: b.op1("Sign", [n.inputs[0]])))
+register_gradient("Sin")(_unary_rule(lambda b, n: b.op1("Cos", [n.inputs[0]])))
+register_gradient("Cos")(_unary_rule(lambda b, n: b.neg(b.op1("Sin", [n.inputs[0]]))))
+register_gradient("Softplus")(_unary_rule(lambda b, n: b.op1("Sigmoid", [n.inputs[0]])))
+# d(1/x) = -1/x^2 = -y^2
+register_gradient("Reciprocal")(_unary_rule(lambda b, n: b.neg(b.mul(n.outputs[0], n.outputs[0]))))
+
+
+@register_gradient("Erf")
+def _erf(b: GradBuilder, node: Node, g: list[Value | None]) -> list[Value | None]:
+    x = node.inputs[0]
+    gauss = b.op1("Exp", [b.neg(b.mul(x, x))])
+    return [b.mul(g[0], b.mul(gauss, b.const(2.0 / np.sqrt(np.pi), x.dtype)))]
+
+
+def _zero_gradient(b: GradBuilder, node: Node, g: list[Value | None]) -> list[Value | None]:
+    """Piecewise-constant ops (and ops whose output does not depend on input values)."""
+    return [None] * len(node.inputs)
+
+
+for _name in ("Sign", "Floor", "Ceil", "Round", "ArgMax", "ArgMin", "IsNaN", "IsInf", "Equal", "Less",
+              "Greater", "LessOrEqual", "GreaterOrEqual", "RandomUniformLike"):
+    register_gradient(_name)(_zero_gradient)
+
+
+@register_gradient("Mod")
+def _mod(b: GradBuilder, node: Node, g: list[Value | None]) -> list[Value | None]:
+    # Float remainder: a - q * b with q = floor(a / b) (fmod=0) or trunc(a / b) (fmod=1).
+    x, y = node.inputs
+    if not _float(x):
+        return [None, None]
+    ratio = b.op1("Div", [x, y])
+    if node.attrs.get("fmod", 0):
+        quotient = b.mul(b.op1("Sign", [ratio]), b.op1("Floor", [b.op1("Abs", [ratio])]))
+    else:
+        quotient = b.op1("Floor", [ratio])
+    return [_ub(b, g[0], x), _ub(b, b.neg(b.mul(g[0], quotient)), y)]
+
+
+@register_gradient("Clip")
+def _clip(b: GradBuilder, node: Node, g: list[Value | None]) -> list[Value | None]:
+    # The gradient flows where min <= x <= max; a bound gets the gradient where it clipped x.
+    x = node.inputs[0]
+    lower = node.inputs[1] if len(node.inputs) > 1 else None
+    upper = node.inputs[2] if len(node.inputs) > 2 else None
+    one = b.const(1, x.dtype)
+    keep = None
+    grads: list[Value | None] = [None, None, None][: len(node.inputs)]
+    for index, bound, outside in ((1, lower, "Less"), (2, upper, "Greater")):
+        if bound is None:
+            continue
+        clipped = b.cast(b.op1(outside, [x, bound]), x.dtype)
+        inside = b.op1("Sub", [one, clipped])
+        keep = inside if keep is None else b.mul(keep, inside)
+        if _float(bound):
+            grads[index] = _ub(b, b.mul(g[0], clipped), bound)
+    grads[0] = g[0] if keep is None else b.mul(g[0], keep)
+    return grads
+
+
+# ----------------------------------------------------------- reductions
+@register_gradient("ReduceProd")
+def _reduce_prod(b: GradBuilder, node: Node, g: list[Value | None]) -> list[Value | None]:
+    # d(prod)/dx_i = product of the other elements, computed without dividing by zero:
+    # no zero in the group: prod / x_i; one zero: the product of the non-zeros at the zero,
+    # 0 elsewhere; several zeros: 0.
+    x = node.inputs[0]
+    axes = _reduce_axes(node)
+    zero = b.const(0, x.dtype)
+    one = b.const(1, x.dtype)
+    is_zero = b.op1("Equal", [x, zero])
+    safe = b.op1("Where", [is_zero, one, x])
+    if axes:
+        nonzero_prod = b.op1("ReduceProd", [safe, b.int64s(axes)], {"keepdims": 1})
+        zeros = b.reduce_sum(b.cast(is_zero, x.dtype), axes, keepdims=True)
+    else:
+        nonzero_prod, zeros = safe, b.cast(is_zero, x.dtype)
+    no_zero = b.op1("Equal", [zeros, zero])
+    one_zero = b.op1("Equal", [zeros, one])
+    others = b.op1("Where", [no_zero, b.op1("Div", [nonzero_prod, safe]),
+                             b.op1("Where", [b.op1("And", [one_zero, is_zero]), nonzero_prod, zero])])
+    return [b.mul(_grad_to_input_shape(b, node, g[0]), others), None]
+
+
+# ---------------------------------------------------------------- softmax
+def _softmax_axis(node: Node) -> int:
+    x = node.inputs[0]
+    return int(node.attrs.get("axis", -1)) % x.rank
+
+
+@register_gradient("Softmax")
+def _softmax(b: GradBuilder, node: Node, g: list[Value | None]) -> list[Value | None]:
+    y = node.outputs[0]
+    dot = b.reduce_sum(b.mul(g[0], y), [_softmax_axis(node)], keepdims=True)
+    return [b.mul(y, b.op1("Sub", [g[0], dot]))]
+
+
+@register_gradient("LogSoftmax")
+def _log_softmax(b: GradBuilder, node: Node, g: list[Value | None]) -> list[Value | None]:
+    y = node.outputs[0]
+    total = b.reduce_sum(g[0], [_softmax_axis(node)], keepdims=True)
+    return [b.op1("Sub", [g[0], b.mul(b.op1("Exp", [y]), total)])]
+
+
+# ------------------------------------------------------ shape movements
+@register_gradient("Concat")
+def _concat(b: GradBuilder, node: Node, g: list[Value | None]) -> list[Value | None]:
+    axis = int(node.attrs["axis"]) % node.inputs[0].rank
+    sizes = [int(v.shape[axis]) for v in node.inputs]
+    if len(sizes) == 1:
+        return [g[0]]
+    return list(b.op("Split", [g[0], b.int64s(sizes)], {"axis": axis}, num_outputs=len(sizes)))
+
+
+@register_gradient("Split")
+def _split(b: GradBuilder, node: Node, g: list[Value | None]) -> list[Value | None]:
+    x = node.inputs[0]
+    axis = int(node.attrs.get("axis", 0)) % x.rank
+    parts = [grad if grad is not None else b.zeros_like(out) for out, grad in zip(node.outputs, g)]
+    joined = parts[0] if len(parts) == 1 else b.op1("Concat", parts, {"axis": axis})
+    return [joined] + [None] * (len(node.inputs) - 1)
+
+
+def _ints(value: Value | None) -> list[int] | None:
+    return None if value is None else [int(v) for v in np.asarray(value.const_value).reshape(-1)]
+
+
+def _axis_shape(rank: int, axis: int, size: int) -> list[int]:
+    return [size if i == axis else 1 for i in range(rank)]
+
+
+@register_gradient("Slice")
+def _slice(b: GradBuilder, node: Node, g: list[Value | None]) -> list[Value | None]:
+    # Slice is separable by axis: per sliced axis, gather each input position's element from the
+    # gradient (any index where the position was not taken) and zero the positions not taken.
+    x = node.inputs[0]
+    inputs = list(node.inputs) + [None] * (5 - len(node.inputs))
+    starts, ends = _ints(inputs[1]), _ints(inputs[2])
+    axes = _ints(inputs[3]) or list(range(len(starts)))
+    steps = _ints(inputs[4]) or [1] * len(starts)
+    grad = g[0]
+    if any(d == 0 for d in grad.shape):
+        return [b.zeros_like(x), None, None, None, None][: len(node.inputs)]
+    for start, end, axis, step in zip(starts, ends, axes, steps):
+        axis %= x.rank
+        dim = int(x.shape[axis])
+        taken = list(range(*slice(start, end, step).indices(dim)))
+        if taken == list(range(dim)):
+            continue
+        source = np.zeros(dim, np.int64)
+        mask = np.zeros(dim, x.dtype)
+        for position, index in enumerate(taken):
+            source[index] = position
+            mask[index] = 1
+        grad = b.op1("Gather", [grad, b.int64s(source)], {"axis": axis})
+        grad = b.mul(grad, b.const(mask.reshape(_axis_shape(x.rank, axis, dim)), x.dtype))
+    return [grad] + [None] * (len(node.inputs) - 1)
+
+
+@register_gradient("Gather")
+def _gather(b: GradBuilder, node: Node, g: list[Value | None]) -> list[Value | None]:
+    # One-hot of the indices (N x dim), contracted with the gradient: duplicates accumulate.
+    x, indices = node.inputs
+    axis = int(node.attrs.get("axis", 0)) % x.rank
+    dim = int(x.shape[axis])
+    pre = int(np.prod(x.shape[:axis], dtype=np.int64))
+    post = int(np.prod(x.shape[axis + 1 :], dtype=np.int64))
+    count = int(np.prod(indices.shape, dtype=np.int64))
+    flat = b.reshape(b.cast(indices, np.int64), (count, 1))
+    wrapped = b.op1("Where", [b.op1("Less", [flat, b.const(0, np.int64)]),
+                              b.add(flat, b.const(dim, np.int64)), flat])
+    one_hot = b.cast(b.op1("Equal", [wrapped, b.int64s(range(dim))]), x.dtype)  # (count, dim)
+    grad = b.reshape(g[0], (pre, count, post))
+    scattered = b.op1("MatMul", [b.op1("Transpose", [one_hot], {"perm": [1, 0]}), grad])  # (pre, dim, post)
+    return [b.reshape(scattered, x.shape), None]
+
+
+@register_gradient("Pad")
+def _pad(b: GradBuilder, node: Node, g: list[Value | None]) -> list[Value | None]:
+    # Constant mode: the gradient of the kept region, cropped back (or zero-filled where Pad cropped).
+    x = node.inputs[0]
+    mode = node.attrs.get("mode", "constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if mode != "constant":
+        raise GraphError(f"cannot differentiate through Pad ({node.name}) in mode {mode!r}: only mode "
+                         "'constant' has a gradient rule")
+    pads = _ints(node.inputs[1])
+    axes = _ints(node.inputs[3]) if len(node.inputs) > 3 else None
+    axes = [a % x.rank for a in axes] if axes else list(range(x.rank))
+    grad = g[0]
+    # Drop what Pad added (positive pads), then zero-fill what it cropped (negative pads).
+    begins, ends = pads[: len(axes)], pads[len(axes):]
+    if any(p > 0 for p in pads):
+        starts = [max(begin, 0) for begin in begins]
+        stops = [int(grad.shape[axis]) - max(end, 0) for end, axis in zip(ends, axes)]
+        grad = b.op1("Slice", [grad, b.int64s(starts), b.int64s(stops), b.int64s(axes)])
+    if any(p < 0 for p in pads):
+        refill = [max(-begin, 0) for begin in begins] + [max(-end, 0) for end in ends]
+        grad = b.op1("Pad", [grad, b.int64s(refill), b.const(0, grad.dtype), b.int64s(axes)])
+    return [grad] + [None] * (len(node.inputs) - 1)
+
