@@ -420,6 +420,138 @@ def _infer_softmax(node: Node, _: int | None) -> TypeList:
     return [(x.dtype, x.shape)]
 
 
+def _ints_attr(node: Node, name: str, default: Sequence[int], length: int) -> list[int]:
+    values = [int(v) for v in node.attrs.get(name) or default]
+    if len(values) != length:
+        raise GraphError(f"{node.op_type} ({node.name}): attribute {name}={values} needs {length} values")
+    return values
+
+
+def _window_dim(dim: Dim, kernel: int, stride: int, dilation: int, begin: int, end: int, auto_pad: str,
+                ceil_mode: bool) -> Dim:
+    """Output size of one spatial axis of a sliding window op (Conv, MaxPool, AveragePool)."""
+    if stride < 1 or dilation < 1:
+        raise GraphError(f"strides and dilations must be >= 1, got stride {stride}, dilation {dilation}")
+    extent = (kernel - 1) * dilation + 1
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        return -(-dim // stride) if isinstance(dim, int) else f"ceil({dim}/{stride})"
+    if auto_pad == "VALID":
+        begin = end = 0
+    if not isinstance(dim, int):
+        rounding = "ceil" if ceil_mode else "floor"
+        return f"{rounding}(({dim}{begin + end - extent:+d})/{stride})+1"
+    span = dim + begin + end - extent
+    if span < 0:
+        raise GraphError(f"window of extent {extent} (kernel {kernel}, dilation {dilation}) does not fit an axis of "
+                         f"size {dim} padded by ({begin}, {end})")
+    out = (-(-span // stride) if ceil_mode else span // stride) + 1
+    if ceil_mode and (out - 1) * stride >= dim + begin:
+        out -= 1  # the last window would start inside the end padding
+    return out
+
+
+def _window_shape(node: Node, x: Value, kernel: Sequence[int]) -> tuple[Dim, ...]:
+    """Spatial output dims of a sliding window op over ``x`` (N, C, *spatial)."""
+    rank = x.rank - 2
+    if rank < 1 or len(kernel) != rank:
+        raise GraphError(f"{node.op_type} ({node.name}): input {x.type_str()} needs layout (N, C, spatial...) with "
+                         f"{len(kernel)} spatial axes for kernel {list(kernel)}")
+    strides = _ints_attr(node, "strides", [1] * rank, rank)
+    dilations = _ints_attr(node, "dilations", [1] * rank, rank)
+    pads = _ints_attr(node, "pads", [0] * 2 * rank, 2 * rank)
+    auto_pad = node.attrs.get("auto_pad", "NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if auto_pad not in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"):
+        raise GraphError(f"{node.op_type} ({node.name}): unknown auto_pad {auto_pad!r}")
+    ceil_mode = bool(node.attrs.get("ceil_mode", 0))
+    try:
+        return tuple(
+            _window_dim(x.shape[2 + i], kernel[i], strides[i], dilations[i], pads[i], pads[rank + i], auto_pad,
+                        ceil_mode)
+            for i in range(rank)
+        )
+    except GraphError as err:
+        raise GraphError(f"{node.op_type} ({node.name}) on {x.type_str()}: {err}") from None
+
+
+def _infer_conv(node: Node, _: int | None) -> TypeList:
+    x, w = _in(node, 0), _in(node, 1)
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    dtype = _same_dtype(node, [x, w] + ([bias] if bias is not None else []))
+    if dtype.kind != "f":
+        raise GraphError(f"Conv ({node.name}) needs floating point inputs, got {x.type_str()}")
+    if x.rank < 3 or w.rank != x.rank:
+        raise GraphError(f"Conv ({node.name}): input {x.type_str()} must be (N, C, spatial...) and weights "
+                         f"{w.type_str()} of the same rank (C_out, C_in/group, kernel...)")
+    group = int(node.attrs.get("group", 1))
+    channels, out_channels, per_group = x.shape[1], w.shape[0], w.shape[1]
+    if group < 1:
+        raise GraphError(f"Conv ({node.name}): group must be >= 1, got {group}")
+    if isinstance(channels, int) and isinstance(per_group, int) and channels != per_group * group:
+        raise GraphError(f"Conv ({node.name}): input {x.type_str()} has {channels} channels but weights "
+                         f"{w.type_str()} expect {per_group} per group x {group} group(s)")
+    if isinstance(out_channels, int) and out_channels % group:
+        raise GraphError(f"Conv ({node.name}): {out_channels} output channels are not divisible by group={group}")
+    if bias is not None and (bias.rank != 1 or (isinstance(bias.shape[0], int) and isinstance(out_channels, int)
+                                                 and bias.shape[0] != out_channels)):
+        raise GraphError(f"Conv ({node.name}): bias {bias.type_str()} must have shape ({out_channels},)")
+    kernel = list(w.shape[2:])
+    if not all(isinstance(k, int) for k in kernel):
+        raise GraphError(f"Conv ({node.name}): kernel dimensions of {w.type_str()} must be static")
+    declared = node.attrs.get("kernel_shape")
+    if declared is not None and [int(k) for k in declared] != kernel:
+        raise GraphError(f"Conv ({node.name}): kernel_shape {list(declared)} differs from weights {w.type_str()}")
+    return [(dtype, (x.shape[0], out_channels, *_window_shape(node, x, kernel)))]
+
+
+def _infer_pool(node: Node, num_outputs: int | None) -> TypeList:
+    x = _in(node, 0)
+    if x.dtype.kind not in "fiu":
+        raise GraphError(f"{node.op_type} ({node.name}) needs a numeric input, got {x.type_str()}")
+    kernel = node.attrs.get("kernel_shape")
+    if not kernel:
+        raise GraphError(f"{node.op_type} ({node.name}) needs the kernel_shape attribute")
+    shape = (*x.shape[:2], *_window_shape(node, x, [int(k) for k in kernel]))
+    outs = [(x.dtype, shape)]
+    if node.op_type == "MaxPool" and num_outputs == 2:
+        outs.append((np.dtype(np.int64), shape))
+    return outs
+
+
+def _infer_pad(node: Node, _: int | None) -> TypeList:
+    x = _in(node, 0)
+    pads = [int(p) for p in _const(node, 1, "pads").reshape(-1)]
+    axes = _const(node, 3, "axes")
+    axes = list(range(x.rank)) if axes is None else [normalize_axis(int(a), x.rank, "Pad axis")
+                                                     for a in axes.reshape(-1)]
+    if len(pads) != 2 * len(axes):
+        raise GraphError(f"Pad ({node.name}): pads {pads} need 2 x {len(axes)} values (begins, then ends)")
+    value = node.inputs[2] if len(node.inputs) > 2 else None
+    if value is not None and (value.dtype != x.dtype or value.rank > 1):
+        raise GraphError(f"Pad ({node.name}): constant_value {value.type_str()} must be a {x.dtype} scalar")
+    shape = list(x.shape)
+    for position, axis in enumerate(axes):
+        begin, end = pads[position], pads[len(axes) + position]
+        dim = shape[axis]
+        if isinstance(dim, int):
+            if dim + begin + end < 0:
+                raise GraphError(f"Pad ({node.name}): pads ({begin}, {end}) crop axis {axis} of {x.type_str()} "
+                                 "below size 0")
+            shape[axis] = dim + begin + end
+        elif begin + end:
+            shape[axis] = f"{dim}{begin + end:+d}"
+    return [(x.dtype, tuple(shape))]
+
+
+def _infer_random_like(node: Node, _: int | None) -> TypeList:
+    x = _in(node, 0)
+    dtype = numpy_dtype(node.attrs["dtype"]) if node.attrs.get("dtype") is not None else x.dtype
+    if dtype.kind != "f":
+        raise GraphError(f"{node.op_type} ({node.name}) produces floating point values; got dtype {dtype} "
+                         "(set the dtype attribute when the input is not a float tensor)")
+    return [(dtype, x.shape)]
+
+
 # --------------------------------------------------------- graphdist ops
 def _infer_replica_id(node: Node, _: int | None) -> TypeList:
     return [(np.dtype(np.int32), ())]
@@ -478,6 +610,14 @@ def _register_defaults() -> None:
     )
     for name, infer in onnx_ops.items():
         register_op(OpDef(name, ONNX_DOMAIN, infer))
+    # Ops used by graphdist.trace.nn.
+    register_op(OpDef("Conv", ONNX_DOMAIN, _infer_conv,
+                      doc="N-d convolution, layout (N, C, spatial...), weights (C_out, C_in/group, kernel...)."))
+    register_op(OpDef("MaxPool", ONNX_DOMAIN, _infer_pool, doc="Max over sliding windows (padding never wins)."))
+    register_op(OpDef("AveragePool", ONNX_DOMAIN, _infer_pool, doc="Mean over sliding windows."))
+    register_op(OpDef("Pad", ONNX_DOMAIN, _infer_pad, doc="Pads (or crops) axes by constant begin/end amounts."))
+    register_op(OpDef("RandomUniformLike", ONNX_DOMAIN, _infer_random_like,
+                      doc="Uniform random values in [low, high) with the shape of the input."))
 
     register_op(OpDef("ReplicaId", GRAPHDIST_DOMAIN, _infer_replica_id,
                       reference=lambda replica=0, **_: (np.array(replica, np.int32),),
