@@ -1,0 +1,220 @@
+"""Side-by-side benchmarks of graphdist against the libraries it builds on.
+
+Each ``benchmarks/bench_*.py`` module defines ``run(**options) -> dict`` (the
+measurements), ``markdown(results) -> str`` (its section of BENCHMARKS.md)
+and ``main(argv) -> int``. ``python -m benchmarks.run_all`` (``make bench``)
+runs every module and rewrites BENCHMARKS.md.
+
+This package holds what they share: a description of the machine,
+interleaved timing, and updating one section of BENCHMARKS.md in place.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import importlib.metadata
+import logging
+import os
+import platform
+import re
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "BENCHMARKS_MD",
+    "machine_info",
+    "machine_markdown",
+    "median",
+    "time_interleaved",
+    "update_section",
+    "write_document",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The results file at the repository root.
+BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
+
+_TITLE = "# graphdist benchmarks"
+_INTRO = (
+    "Measured with `make bench` (`python -m benchmarks.run_all`); one benchmark is refreshed with\n"
+    "`python -m benchmarks.<module> --write`. Numbers are from the machine described below;\n"
+    "compare them only with numbers taken on the same machine kind."
+)
+
+
+def _cpu_model() -> str:
+    """``model name`` from /proc/cpuinfo, with family/model and cache size when given."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or "unknown"
+
+    def field(name: str) -> str | None:
+        match = re.search(rf"^{name}\s*:\s*(.+)$", text, re.MULTILINE)
+        return match.group(1).strip() if match else None
+
+    model = field("model name") or platform.processor() or "unknown"
+    details = [f"family {field('cpu family')} model {field('model')}"] if field("cpu family") else []
+    if field("cache size"):
+        details.append(f"cache {field('cache size')}")
+    return f"{model} ({', '.join(details)})" if details else model
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def machine_info() -> dict[str, Any]:
+    """Facts about this machine and the library versions a benchmark ran with."""
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = os.cpu_count() or 1
+    return {
+        "date": datetime.date.today().isoformat(),
+        "cpu": _cpu_model(),
+        "nproc": usable,
+        "cpu_count": os.cpu_count(),
+        "arch": platform.machine(),
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "numpy": _version("numpy"),
+        "onnx": _version("onnx"),
+        "onnxruntime": _version("onnxruntime-gpu") if _version("onnxruntime") == "not installed"
+        else _version("onnxruntime"),
+        "graphdist": _version("graphdist"),
+        "loadavg": _loadavg(),
+    }
+
+
+def _loadavg() -> str:
+    """1/5/15-minute load averages: other work on the machine makes timings noisy."""
+    try:
+        return ", ".join(f"{v:.2f}" for v in os.getloadavg())
+    except (AttributeError, OSError):
+        return "unknown"
+
+
+def machine_markdown(info: Mapping[str, Any]) -> str:
+    """The ``## Machine`` section for ``info`` (from :func:`machine_info`)."""
+    return "\n".join([
+        "## Machine",
+        "",
+        f"- CPU: {info['cpu']}, {info['arch']}, {info['nproc']} usable cores (`nproc`), "
+        f"{info['cpu_count']} in the system",
+        f"- OS: {info['os']}",
+        f"- Python {info['python']}, numpy {info['numpy']}, onnx {info['onnx']}, "
+        f"onnxruntime {info['onnxruntime']}, graphdist {info['graphdist']}",
+        f"- Measured on {info['date']}; load average when the run started: {info.get('loadavg', 'unknown')} "
+        "(other work on the machine makes the timings noisier)",
+    ])
+
+
+def time_interleaved(variants: Mapping[str, Callable[[], Any]], rounds: int, calls: int,
+                     warmup: int = 10, settle: float = 0.0) -> dict[str, list[float]]:
+    """Times several ways of doing the same work, interleaved to cancel drift.
+
+    Every round runs each variant ``calls`` times in a row; the order of the
+    variants is reversed every other round, so slow drifts of the machine
+    (frequency, other load) hit every variant alike.
+
+    Args:
+        variants: Name -> zero-argument callable.
+        rounds: Number of rounds.
+        calls: Calls per variant per round.
+        warmup: Untimed calls of each variant before the first round.
+        settle: Seconds to sleep before each timed block, so that worker
+            threads the previous variant left spinning (ONNX Runtime's
+            thread pools spin for a while after a run) go idle first.
+
+    Returns:
+        Name -> per-call time in microseconds, one entry per round.
+    """
+    names = list(variants)
+    for name in names:
+        for _ in range(warmup):
+            variants[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    gc.collect()
+    for index in range(rounds):
+        order = names if index % 2 == 0 else names[::-1]
+        for name in order:
+            fn = variants[name]
+            if settle:
+                time.sleep(settle)
+            start = time.perf_counter_ns()
+            for _ in range(calls):
+                fn()
+            times[name].append((time.perf_counter_ns() - start) / calls / 1e3)
+    for name in names:
+        logger.debug("%s: %s us", name, ", ".join(f"{t:.1f}" for t in times[name]))
+    return times
+
+
+def median(values: list[float]) -> float:
+    """The median of ``values``."""
+    return float(statistics.median(values))
+
+
+def _markers(name: str) -> tuple[str, str]:
+    return f"<!-- begin {name} -->", f"<!-- end {name} -->"
+
+
+def _wrap(name: str, text: str) -> str:
+    begin, end = _markers(name)
+    return f"{begin}\n{text.strip()}\n{end}"
+
+
+def write_document(sections: Mapping[str, str], path: Path = BENCHMARKS_MD, info: Mapping[str, Any] | None = None
+                   ) -> Path:
+    """Writes BENCHMARKS.md from scratch: title, machine, then ``sections`` in order.
+
+    Args:
+        sections: Benchmark name -> markdown of its section.
+        path: File to write.
+        info: Machine facts (default: :func:`machine_info` now).
+
+    Returns:
+        ``path``.
+    """
+    parts = [_TITLE, "", _INTRO, "", _wrap("machine", machine_markdown(info or machine_info()))]
+    parts += ["\n" + _wrap(name, text) for name, text in sections.items()]
+    path.write_text("\n".join(parts) + "\n")
+    logger.info("wrote %s", path)
+    return path
+
+
+def update_section(name: str, text: str, path: Path = BENCHMARKS_MD, info: Mapping[str, Any] | None = None) -> Path:
+    """Replaces (or appends) one benchmark's section of BENCHMARKS.md, and
+    refreshes the machine section; creates the file when it is missing.
+
+    Args:
+        name: Benchmark name (the section's marker).
+        text: Markdown of the section.
+        path: File to update.
+        info: Machine facts (default: :func:`machine_info` now).
+
+    Returns:
+        ``path``.
+    """
+    if not path.exists():
+        return write_document({name: text}, path, info)
+    document = path.read_text()
+    for key, body in (("machine", machine_markdown(info or machine_info())), (name, text)):
+        begin, end = _markers(key)
+        pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.DOTALL)
+        if pattern.search(document):
+            document = pattern.sub(lambda _m, k=key, b=body: _wrap(k, b), document, count=1)
+        else:
+            document = document.rstrip("\n") + "\n\n" + _wrap(key, body) + "\n"
+    path.write_text(document)
+    logger.info("updated section %r of %s", name, path)
+    return path
