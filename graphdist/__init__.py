@@ -40,7 +40,7 @@ from graphdist.errors import (
     TracingError,
 )
 from graphdist.ir import Graph, Node, Value, verify
-from graphdist.trace import Tensor, TensorSpec, trace
+from graphdist.trace import Tensor, TensorSpec, nn, trace
 from graphdist.trace.tape import GradientTape, grad, value_and_grad
 
 __version__ = "0.1.0"
@@ -60,6 +60,7 @@ __all__ = [
     "grad",
     "value_and_grad",
     "optimizers",
+    "nn",
     "Tensor",
     "TensorSpec",
     "Graph",
