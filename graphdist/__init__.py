@@ -8,7 +8,7 @@ compiled through ONNX (ONNX Runtime, onnx.reference; TVM to come).
     result = strategy.run(lambda x: np.tanh(x) * 2, args=(np.ones(3, np.float32),))
 """
 
-from graphdist import config, nest, optimizers, stats
+from graphdist import config, nest, optimizers, stats, train
 from graphdist.compile import ConcreteFunction, Function, Plan, function
 from graphdist.distribute import (
     DistributedValues,
@@ -61,6 +61,7 @@ __all__ = [
     "value_and_grad",
     "optimizers",
     "nn",
+    "train",
     "Tensor",
     "TensorSpec",
     "Graph",

@@ -31,6 +31,9 @@ class Optimizer:
         self.learning_rate = float(learning_rate)
         self._name = name
         self._slots: dict[tuple[int, str], Variable] = {}
+        self._slot_keys: dict[tuple[int, str], str] = {}
+        self._tracked: dict[int, int] = {}  # id(variable) -> position, in first-update order
+        self._pending: dict[str, np.ndarray] = {}  # restored slot values awaiting their slot
         self.iterations = Variable(np.int64(0), name=f"{name}/iterations", trainable=False)
 
     def variables(self) -> list[Variable]:
@@ -41,10 +44,26 @@ class Optimizer:
         key = (id(variable), kind)
         slot = self._slots.get(key)
         if slot is None:
-            slot = Variable(np.zeros(variable.shape, variable.dtype), name=f"{self._name}/{variable._name}/{kind}",
+            position = self._tracked.setdefault(id(variable), len(self._tracked))
+            checkpoint_key = f"slots/{position}/{variable._name}/{kind}"
+            initial = self._pending.pop(checkpoint_key, None)
+            if initial is None or initial.shape != variable.shape:
+                initial = np.zeros(variable.shape, variable.dtype)
+            slot = Variable(initial.astype(variable.dtype), name=f"{self._name}/{variable._name}/{kind}",
                             trainable=False)
             self._slots[key] = slot
+            self._slot_keys[key] = checkpoint_key
         return slot
+
+    def _checkpoint_variables(self) -> dict[str, Variable]:
+        """Checkpoint keys of the optimizer's state (stable across fresh builds)."""
+        out = {"iterations": self.iterations}
+        out.update({self._slot_keys[key]: slot for key, slot in self._slots.items()})
+        return out
+
+    def _restore_pending(self, values: dict[str, np.ndarray]) -> None:
+        """Keeps restored slot values whose slots are created later (lazily)."""
+        self._pending.update(values)
 
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Variable]]) -> None:
         """Aggregates gradients across replicas, then updates each variable."""
@@ -59,9 +78,12 @@ class Optimizer:
         pairs = [(g, v) for g, v in pairs if g is not None]
         grads = self._aggregate([g for g, _ in pairs])
         step = read_variable(self.iterations) + np.int64(1)
+        shared: dict[np.dtype, Any] = {}  # per-step values computed once per dtype
         for grad, variable in zip(grads, [v for _, v in pairs]):
-            self._update(variable, np.asarray(grad, dtype=variable.dtype) if not hasattr(grad, "value") else
-                         grad.astype(variable.dtype), step)
+            if variable.dtype not in shared:
+                shared[variable.dtype] = self._prepare(step, variable.dtype)
+            grad = np.asarray(grad, dtype=variable.dtype) if not hasattr(grad, "value") else grad.astype(variable.dtype)
+            self._update(variable, grad, shared[variable.dtype])
         self.iterations.assign(step)
 
     @staticmethod
@@ -73,7 +95,11 @@ class Optimizer:
             return grads
         return context.all_reduce("SUM", grads)
 
-    def _update(self, variable: Variable, grad: Any, step: Any) -> None:
+    def _prepare(self, step: Any, dtype: np.dtype) -> Any:
+        """Values shared by every variable's update in this step (e.g. Adam's bias correction)."""
+        return None
+
+    def _update(self, variable: Variable, grad: Any, shared: Any) -> None:
         raise NotImplementedError
 
 
@@ -91,7 +117,7 @@ class SGD(Optimizer):
         self.momentum = float(momentum)
         self.nesterov = bool(nesterov)
 
-    def _update(self, variable: Variable, grad: Any, step: Any) -> None:
+    def _update(self, variable: Variable, grad: Any, shared: Any) -> None:
         lr = variable.dtype.type(self.learning_rate)
         if self.momentum == 0.0:
             variable.assign(read_variable(variable) - lr * grad)
@@ -119,7 +145,14 @@ class Adam(Optimizer):
                 raise InvalidArgumentError(f"Adam: {label} must be in [0, 1), got {beta!r}")
         self.beta_1, self.beta_2, self.epsilon = float(beta_1), float(beta_2), float(epsilon)
 
-    def _update(self, variable: Variable, grad: Any, step: Any) -> None:
+    def _prepare(self, step: Any, dtype: np.dtype) -> Any:
+        """The bias-corrected learning rate of this step."""
+        kind = dtype.type
+        b1, b2 = kind(self.beta_1), kind(self.beta_2)
+        t = step.astype(dtype)
+        return kind(self.learning_rate) * np.sqrt(kind(1) - np.power(b2, t)) / (kind(1) - np.power(b1, t))
+
+    def _update(self, variable: Variable, grad: Any, lr_t: Any) -> None:
         dtype = variable.dtype.type
         b1, b2 = dtype(self.beta_1), dtype(self.beta_2)
         m, v = self._slot(variable, "m"), self._slot(variable, "v")
@@ -127,6 +160,4 @@ class Adam(Optimizer):
         new_v = b2 * read_variable(v) + (dtype(1) - b2) * (grad * grad)
         m.assign(new_m)
         v.assign(new_v)
-        t = step.astype(variable.dtype)
-        lr_t = dtype(self.learning_rate) * np.sqrt(dtype(1) - np.power(b2, t)) / (dtype(1) - np.power(b1, t))
         variable.assign(read_variable(variable) - lr_t * new_m / (np.sqrt(new_v) + dtype(self.epsilon)))

@@ -1,6 +1,8 @@
-"""A multi-layer perceptron written as plain numpy code (forward pass only).
+"""A multi-layer perceptron written as plain numpy code.
 
-:class:`MLP` holds its weights as numpy arrays (He initialisation) and its
+:class:`MLP` holds its weights as numpy arrays (He initialisation), or as
+``gd.Variable``s with ``trainable=True`` (then it also has a loss and a
+replica training step), and its
 :meth:`MLP.forward` is ordinary numpy: ``x @ W + b`` per layer, ReLU between
 layers, logits out. The same method runs eagerly on arrays and is traced by
 graphdist (``gd.trace``, ``gd.function``, ``strategy.run``), where the weights
@@ -32,6 +34,8 @@ import numpy as np
 
 __all__ = ["DEFAULT_SIZES", "MLP", "default_model", "example_inputs", "forward", "reference_forward"]
 
+import graphdist as gd  # noqa: E402 - after __all__ for readability of the public names
+
 logger = logging.getLogger(__name__)
 
 #: Layer sizes of the module-level default model (input, hidden..., classes).
@@ -46,6 +50,9 @@ class MLP:
             two entries (one layer).
         seed: Seed of the weight initialisation.
         dtype: Floating-point dtype of the weights (and of example inputs).
+        trainable: Hold the parameters as ``gd.Variable``s (created through
+            the current strategy, named ``mlp/dense_<i>/kernel`` and ``.../bias``)
+            so :meth:`make_train_step` can update them.
 
     Attributes:
         sizes: The layer widths.
@@ -60,7 +67,7 @@ class MLP:
     """
 
     def __init__(self, sizes: Sequence[int] = (784, 512, 512, 10), seed: int = 0,
-                 dtype: Any = np.float32) -> None:
+                 dtype: Any = np.float32, trainable: bool = False) -> None:
         sizes = tuple(int(s) for s in sizes)
         if len(sizes) < 2:
             raise ValueError(f"MLP sizes needs at least an input and an output width, got {sizes}")
@@ -72,18 +79,65 @@ class MLP:
         self.sizes = sizes
         self.dtype = dtype
         rng = np.random.default_rng(seed)
-        self.weights: list[np.ndarray] = []
-        self.biases: list[np.ndarray] = []
-        for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+        self.trainable = trainable
+        self.weights: list[Any] = []
+        self.biases: list[Any] = []
+        for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
             scale = np.sqrt(2.0 / fan_in)
-            self.weights.append((rng.standard_normal((fan_in, fan_out)) * scale).astype(dtype))
-            self.biases.append(np.zeros(fan_out, dtype=dtype))
+            kernel = (rng.standard_normal((fan_in, fan_out)) * scale).astype(dtype)
+            bias = np.zeros(fan_out, dtype=dtype)
+            if trainable:
+                kernel = gd.Variable(kernel, name=f"mlp/dense_{i}/kernel")
+                bias = gd.Variable(bias, name=f"mlp/dense_{i}/bias")
+            self.weights.append(kernel)
+            self.biases.append(bias)
         logger.debug("built MLP %s (%d parameters)", sizes, self.num_parameters)
 
     @property
     def num_parameters(self) -> int:
         """Total number of weights and biases."""
-        return sum(w.size + b.size for w, b in zip(self.weights, self.biases))
+        return sum(int(np.prod(w.shape)) + int(np.prod(b.shape)) for w, b in zip(self.weights, self.biases))
+
+    @property
+    def trainable_variables(self) -> list[Any]:
+        """The parameters, kernel then bias per layer (``gd.Variable``s when trainable)."""
+        return [p for pair in zip(self.weights, self.biases) for p in pair]
+
+    def per_example_loss(self, x: Any, labels: Any) -> Any:
+        """Softmax cross-entropy of the logits against integer ``labels``, per example."""
+        return gd.nn.sparse_softmax_cross_entropy(labels, self.forward(x))
+
+    def loss(self, x: Any, labels: Any, global_batch_size: int | None = None) -> Any:
+        """Mean cross-entropy over the global batch (``gd.nn.compute_average_loss``)."""
+        return gd.nn.compute_average_loss(self.per_example_loss(x, labels), global_batch_size)
+
+    def make_train_step(self, optimizer: Any, global_batch_size: int | None = None) -> Any:
+        """A replica step ``step(x, labels) -> loss`` for ``strategy.run``.
+
+        Computes the loss under a ``gd.GradientTape`` and applies the
+        gradients with ``optimizer`` (which sums them over replicas).
+
+        Raises:
+            ValueError: The model was not built with ``trainable=True``.
+        """
+        if not self.trainable:
+            raise ValueError("make_train_step needs MLP(..., trainable=True): the parameters must be gd.Variables")
+        variables = self.trainable_variables
+
+        def train_step(x: Any, labels: Any) -> Any:
+            with gd.GradientTape() as tape:
+                loss = self.loss(x, labels, global_batch_size)
+            grads = tape.gradient(loss, variables)
+            optimizer.apply_gradients(zip(grads, variables))
+            return loss
+
+        return train_step
+
+    def accuracy(self, x: np.ndarray, labels: np.ndarray, strategy: Any = None) -> float:
+        """Fraction of ``x`` classified as ``labels`` (predictions run through ``strategy``)."""
+        strategy = strategy or gd.get_strategy()
+        logits = strategy.run(self.forward, args=(np.asarray(x, dtype=self.dtype),))
+        return float(np.mean(np.argmax(logits, axis=-1) == labels))
 
     def forward(self, x: Any) -> Any:
         """Computes the logits of a batch.
@@ -123,7 +177,7 @@ class MLP:
         self._check_input(x)
         h = x
         for i, (w, b) in enumerate(zip(self.weights, self.biases)):
-            h = np.dot(h, w) + b
+            h = np.dot(h, np.asarray(w)) + np.asarray(b)
             if i + 1 < len(self.weights):
                 h = np.where(h > 0, h, np.zeros((), self.dtype))
         return h
@@ -153,7 +207,7 @@ class MLP:
             )
 
     def __repr__(self) -> str:
-        return f"MLP(sizes={self.sizes}, dtype={self.dtype.name})"
+        return f"MLP(sizes={self.sizes}, dtype={self.dtype.name}, trainable={self.trainable})"
 
 
 _default: MLP | None = None

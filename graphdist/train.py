@@ -1,0 +1,5 @@
+"""``gd.train``: checkpoints."""
+
+from graphdist.checkpoint import Checkpoint
+
+__all__ = ["Checkpoint"]
