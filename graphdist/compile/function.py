@@ -57,8 +57,17 @@ def _leaf_signature(leaf: Any, arrays: list[Any]) -> Any:
     return ("const", type(leaf), leaf)
 
 
+_ARRAY_ARGS_TREEDEFS: dict[int, Any] = {}
+
+
 def signature_of(args: tuple, kwargs: dict) -> tuple[Any, list[Any]]:
     """The cache key of a call and the arrays it feeds (in input order)."""
+    if not kwargs and all(type(a) is np.ndarray for a in args):
+        # Fast path for the common call (positional arrays only); same key as the general path.
+        treedef = _ARRAY_ARGS_TREEDEFS.get(len(args))
+        if treedef is None:
+            treedef = _ARRAY_ARGS_TREEDEFS[len(args)] = nest.flatten((tuple(args), {}), is_leaf=_is_distributed)[1]
+        return (treedef, tuple((a.shape, a.dtype.str) for a in args)), list(args)
     leaves, treedef = nest.flatten((args, kwargs), is_leaf=_is_distributed)
     arrays: list[Any] = []
     key = (treedef, tuple(_leaf_signature(leaf, arrays) for leaf in leaves))

@@ -161,11 +161,12 @@ class Strategy:
         if not isinstance(args, (tuple, list)):
             raise InvalidArgumentError(f"run: args must be a tuple of arguments, got {type(args).__name__}; "
                                        "write args=(x,) for a single argument")
-        kwargs = dict(kwargs or {})
-        with self._ensure_scope():
-            if current_trace() is not None:
-                return self._run_traced(fn, tuple(args), kwargs)
+        kwargs = dict(kwargs) if kwargs else {}
+        if current_trace() is None:
+            # The Function enters this strategy's scope while it traces; running needs no scope.
             return self._function_for(fn)(*args, **kwargs)
+        with self._ensure_scope():
+            return self._run_traced(fn, tuple(args), kwargs)
 
     def _function_for(self, fn: Callable[..., Any]) -> Any:
         from graphdist.compile.function import Function

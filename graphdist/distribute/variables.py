@@ -133,7 +133,8 @@ class Variable:
         ctx = current_trace()
         if ctx is None:
             value = np.asarray(self._checked(value, "assign"))
-            np.copyto(self._value, value.astype(self.dtype, copy=False))
+            # Replace rather than write in place: an earlier array may be shared with a step's result.
+            self._value = value.astype(self.dtype, copy=True)
             return self if read_value else None
         return _assign_traced(ctx, self, self._checked(value, "assign"))
 
@@ -146,8 +147,17 @@ class Variable:
         return self.assign(np.subtract(read_variable(self), delta).astype(self.dtype), read_value)
 
     def _write(self, array: np.ndarray) -> None:
-        """Stores a step's update (called by the runtime)."""
-        np.copyto(self._value, array, casting="same_kind")
+        """Stores a step's update (called by the runtime).
+
+        A fresh array of the right type is adopted without a copy (the
+        runtime hands over its output buffers); anything else is copied.
+        """
+        if not (type(array) is np.ndarray and array.dtype == self._value.dtype and array.flags.c_contiguous
+                and array.flags.writeable):
+            array = np.array(array, dtype=self._value.dtype, order="C", copy=True)
+        if array.shape != self._value.shape:
+            raise InvalidArgumentError(f"update of {self.name} has shape {array.shape}, expected {self.shape}")
+        self._value = array
 
     # ------------------------------------------------------ numpy protocols
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
