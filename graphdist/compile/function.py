@@ -60,6 +60,19 @@ def _leaf_signature(leaf: Any, arrays: list[Any]) -> Any:
 _ARRAY_ARGS_TREEDEFS: dict[int, Any] = {}
 
 
+def _describe(key: Any) -> str:
+    """Readable form of a signature key: the array leaves' shapes and dtypes."""
+    parts = []
+    for leaf in key[1]:
+        if isinstance(leaf, tuple) and len(leaf) == 2 and isinstance(leaf[1], str):
+            parts.append(f"{np.dtype(leaf[1]).name}{list(leaf[0])}")
+        elif isinstance(leaf, tuple) and leaf and leaf[0] == "const":
+            parts.append(repr(leaf[2]))
+        else:
+            parts.append(str(leaf[0]))
+    return "(" + ", ".join(parts) + ")"
+
+
 def signature_of(args: tuple, kwargs: dict) -> tuple[Any, list[Any]]:
     """The cache key of a call and the arrays it feeds (in input order)."""
     if not kwargs and all(type(a) is np.ndarray for a in args):
@@ -89,6 +102,7 @@ class ConcreteFunction:
         self.plan = plan
         self.strategy = strategy
         self._input_names = input_names
+        self._signature: Any = None  # set by Function once cached
         self._output_treedef, self._output_counts = output_spec
         self._plain_outputs = all(c is None for c in self._output_counts)
         rewritten = graphs["rewritten"]
@@ -132,7 +146,12 @@ class ConcreteFunction:
         return nest.unflatten(self._output_treedef, leaves)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        _, arrays = signature_of(args, kwargs)
+        key, arrays = signature_of(args, kwargs)
+        if key != self._signature:
+            raise InvalidArgumentError(
+                f"{self.name}: this concrete function was traced for {_describe(self._signature)}, got "
+                f"{_describe(key)}; call the gd.function itself to trace the new signature"
+            )
         return self.call_flat(arrays)
 
     def __repr__(self) -> str:
@@ -194,6 +213,7 @@ class Function:
         plan = Plan.from_graph(partitioned).compile(get_backend(self._backend))
         graphs = {"traced": traced, "rewritten": rewritten, "partitioned": partitioned}
         concrete = ConcreteFunction(self._name, graphs, plan, strategy, input_names, output_spec)
+        concrete._signature = key
         self._concrete[key] = concrete
         logger.info("compiled %s for signature #%d: %d nodes, %d segment(s)", self._name, len(self._concrete),
                     len(partitioned.nodes), len(plan.segments))

@@ -174,6 +174,7 @@ class Strategy:
         key = (getattr(fn, "__func__", fn), id(getattr(fn, "__self__", None)))
         function = self._functions.get(key)
         if function is None:
+            self._note_new_function(fn)
             def replica_step(*args: Any, **kwargs: Any) -> Any:
                 return self.run(fn, args, kwargs)
 
@@ -181,6 +182,20 @@ class Strategy:
             function = Function(replica_step, name=name, strategy=self)
             self._functions[key] = function
         return function
+
+    _MAX_FUNCTIONS = 256
+
+    def _note_new_function(self, fn: Callable[..., Any]) -> None:
+        """Bounds the cache and warns when fresh function objects keep arriving (a lambda in a loop)."""
+        if len(self._functions) >= self._MAX_FUNCTIONS:
+            self._functions.pop(next(iter(self._functions)))
+        code = getattr(fn, "__code__", None)
+        same_code = sum(1 for f, _ in self._functions if getattr(f, "__code__", None) is code) if code else 0
+        if same_code and same_code % 8 == 0:
+            logger.warning(
+                "strategy.run received %d different function objects with the same code (%s:%s); each one is "
+                "traced and compiled again. Define the function once outside the loop and pass it to run.",
+                same_code + 1, code.co_filename, code.co_firstlineno)
 
     def _run_traced(self, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
         ctx = current_trace()

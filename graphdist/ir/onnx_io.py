@@ -9,6 +9,7 @@ an IR version ONNX Runtime accepts (onnx 1.23 writes IR 14 by default, ORT
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -116,16 +117,29 @@ def _python_attr(attr: onnx.AttributeProto) -> Any:
     return value
 
 
-def from_onnx(model: onnx.ModelProto | str) -> Graph:
+def _load_model_file(path: str) -> onnx.ModelProto:
+    if not os.path.isfile(path):
+        raise GraphError(f"ONNX file {path!r} does not exist")
+    try:
+        model = onnx.load(path)
+    except Exception as err:  # noqa: BLE001 - protobuf raises several unrelated types
+        raise GraphError(f"{path!r} is not a readable ONNX model ({type(err).__name__}: {err})") from err
+    if not model.graph.node and not model.graph.output:
+        raise GraphError(f"{path!r} holds no ONNX graph (empty or not an ONNX file)")
+    return model
+
+
+def from_onnx(model: onnx.ModelProto | str | os.PathLike[str]) -> Graph:
     """Imports an ONNX model (or a path to one) into a graphdist graph.
 
     ``Constant`` nodes become initializers; every other op must be registered.
 
     Raises:
-        GraphError: The model uses an unsupported op or construct.
+        GraphError: The file is missing, unreadable or not an ONNX model, is
+            empty, or uses an unsupported op or construct.
     """
-    if isinstance(model, str):
-        model = onnx.load(model)
+    if isinstance(model, (str, os.PathLike)):
+        model = _load_model_file(os.fspath(model))
     model = _at_opset(model)
     try:
         inferred = onnx.shape_inference.infer_shapes(model)

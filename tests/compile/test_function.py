@@ -109,3 +109,20 @@ def test_output_that_is_an_input_or_repeated() -> None:
 def test_not_callable() -> None:
     with pytest.raises(gd.InvalidArgumentError, match="callable"):
         gd.function(3)
+
+
+def test_concrete_function_checks_its_signature() -> None:
+    step = gd.function(_step)
+    concrete = step.get_concrete_function(X, W)
+    np.testing.assert_allclose(concrete(X, W), _step(X, W), rtol=1e-5, atol=1e-6)
+    with pytest.raises(gd.InvalidArgumentError, match=r"traced for \(float32\[4, 3\], float32\[3, 5\]\)"):
+        concrete(np.ones((2, 3), np.float32), W)
+
+
+def test_lambda_in_a_loop_warns(caplog: pytest.LogCaptureFixture) -> None:
+    strategy = gd.OneDeviceStrategy("cpu:0")
+    x = np.ones(2, np.float32)
+    with caplog.at_level("WARNING", logger="graphdist.distribute.strategy"):
+        for _ in range(9):
+            strategy.run(lambda v: v + 1, args=(x,))
+    assert any("Define the function once outside the loop" in r.message for r in caplog.records)

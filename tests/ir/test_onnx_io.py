@@ -260,3 +260,19 @@ def test_attribute_lowering() -> None:
     assert attrs["perm"].type == onnx.AttributeProto.INTS and list(attrs["perm"].ints) == []
     assert attrs["to"].i == TensorProto.DOUBLE
     assert run_ort(model, {"x": np.array(1.5, np.float32)})[0].dtype == np.float64
+
+
+def test_from_onnx_file_errors(tmp_path) -> None:
+    import graphdist as gd
+    from graphdist.ir import from_onnx
+
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"garbage\x00\x01")
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    with pytest.raises(gd.GraphError, match="not a readable ONNX model"):
+        from_onnx(str(bad))
+    with pytest.raises(gd.GraphError, match="holds no ONNX graph"):
+        from_onnx(empty)
+    with pytest.raises(gd.GraphError, match="does not exist"):
+        from_onnx(str(tmp_path / "missing.onnx"))
