@@ -8,7 +8,7 @@ compiled through ONNX (ONNX Runtime, onnx.reference; TVM to come).
     result = strategy.run(lambda x: np.tanh(x) * 2, args=(np.ones(3, np.float32),))
 """
 
-from graphdist import config, nest, optimizers, stats, train
+from graphdist import config, data, nest, optimizers, stats, train
 from graphdist.compile import ConcreteFunction, Function, Plan, function
 from graphdist.distribute import (
     DistributedValues,
@@ -25,6 +25,7 @@ from graphdist.distribute import (
     has_strategy,
     in_cross_replica_context,
 )
+from graphdist.distribute.input import InputContext
 from graphdist.distribute.variables import Variable
 from graphdist.errors import (
     AxisError,
@@ -62,6 +63,8 @@ __all__ = [
     "optimizers",
     "nn",
     "train",
+    "data",
+    "InputContext",
     "Tensor",
     "TensorSpec",
     "Graph",

@@ -35,6 +35,13 @@ def _is_distributed(value: Any) -> bool:
     return isinstance(value, DistributedValues)
 
 
+def _is_dataset(value: Any) -> bool:
+    from graphdist.data.dataset import Dataset
+    from graphdist.distribute.input import DistributedDataset, DistributedIterator
+
+    return isinstance(value, (Dataset, DistributedDataset, DistributedIterator))
+
+
 def _leaf_signature(leaf: Any, arrays: list[Any]) -> Any:
     """Signature entry of one argument leaf; appends the arrays it feeds."""
     if isinstance(leaf, np.ndarray):
@@ -50,6 +57,12 @@ def _leaf_signature(leaf: Any, arrays: list[Any]) -> Any:
         return ("per_replica", tuple(_leaf_signature(v, arrays) for v in leaf.values))
     if isinstance(leaf, Variable):
         return ("variable", id(leaf))
+    if _is_dataset(leaf):
+        raise InvalidArgumentError(
+            f"a {type(leaf).__name__} was passed to a gd.function step: a traced step cannot loop over a "
+            "dataset (the loop would be unrolled once at trace time and replay the first epoch). Iterate in "
+            "Python and pass one element per call: `for x in dist_dataset: step(x)`"
+        )
     try:
         hash(leaf)
     except TypeError:

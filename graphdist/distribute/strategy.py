@@ -300,6 +300,22 @@ class Strategy:
         count = self.num_replicas_in_sync
         return regroup([value_fn(ValueContext(i, count)) for i in range(count)])
 
+    def experimental_distribute_dataset(self, dataset: Any, options: Any = None) -> Any:
+        """Splits each global batch of ``dataset`` among the replicas (see
+        :mod:`graphdist.distribute.input`); returns a ``DistributedDataset``.
+        """
+        from graphdist.distribute.input import distribute_dataset
+
+        return distribute_dataset(self, dataset, options)
+
+    def distribute_datasets_from_function(self, dataset_fn: Callable[[Any], Any], options: Any = None) -> Any:
+        """Calls ``dataset_fn(InputContext)`` per worker; each step every replica
+        dequeues one element (see :mod:`graphdist.distribute.input`).
+        """
+        from graphdist.distribute.input import distribute_datasets_from_function
+
+        return distribute_datasets_from_function(self, dataset_fn, options)
+
     def __repr__(self) -> str:
         devices = ", ".join(self.extended.worker_devices)
         return f"{type(self).__name__}(devices=[{devices}])"
