@@ -22,8 +22,8 @@ compile of a segment creates a session at ``ORT_ENABLE_EXTENDED`` with
 ``optimized_model_filepath`` set, so ONNX Runtime writes the optimized graph
 (constant folding, fusions such as MatMul+Add+Relu -> ``com.microsoft``
 ``FusedGemm``) to a temporary file in the cache directory; that file is
-renamed to ``model.ort.onnx`` and its SHA-256 is written next to it in
-``model.ort.onnx.sha256`` (both renames are atomic). EXTENDED is the highest
+renamed to ``model.ort2.onnx`` and its SHA-256 is written next to it in
+``model.ort2.onnx.sha256`` (both renames are atomic). EXTENDED is the highest
 level whose saved model is portable; layout optimizations (level ALL) are
 hardware specific, so they are not saved but applied again when a session is
 created. The session that runs is always created from the optimized file at
@@ -35,6 +35,19 @@ cannot load is discarded and the segment is compiled again (``compiles``).
 The cache key (see :func:`graphdist.backends.base.cache_key`) includes the
 ONNX Runtime version and the target, as the offline mode requires the same
 version, providers and options.
+
+Disabled optimizer: every session (the one that writes the EXTENDED model to
+the disk cache included) is created with ONNX Runtime's ``NoopElimination``
+rewrite rule disabled (:data:`DISABLED_OPTIMIZERS`). In onnxruntime 1.31 that
+rule decides whether a float64 scalar initializer is the identity of an
+``Add``/``Sub`` (0) or ``Mul``/``Div`` (1) at float32 precision, and removes the
+node: ``m + 1.37e-46``, ``m - 1e-50``, ``m * (1 + 1e-10)`` and ``m / (1 + 1e-10)``
+silently become ``m`` in float64 graphs (when ``m`` is computed by a node and
+the result is not a graph output). For float32 models the cost is nil: the
+784-512-512-10 MLP's optimized graph is the same node for node, and its
+forward time (batch 256) is unchanged. Files written before this fix (``model.ort.onnx``) may hold such
+wrongly simplified graphs; the optimized model therefore has a new file name,
+:data:`OPTIMIZED_MODEL_FILE`, and the old files are never read.
 """
 
 from __future__ import annotations
@@ -57,12 +70,16 @@ if TYPE_CHECKING:
     import onnx
     import onnxruntime
 
-__all__ = ["OPTIMIZED_MODEL_FILE", "OrtBackend", "OrtExecutable"]
+__all__ = ["DISABLED_OPTIMIZERS", "OPTIMIZED_MODEL_FILE", "OrtBackend", "OrtExecutable"]
 
 logger = logging.getLogger(__name__)
 
-#: Name of the optimized model in a segment's cache directory.
-OPTIMIZED_MODEL_FILE = "model.ort.onnx"
+#: Name of the optimized model in a segment's cache directory (``model.ort.onnx`` before
+#: :data:`DISABLED_OPTIMIZERS`: those files may hold wrongly simplified float64 graphs).
+OPTIMIZED_MODEL_FILE = "model.ort2.onnx"
+#: ONNX Runtime optimizers disabled in every session (see the module docstring): NoopElimination
+#: compares float64 constants with 0 and 1 at float32 precision and drops real float64 ops.
+DISABLED_OPTIMIZERS: tuple[str, ...] = ("NoopElimination",)
 _CHECKSUM_SUFFIX = ".sha256"
 _ORT_PREFIX = re.compile(r"^\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*\w+\s*:\s*")
 
@@ -258,6 +275,7 @@ class OrtBackend:
                 sess_options=options,
                 providers=self._providers(device),
                 enable_fallback=0,  # no silent provider switch, no prints
+                disabled_optimizers=list(DISABLED_OPTIMIZERS),
             )
         except Exception as err:
             raise BackendError(

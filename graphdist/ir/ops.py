@@ -631,3 +631,78 @@ def _register_defaults() -> None:
 
 
 _register_defaults()
+
+
+# ------------------------------------------------------------------ ConvTranspose
+# Emitted by the Conv gradient rule (graphdist.ir.gradients) for the gradient with respect to
+# the input. Kept in its own block: graphdist.trace never emits it.
+def _infer_conv_transpose(node: Node, _: int | None) -> TypeList:
+    x, w = _in(node, 0), _in(node, 1)
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    dtype = _same_dtype(node, [x, w] + ([bias] if bias is not None else []))
+    if dtype.kind != "f":
+        raise GraphError(f"ConvTranspose ({node.name}) needs floating point inputs, got {x.type_str()}")
+    rank = x.rank - 2
+    if rank < 1 or w.rank != x.rank:
+        raise GraphError(f"ConvTranspose ({node.name}): input {x.type_str()} must be (N, C, spatial...) and weights "
+                         f"{w.type_str()} of the same rank (C, C_out/group, kernel...)")
+    group = int(node.attrs.get("group", 1))
+    if group < 1:
+        raise GraphError(f"ConvTranspose ({node.name}): group must be >= 1, got {group}")
+    channels, per_group = x.shape[1], w.shape[1]
+    if isinstance(channels, int) and isinstance(w.shape[0], int) and channels != w.shape[0]:
+        raise GraphError(f"ConvTranspose ({node.name}): input {x.type_str()} has {channels} channels but weights "
+                         f"{w.type_str()} expect {w.shape[0]}")
+    if isinstance(channels, int) and channels % group:
+        raise GraphError(f"ConvTranspose ({node.name}): {channels} input channels are not divisible by group={group}")
+    out_channels = per_group * group if isinstance(per_group, int) else f"{per_group}*{group}"
+    if bias is not None and (bias.rank != 1 or (isinstance(bias.shape[0], int) and isinstance(out_channels, int)
+                                                 and bias.shape[0] != out_channels)):
+        raise GraphError(f"ConvTranspose ({node.name}): bias {bias.type_str()} must have shape ({out_channels},)")
+    kernel = list(w.shape[2:])
+    if not all(isinstance(k, int) for k in kernel):
+        raise GraphError(f"ConvTranspose ({node.name}): kernel dimensions of {w.type_str()} must be static")
+    declared = node.attrs.get("kernel_shape")
+    if declared is not None and [int(k) for k in declared] != kernel:
+        raise GraphError(f"ConvTranspose ({node.name}): kernel_shape {list(declared)} differs from weights "
+                         f"{w.type_str()}")
+    strides = _ints_attr(node, "strides", [1] * rank, rank)
+    dilations = _ints_attr(node, "dilations", [1] * rank, rank)
+    pads = _ints_attr(node, "pads", [0] * 2 * rank, 2 * rank)
+    output_padding = _ints_attr(node, "output_padding", [0] * rank, rank)
+    auto_pad = node.attrs.get("auto_pad", "NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if auto_pad not in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"):
+        raise GraphError(f"ConvTranspose ({node.name}): unknown auto_pad {auto_pad!r}")
+    if any(s < 1 for s in strides) or any(d < 1 for d in dilations):
+        raise GraphError(f"ConvTranspose ({node.name}): strides {strides} and dilations {dilations} must be >= 1")
+    if any(p < 0 or p >= max(s, d) for p, s, d in zip(output_padding, strides, dilations)):
+        raise GraphError(f"ConvTranspose ({node.name}): output_padding {output_padding} must be >= 0 and less than "
+                         f"the stride or dilation of its axis (strides {strides}, dilations {dilations})")
+    explicit = node.attrs.get("output_shape")
+    if explicit is not None:
+        spatial: list[Dim] = [int(d) for d in explicit][-rank:]
+        if len(spatial) != rank:
+            raise GraphError(f"ConvTranspose ({node.name}): output_shape {list(explicit)} needs {rank} spatial sizes")
+        return [(dtype, (x.shape[0], out_channels, *spatial))]
+    spatial = []
+    for i in range(rank):
+        dim = x.shape[2 + i]
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            spatial.append(dim * strides[i] if isinstance(dim, int) else f"{dim}*{strides[i]}")
+            continue
+        begin, end = (0, 0) if auto_pad == "VALID" else (pads[i], pads[rank + i])
+        extra = output_padding[i] + (kernel[i] - 1) * dilations[i] + 1 - begin - end
+        if not isinstance(dim, int):
+            spatial.append(f"{strides[i]}*({dim}-1){extra:+d}")
+            continue
+        size = strides[i] * (dim - 1) + extra
+        if size < 1:
+            raise GraphError(f"ConvTranspose ({node.name}) on {x.type_str()}: pads ({begin}, {end}) leave no output "
+                             f"along spatial axis {i}")
+        spatial.append(size)
+    return [(dtype, (x.shape[0], out_channels, *spatial))]
+
+
+register_op(OpDef("ConvTranspose", ONNX_DOMAIN, _infer_conv_transpose,
+                  doc="Transposed N-d convolution (the input gradient of Conv), weights (C, C_out/group, kernel...)."))

@@ -9,7 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from graphdist import stats
 from graphdist.backends import get_backend
-from graphdist.backends.ort import OrtBackend, OrtExecutable
+from graphdist.backends.ort import DISABLED_OPTIMIZERS, OPTIMIZED_MODEL_FILE, OrtBackend, OrtExecutable
 from graphdist.errors import BackendError, DeviceError
 from graphdist.runtime import devices
 from graphdist.runtime.devices import Device
@@ -203,3 +203,97 @@ def test_missing_gpu_is_refused(
     monkeypatch.setattr(devices, "num_gpus", lambda: 0)
     with pytest.raises(DeviceError, match="no GPU is visible"):
         backend.compile(mlp_model(), "cuda:0")
+
+
+# ------------------------------------------------ NoopElimination (float64)
+#: Distinct float64 scalars that float32 rounds to 0 or 1.
+TINY = (1.37e-46, 2.05e-48, 2.96e-50)
+NEAR_ONE = 1 + 1e-10
+
+
+def tiny_constants_model() -> onnx.ModelProto:
+    """Horner form ``((x*x + T0) * x + T1) * x + T2``, then three times ``* NEAR_ONE``, float64.
+
+    Every Add/Mul by a constant that reads a node output (and does not write the graph
+    output) is a candidate for ONNX Runtime's NoopElimination.
+    """
+    names = ["t0", "t1", "t2"]
+    nodes = [helper.make_node("Mul", ["x", "x"], ["m0"])]
+    prev = "m0"
+    for i, name in enumerate(names):
+        nodes.append(helper.make_node("Add", [prev, name], [f"a{i}"]))
+        if i < len(names) - 1:
+            nodes.append(helper.make_node("Mul", [f"a{i}", "x"], [f"m{i + 1}"]))
+            prev = f"m{i + 1}"
+    nodes += [
+        helper.make_node("Mul", ["a2", "one"], ["s0"]),
+        helper.make_node("Mul", ["s0", "one"], ["s1"]),
+        helper.make_node("Mul", ["s1", "one"], ["y"]),
+    ]
+    initializers = [numpy_helper.from_array(np.array(v), n) for n, v in zip(names, TINY)]
+    initializers.append(numpy_helper.from_array(np.array(NEAR_ONE), "one"))
+    graph = helper.make_graph(
+        nodes,
+        "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [4])],
+        initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    return model
+
+
+TINY_X = np.array([1e-30, 1e-16, 0.5, 3.0])
+
+
+def tiny_expected(x: np.ndarray) -> np.ndarray:
+    return (((x * x + TINY[0]) * x + TINY[1]) * x + TINY[2]) * NEAR_ONE * NEAR_ONE * NEAR_ONE
+
+
+def test_noop_elimination_bug_reproduces_in_plain_onnxruntime() -> None:
+    """Documents the bug the backend works around (onnxruntime 1.31): NoopElimination drops
+    float64 Add/Mul whose scalar constant is 0 or 1 once rounded to float32.
+    Disabling ConstantSharing (which compares constants byte for byte) does not help."""
+    import onnxruntime
+
+    if not onnxruntime.__version__.startswith("1.31."):
+        pytest.skip("the reproduction is pinned to onnxruntime 1.31")
+    data = tiny_constants_model().SerializeToString()
+    expected = tiny_expected(TINY_X)
+    for disabled in ([], ["ConstantSharing"]):
+        session = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"], disabled_optimizers=disabled)
+        (y,) = session.run(None, {"x": TINY_X})
+        # All three Adds and two of the Muls are gone (the last Mul writes the graph output).
+        np.testing.assert_allclose(y, TINY_X**4 * NEAR_ONE, rtol=1e-15, atol=0)
+        assert not np.allclose(y, expected, rtol=1e-14, atol=0), disabled
+    session = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"],
+                                           disabled_optimizers=["NoopElimination"])
+    np.testing.assert_allclose(session.run(None, {"x": TINY_X})[0], expected, rtol=1e-15, atol=0)
+
+
+def test_float64_tiny_constants_are_kept(backend: OrtBackend, tmp_path) -> None:
+    assert "NoopElimination" in DISABLED_OPTIMIZERS
+    expected = tiny_expected(TINY_X)
+    # Without the disk cache, then writing the EXTENDED-optimized model, then loading it.
+    for cache_dir, hits in ((None, 0), (tmp_path, 0), (tmp_path, 1)):
+        before = stats.snapshot()
+        exe = backend.compile(tiny_constants_model(), Device("cpu", 0), cache_dir=cache_dir)
+        (y,) = exe.run({"x": TINY_X})
+        np.testing.assert_allclose(y, expected, rtol=1e-15, atol=0)
+        assert stats.delta(before)["disk_cache_hits"] == hits
+    saved = onnx.load(tmp_path / OPTIMIZED_MODEL_FILE)
+    assert [n.op_type for n in saved.graph.node].count("Add") == 3
+
+
+def test_float64_traced_polynomial_with_tiny_coefficients() -> None:
+    import graphdist as gd
+
+    def horner(x):
+        acc = x * 0.0 + TINY[0]
+        for c in TINY[1:]:
+            acc = acc * x + c
+        return acc * NEAR_ONE
+
+    x = np.array([1e-30, 0.25, 2.0])
+    np.testing.assert_allclose(gd.function(horner, backend="ort")(x), horner(x), rtol=1e-15, atol=0)
