@@ -1,6 +1,9 @@
 """graphdist's intermediate representation: values, nodes, graphs and ops."""
 
-from graphdist.ir import state_ops  # noqa: F401,E402 - registers AssignVariable and Gradient
+from graphdist.ir import (
+    gradients,  # noqa: F401,E402 - attaches gradient rules to the OpDefs
+    state_ops,  # noqa: F401,E402 - registers AssignVariable and Gradient
+)
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Node, Value
 from graphdist.ir.onnx_io import from_onnx, to_onnx
 from graphdist.ir.ops import OPSET, OpDef, get_opdef, register_op, registered_ops

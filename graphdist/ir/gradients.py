@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from graphdist.errors import GraphError
+from graphdist.ir import state_ops  # noqa: F401 - AssignVariable must be registered before its rule
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Node, Value
 from graphdist.ir.ops import get_opdef, onnx_dtype
 

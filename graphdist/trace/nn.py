@@ -139,8 +139,8 @@ def _erf(x: Any) -> Any:
 
 #: erf(t) = 2/sqrt(pi) t exp(-t^2) sum_n (2 t^2)^n / (2n+1)!!  (all terms positive); 40 terms reach
 #: double precision for t < 2.5. The polynomial is evaluated in u = 2 t^2 / 16 (exact scaling) so that
-#: no coefficient is tiny: ONNX Runtime's ConstantSharing optimizer merges float64 scalar initializers
-#: too small for float32 (observed with 1.31: 2.96e-50, 2.05e-48 and 1.37e-46 became one constant).
+#: no coefficient is tiny: ONNX Runtime's NoopElimination compares float64 scalars with 0 and 1 at float32
+#: precision and drops "x + 1e-46" (1.31; the ort backend now disables that optimizer, see backends/ort.py).
 #: Beyond, erfc(t) = exp(-t^2) / (sqrt(pi) (t + (1/2)/(t + 1/(t + (3/2)/...)))) (Laplace's continued
 #: fraction), 30 levels deep.
 _ERF_SPLIT = 2.5
