@@ -1,18 +1,22 @@
 """LowerCollectivesPass: turn collective nodes into executable form.
 
-Invariant established: no ``graphdist.AllReduce``/``AllGather`` node with a
-group of one participant remains.
+Invariant established: no single-participant ``graphdist.AllReduce`` /
+``AllGather`` remains, and every multi-participant one carries the algorithm
+the runtime executes (``attrs["algorithm"]``, from the strategy's
+``cross_device_ops``), plus ``attrs["root"]`` for reduce-to-one.
 
 Cases:
-* group of one participant: the collective is the identity (SUM, MEAN, MAX or
-  MIN of one value is the value; gathering one value is the value), so its
-  output is rewired to its input and the node removed;
-* groups of several participants: the ring, hierarchical-copy and
-  reduce-to-one algorithms chosen by ``cross_device_ops`` are not built yet;
-  the pass raises ``NotImplementedError`` naming the group.
+* group of one participant: the identity (SUM, MEAN, MAX or MIN of one value
+  is the value; gathering one value is the value): output rewired to the
+  input, node removed;
+* group of several participants: annotated with ``algorithm`` (``ring``,
+  ``hierarchical_copy`` or ``reduce_to_one``); the local communicator runs it;
+* already annotated nodes: unchanged (the pass is idempotent).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node
 from passes.base import PassBase, PassContext, PassResult
@@ -27,18 +31,34 @@ def _collectives(graph: Graph) -> list[Node]:
 
 
 class LowerCollectivesPass(PassBase):
-    """Lowers collectives; single-participant groups become the identity."""
+    """Lowers collectives for the strategy's cross-device algorithm.
+
+    Args:
+        collective_attrs: Attributes for multi-participant collectives, e.g.
+            ``{"algorithm": "ring"}`` or ``{"algorithm": "reduce_to_one",
+            "reduce_to_device": "cpu:1"}``.
+    """
+
+    def __init__(self, collective_attrs: dict[str, Any] | None = None) -> None:
+        self.collective_attrs = dict(collective_attrs or {"algorithm": "ring"})
+
+    def _attrs_for(self, ctx: PassContext) -> dict[str, Any]:
+        attrs = {"algorithm": self.collective_attrs.get("algorithm", "ring")}
+        if attrs["algorithm"] == "reduce_to_one":
+            device = self.collective_attrs.get("reduce_to_device")
+            attrs["root"] = ctx.devices.index(device) if device in ctx.devices else 0
+        return attrs
 
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
-        nodes = _collectives(graph)
-        wide = [n for n in nodes if int(n.attrs.get("group_size", 1)) > 1]
-        if wide:
-            node = wide[0]
-            raise NotImplementedError(
-                f"{node.op_type} over {node.attrs['group_size']} replicas (group {node.attrs.get('group_key')}) "
-                "needs multi-device collective lowering, which is not implemented yet; use one replica"
-            )
-        for node in nodes:
-            graph.replace_all_uses_with(node.outputs[0], node.inputs[0])
-            graph.remove_node(node)
-        return PassResult(graph, modified=bool(nodes))
+        modified = False
+        wanted = self._attrs_for(ctx)
+        for node in _collectives(graph):
+            if int(node.attrs.get("group_size", 1)) == 1:
+                graph.replace_all_uses_with(node.outputs[0], node.inputs[0])
+                graph.remove_node(node)
+                modified = True
+                continue
+            if node.op_type == "AllReduce" and any(node.attrs.get(k) != v for k, v in wanted.items()):
+                node.attrs.update(wanted)
+                modified = True
+        return PassResult(graph, modified)

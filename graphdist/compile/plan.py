@@ -19,7 +19,7 @@ from graphdist.ir.graph import Graph, Node, Value
 from graphdist.ir.printer import format_table
 from graphdist.runtime.devices import parse_device, thread_budget
 
-__all__ = ["Segment", "Plan", "extract_subgraph"]
+__all__ = ["Segment", "CommTask", "Plan", "extract_subgraph"]
 
 
 @dataclass
@@ -47,6 +47,27 @@ class Segment:
         if self._model is None:
             self._model = self.graph.to_onnx()
         return self._model
+
+
+@dataclass
+class CommTask:
+    """A collective or transfer executed by the communicator between segments.
+
+    Attributes:
+        name: Task name (the group key of a collective, the node name of a transfer).
+        op: ``AllReduce``, ``AllGather`` or ``Transfer``.
+        attrs: The op's attributes (``reduce_op``, ``algorithm``, ``axis``...).
+        inputs: Input value names, one per participant in replica order.
+        outputs: Output value names, one per participant.
+        devices: Device of each participant.
+    """
+
+    name: str
+    op: str
+    attrs: dict[str, Any]
+    inputs: list[str]
+    outputs: list[str]
+    devices: list[str]
 
 
 def extract_subgraph(graph: Graph, nodes: list[Node], name: str, outputs: list[Value]) -> Graph:
@@ -98,9 +119,11 @@ class Plan:
         devices: Devices the plan runs on.
     """
 
-    def __init__(self, graph: Graph, segments: list[Segment], constants: dict[str, np.ndarray]) -> None:
+    def __init__(self, graph: Graph, segments: list[Segment], constants: dict[str, np.ndarray],
+                 comms: list[CommTask] | None = None) -> None:
         self.graph = graph
         self.segments = segments
+        self.comms = list(comms or [])
         self.input_names = [v.name for v in graph.inputs]
         self.output_names = [v.name for v in graph.outputs]
         self.constants = constants
@@ -111,28 +134,41 @@ class Plan:
     # -------------------------------------------------------------- build
     @classmethod
     def from_graph(cls, graph: Graph) -> Plan:
-        """Builds segments from a graph whose nodes carry ``meta["segment"]``."""
+        """Builds segments and communication tasks from a partitioned graph.
+
+        Compute nodes carry ``meta["segment"]``; collective nodes of one group
+        (``attrs["group_key"]``) become one :class:`CommTask`, as does each
+        ``Transfer``.
+        """
+        from passes.partition import is_communication
+
         if graph.stage != "partitioned":
             raise GraphError(f"Plan.from_graph needs a partitioned graph, got stage {graph.stage!r}")
-        order: list[str] = []
         members: dict[str, list[Node]] = {}
+        groups: dict[str, list[Node]] = {}
         for node in graph.nodes:
-            name = node.meta["segment"]
-            if name not in members:
-                order.append(name)
-                members[name] = []
-            members[name].append(node)
+            if is_communication(node):
+                groups.setdefault(node.attrs.get("group_key") or node.name, []).append(node)
+            else:
+                members.setdefault(node.meta["segment"], []).append(node)
         graph_outputs = {id(v) for v in graph.outputs}
         segments = []
-        for name in order:
-            nodes = members[name]
+        for name, nodes in members.items():
             inside = {id(n) for n in nodes}
             outs = [out for n in nodes for out in n.outputs
                     if id(out) in graph_outputs or any(id(user) not in inside for user, _ in out.uses)]
             sub = extract_subgraph(graph, nodes, f"{graph.name}.{name}", outs)
             segments.append(Segment(name, nodes[0].device, sub, [v.name for v in sub.inputs], [v.name for v in outs]))
+        comms = []
+        for key, nodes in groups.items():
+            nodes = sorted(nodes, key=lambda n: n.replica or 0)
+            attrs = {k: v for k, v in nodes[0].attrs.items() if k != "group_key"}
+            comms.append(CommTask(key, nodes[0].op_type, attrs, [n.inputs[0].name for n in nodes],
+                                  [n.outputs[0].name for n in nodes], [n.device for n in nodes]))
         constants = {v.name: np.asarray(v.const_value) for v in graph.outputs if v.const_value is not None}
-        return cls(graph, segments, constants)
+        constants.update({v.name: np.asarray(v.const_value) for n in graph.nodes if is_communication(n)
+                          for v in n.inputs if v is not None and v.const_value is not None})
+        return cls(graph, segments, constants, comms)
 
     # ------------------------------------------------------------ compile
     def compile(self, backend: Any, cache: Any = None) -> Plan:
@@ -172,7 +208,24 @@ class Plan:
         header = f"Plan {self.graph.name!r}: {len(self.segments)} segment(s) on {', '.join(self.devices)}"
         backend = f"  backend={self.backend_name}" if self.backend_name else ""
         table = format_table(["segment", "device", "nodes", "inputs", "outputs", "ops"], rows)
-        return f"{header}{backend}\n{table}"
+        text = f"{header}{backend}\n{table}"
+        if self.comms:
+            comm_rows = []
+            for task in self.comms:
+                value = self.graph_value(task.inputs[0])
+                size = f"{value.nbytes:,} B" if value is not None and value.nbytes is not None else "?"
+                detail = ", ".join(f"{k}={v}" for k, v in sorted(task.attrs.items()) if k != "group_size")
+                comm_rows.append([task.name, task.op, str(len(task.devices)), size, detail])
+            text += "\ncommunication:\n" + format_table(["task", "op", "participants", "bytes each", "attrs"],
+                                                         comm_rows)
+        return text
+
+    def graph_value(self, name: str) -> Any:
+        """The partitioned graph's value called ``name`` (or ``None``)."""
+        for value in self.graph.values():
+            if value.name == name:
+                return value
+        return None
 
     def __repr__(self) -> str:
         return f"<Plan {self.graph.name!r} segments={len(self.segments)} devices={self.devices}>"

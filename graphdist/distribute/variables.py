@@ -232,13 +232,28 @@ def read_variable(variable: Variable) -> Any:
     if ctx is None:
         return variable._value
     state = ctx.graph.meta.setdefault("variable_state", {})
-    current = state.get(id(variable))
+    # Each replica sees its own copy: an assign in replica 0 is not visible to replica 1's reads.
+    replica = _current_replica(ctx)
+    key = (id(variable), replica)
+    current = state.get(key)
+    if current is None and replica is None:
+        current = state.get((id(variable), 0))  # cross-replica reads see the (mirrored) updated value
     if current is None:
-        tensor = ctx.input(variable._name, variable.dtype, variable.shape)
-        tensor.value.meta["variable"] = variable
-        ctx.graph.meta.setdefault("variables", []).append((tensor.value.name, variable))
-        state[id(variable)] = current = tensor
+        current = state.get((id(variable), "input"))
+        if current is None:
+            current = ctx.input(variable._name, variable.dtype, variable.shape)
+            current.value.meta["variable"] = variable
+            ctx.graph.meta.setdefault("variables", []).append((current.value.name, variable))
+            state[(id(variable), "input")] = current
+        state[key] = current
     return current
+
+
+def _current_replica(ctx: Any) -> int | None:
+    for region in reversed(ctx.regions):
+        if "replica" in region:
+            return region["replica"]
+    return None
 
 
 def _assign_traced(ctx: Any, variable: Variable, value: Any) -> Any:
@@ -249,5 +264,5 @@ def _assign_traced(ctx: Any, variable: Variable, value: Any) -> Any:
     node_out = ctx.emit1("AssignVariable", [tensor.value], {"variable": variable.uid},
                          domain=GRAPHDIST_DOMAIN, name="assign")
     node_out.value.producer.meta["side_effect"] = True
-    ctx.graph.meta["variable_state"][id(variable)] = node_out
+    ctx.graph.meta["variable_state"][(id(variable), _current_replica(ctx))] = node_out
     return node_out

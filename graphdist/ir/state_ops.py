@@ -1,8 +1,10 @@
-"""graphdist-domain ops for state and differentiation: ``AssignVariable`` and ``Gradient``.
+"""graphdist-domain ops for state, transfers and differentiation.
 
 * ``AssignVariable(value) -> value`` (attr ``variable``): a variable update;
   its output is the variable's new value for later reads in the same step.
   ``LowerVariableUpdatesPass`` turns updates into plan outputs.
+* ``Transfer(value) -> value``: copies a value to the node's device; the only
+  way a compute node reads a value produced on another device.
 * ``Gradient(target, *sources) -> *grads`` : d(sum(target))/d(source) for each
   source; ``AutodiffPass`` expands it into backward ops from the OpDef
   gradient rules.
@@ -45,7 +47,9 @@ def _reference_gradient(*_: Any, **__: Any) -> tuple[np.ndarray, ...]:
 
 
 def register_state_ops() -> None:
-    """Registers ``AssignVariable`` and ``Gradient`` in the OpDef registry."""
+    """Registers ``AssignVariable``, ``Gradient`` and ``Transfer`` in the OpDef registry."""
+    register_op(OpDef("Transfer", GRAPHDIST_DOMAIN, _infer_assign, reference=_reference_assign,
+                      doc="Moves a value to the node's device (inserted by PartitionPass)."))
     register_op(OpDef("AssignVariable", GRAPHDIST_DOMAIN, _infer_assign, reference=_reference_assign,
                       doc="Update of a variable; output is the new value.", attrs={"variable": ""}))
     register_op(OpDef("Gradient", GRAPHDIST_DOMAIN, _infer_gradient, reference=_reference_gradient,

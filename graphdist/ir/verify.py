@@ -25,7 +25,7 @@ __all__ = ["verify", "STAGES", "CROSS_DEVICE_OPS"]
 STAGES = ("traced", "rewritten", "partitioned")
 
 #: graphdist ops allowed to read values placed on another device.
-CROSS_DEVICE_OPS = frozenset({"AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Send", "Recv"})
+CROSS_DEVICE_OPS = frozenset({"AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Send", "Recv", "Transfer"})
 
 
 def verify(graph: Graph, stage: str | None = None) -> None:

@@ -1,23 +1,39 @@
-"""Executes a plan's segments in dependency order.
+"""Executes a plan's segments and communication tasks in dependency order.
 
-With one segment (one device) the scheduler calls the executable directly,
-so the per-step overhead is one dictionary and one backend call.
+With one segment (one device, no collectives) the scheduler calls the
+executable directly, so the per-step overhead is one dictionary and one
+backend call. Otherwise every task (segment or communication) starts as
+soon as the values it reads exist: segments run on a thread pool with one
+worker per device (backends release the GIL while they compute, and each
+executable was compiled with its device's share of the host cores), and
+communication tasks run on the coordinating thread, the communication lane,
+so a collective of one replica's gradients overlaps other devices' work.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from graphdist import stats
 from graphdist.errors import PlanError
+from graphdist.runtime.comm import local
 
 if TYPE_CHECKING:
-    from graphdist.compile.plan import Plan
+    from graphdist.compile.plan import CommTask, Plan, Segment
 
 __all__ = ["Scheduler"]
+
+
+class _Task:
+    __slots__ = ("kind", "index", "inputs", "outputs", "name")
+
+    def __init__(self, kind: str, index: int, inputs: Sequence[str], outputs: Sequence[str], name: str) -> None:
+        self.kind, self.index, self.inputs, self.outputs, self.name = kind, index, list(inputs), list(outputs), name
 
 
 class Scheduler:
@@ -26,16 +42,30 @@ class Scheduler:
     def __init__(self, plan: Plan, executables: Sequence[Any]) -> None:
         self._plan = plan
         self._executables = list(executables)
-        self._single = len(plan.segments) == 1 and not plan.constants and set(
-            plan.output_names) <= set(plan.segments[0].outputs)
+        self._single = (len(plan.segments) == 1 and not plan.comms and not plan.constants
+                        and set(plan.output_names) <= set(plan.segments[0].outputs))
         if self._single:
             positions = {name: i for i, name in enumerate(plan.segments[0].outputs)}
             self._picks = [positions[name] for name in plan.output_names]
             self._identity = self._picks == list(range(len(plan.segments[0].outputs)))
             self._seg_inputs = list(plan.segments[0].inputs)
+            return
+        self._tasks = [_Task("segment", i, s.inputs, s.outputs, s.name) for i, s in enumerate(plan.segments)]
+        self._tasks += [_Task("comm", i, c.inputs, c.outputs, c.name) for i, c in enumerate(plan.comms)]
+        producer = {name: t for t in self._tasks for name in t.outputs}
+        self._deps = [{id(producer[n]) for n in t.inputs if n in producer} for t in self._tasks]
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                workers = max(1, len({s.device for s in self._plan.segments}))
+                self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="graphdist-device")
+            return self._pool
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        """Runs every segment and returns the plan's outputs in order."""
+        """Runs every task and returns the plan's outputs in order."""
         stats.increment("plan_runs")
         if self._single:
             seg_feeds = feeds if len(feeds) == len(self._seg_inputs) else {n: feeds[n] for n in self._seg_inputs}
@@ -43,11 +73,67 @@ class Scheduler:
             return outs if self._identity else [outs[i] for i in self._picks]
         env: dict[str, Any] = dict(self._plan.constants)
         env.update(feeds)
-        for segment, executable in zip(self._plan.segments, self._executables):
-            try:
-                seg_feeds = {name: env[name] for name in segment.inputs}
-            except KeyError as err:
-                missing = err.args[0]
-                raise PlanError(f"segment {segment.name} needs {missing!r}, which no earlier step produced") from None
-            env.update(zip(segment.outputs, executable.run(seg_feeds)))
+        self._run_tasks(env)
         return [env[name] for name in self._plan.output_names]
+
+    # ----------------------------------------------------------- tasks
+    def _run_segment(self, index: int, env: dict[str, Any]) -> list[np.ndarray]:
+        segment: Segment = self._plan.segments[index]
+        try:
+            seg_feeds = {name: env[name] for name in segment.inputs}
+        except KeyError as err:
+            missing = err.args[0]
+            raise PlanError(f"segment {segment.name} needs {missing!r}, which no earlier step produced") from None
+        return self._executables[index].run(seg_feeds)
+
+    def _run_comm(self, task: CommTask, env: dict[str, Any]) -> list[np.ndarray]:
+        buffers = [np.asarray(env[name]) for name in task.inputs]
+        if task.op == "AllReduce":
+            return local.all_reduce(buffers, task.attrs.get("reduce_op", "SUM"), task.attrs.get("algorithm", "ring"),
+                                    int(task.attrs.get("root", 0)))
+        if task.op == "AllGather":
+            return local.all_gather(buffers, int(task.attrs.get("axis", 0)))
+        if task.op == "Transfer":
+            return buffers  # logical devices of one process share host memory
+        raise PlanError(f"communication op {task.op!r} ({task.name}) is not supported by the local communicator")
+
+    def _run_tasks(self, env: dict[str, Any]) -> None:
+        remaining = {id(t): set(deps) for t, deps in zip(self._tasks, self._deps)}
+        by_id = {id(t): t for t in self._tasks}
+        done: set[int] = set()
+        running: dict[Future, _Task] = {}
+        pool = self._executor()
+
+        def ready() -> list[_Task]:
+            return [by_id[k] for k, deps in remaining.items() if not deps]
+
+        while remaining or running:
+            for task in ready():
+                del remaining[id(task)]
+                if task.kind == "comm":
+                    self._finish(task, self._run_comm(self._plan.comms[task.index], env), env, done, remaining)
+                else:
+                    running[pool.submit(self._run_segment, task.index, env)] = task
+            if not running:
+                if remaining:
+                    stuck = ", ".join(by_id[k].name for k in remaining)
+                    raise PlanError(f"plan {self._plan.graph.name!r} cannot make progress; waiting tasks: {stuck}")
+                break
+            finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            for future in finished:
+                task = running.pop(future)
+                try:
+                    outputs = future.result()
+                except BaseException:
+                    for other in running:
+                        other.cancel()
+                    raise
+                self._finish(task, outputs, env, done, remaining)
+
+    @staticmethod
+    def _finish(task: _Task, outputs: Sequence[np.ndarray], env: dict[str, Any], done: set[int],
+                remaining: dict[int, set[int]]) -> None:
+        env.update(zip(task.outputs, outputs))
+        done.add(id(task))
+        for deps in remaining.values():
+            deps.discard(id(task))

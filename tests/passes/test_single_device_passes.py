@@ -15,7 +15,7 @@ from passes.base import PassContext, PassManager
 from passes.eliminate_dead_nodes import EliminateDeadNodesPass
 from passes.lower_collectives import LowerCollectivesPass
 from passes.materialize_replica_ids import MaterializeReplicaIdsPass
-from passes.partition import PartitionPass
+from passes.partition import PartitionPass, is_communication
 
 X = np.arange(6, dtype=np.float32).reshape(2, 3)
 
@@ -69,13 +69,22 @@ def test_lower_single_replica_collectives(traced: Graph) -> None:
     _check_pass(LowerCollectivesPass(), traced, ["Mul", "graphdist.ReplicaId", "Cast", "Add"])
 
 
-def test_lower_collectives_refuses_wide_groups() -> None:
+@pytest.mark.parametrize(("attrs", "expected"), [
+    (None, {"algorithm": "ring"}),
+    ({"algorithm": "hierarchical_copy"}, {"algorithm": "hierarchical_copy"}),
+    ({"algorithm": "reduce_to_one", "reduce_to_device": "cpu:1"}, {"algorithm": "reduce_to_one", "root": 1}),
+])
+def test_lower_collectives_annotates_wide_groups(attrs, expected) -> None:
     graph = Graph("wide")
     x = graph.add_input("x", np.float32, (2,))
     graph.outputs = graph.add_node("AllReduce", [x], {"reduce_op": "SUM", "group_size": 2},
                                    domain="graphdist").outputs
-    with pytest.raises(NotImplementedError, match="2 replicas"):
-        LowerCollectivesPass()(graph)
+    ctx = PassContext(devices=("cpu:0", "cpu:1"))
+    result = LowerCollectivesPass(attrs)(graph, ctx)
+    assert result.modified
+    node = result.graph.nodes[0]
+    assert {k: node.attrs[k] for k in expected} == expected
+    assert not LowerCollectivesPass(attrs)(result.graph, ctx).modified
 
 
 def test_eliminate_dead_nodes() -> None:
@@ -96,7 +105,9 @@ def test_assign_devices_and_partition(traced: Graph) -> None:
     assert {n.device for n in graph.nodes} == {"cpu:0"}
     graph = _check_pass(PartitionPass(), graph, _ops(traced), ctx)
     assert graph.stage == "partitioned"
-    assert {n.meta["segment"] for n in graph.nodes} == {"cpu0"}
+    # collectives (not yet lowered here) cut the device's nodes into phases
+    assert {n.meta["segment"] for n in graph.nodes if not is_communication(n)} == {"cpu0.p0", "cpu0.p1"}
+    assert all("segment" not in n.meta for n in graph.nodes if is_communication(n))
 
 
 def test_unplaced_graph_fails_rewritten_verification(traced: Graph) -> None:
