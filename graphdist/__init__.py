@@ -11,10 +11,15 @@ compiled through ONNX (ONNX Runtime, onnx.reference; TVM to come).
 from graphdist import config, data, nest, optimizers, stats, train
 from graphdist.compile import ConcreteFunction, Function, Plan, function
 from graphdist.distribute import (
+    CrossDeviceOps,
     DistributedValues,
+    HierarchicalCopyAllReduce,
+    MirroredStrategy,
+    NcclAllReduce,
     OneDeviceStrategy,
     PerReplica,
     ReduceOp,
+    ReductionToOneDevice,
     ReplicaContext,
     Strategy,
     StrategyExtended,
@@ -26,7 +31,7 @@ from graphdist.distribute import (
     in_cross_replica_context,
 )
 from graphdist.distribute.input import InputContext
-from graphdist.distribute.variables import Variable
+from graphdist.distribute.variables import MirroredVariable, Variable
 from graphdist.errors import (
     AxisError,
     BackendError,
@@ -57,6 +62,7 @@ __all__ = [
     "Plan",
     "trace",
     "Variable",
+    "MirroredVariable",
     "GradientTape",
     "grad",
     "value_and_grad",
@@ -74,6 +80,11 @@ __all__ = [
     "Strategy",
     "StrategyExtended",
     "OneDeviceStrategy",
+    "MirroredStrategy",
+    "CrossDeviceOps",
+    "NcclAllReduce",
+    "HierarchicalCopyAllReduce",
+    "ReductionToOneDevice",
     "ReduceOp",
     "ReplicaContext",
     "PerReplica",

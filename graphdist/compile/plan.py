@@ -127,7 +127,8 @@ class Plan:
         self.input_names = [v.name for v in graph.inputs]
         self.output_names = [v.name for v in graph.outputs]
         self.constants = constants
-        self.devices = sorted({s.device for s in segments}, key=lambda d: (parse_device(d).kind, parse_device(d).index))
+        used = {s.device for s in segments} | {d for c in self.comms for d in c.devices}
+        self.devices = sorted(used, key=lambda d: (parse_device(d).kind, parse_device(d).index))
         self._scheduler: Any = None
         self.backend_name: str | None = None
 

@@ -1,5 +1,12 @@
 """Distribution strategies, distributed values and replica contexts."""
 
+from graphdist.distribute.cross_device_ops import (
+    CrossDeviceOps,
+    HierarchicalCopyAllReduce,
+    NcclAllReduce,
+    ReductionToOneDevice,
+)
+from graphdist.distribute.mirrored import MirroredStrategy
 from graphdist.distribute.one_device import OneDeviceStrategy
 from graphdist.distribute.reduce_op import ReduceOp
 from graphdist.distribute.replica_context import ReplicaContext, get_replica_context, in_cross_replica_context
@@ -16,6 +23,11 @@ __all__ = [
     "Strategy",
     "StrategyExtended",
     "OneDeviceStrategy",
+    "MirroredStrategy",
+    "CrossDeviceOps",
+    "NcclAllReduce",
+    "HierarchicalCopyAllReduce",
+    "ReductionToOneDevice",
     "ReduceOp",
     "ReplicaContext",
     "PerReplica",

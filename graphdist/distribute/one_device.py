@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from graphdist.distribute.pipelines import sync_pipeline
 from graphdist.distribute.strategy import Strategy
 from graphdist.runtime.devices import Device, parse_device
 
@@ -12,15 +13,7 @@ __all__ = ["OneDeviceStrategy", "single_device_pipeline"]
 
 def single_device_pipeline(device: Device) -> list[Any]:
     """Passes that prepare a one-replica graph for ``device``."""
-    from passes.assign_devices import AssignDevicesPass
-    from passes.autodiff import AutodiffPass
-    from passes.eliminate_dead_nodes import EliminateDeadNodesPass
-    from passes.lower_collectives import LowerCollectivesPass
-    from passes.lower_variable_updates import LowerVariableUpdatesPass
-    from passes.materialize_replica_ids import MaterializeReplicaIdsPass
-
-    return [AutodiffPass(), LowerVariableUpdatesPass(), MaterializeReplicaIdsPass(), LowerCollectivesPass(),
-            EliminateDeadNodesPass(), AssignDevicesPass()]
+    return sync_pipeline()
 
 
 class OneDeviceStrategy(Strategy):

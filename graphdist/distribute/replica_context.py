@@ -38,7 +38,10 @@ def emit_collective(op_type: str, tensor: Any, attrs: dict[str, Any]) -> Any:
 
     ctx = current_trace()
     tensor = _as_tensor(ctx, tensor)
-    return ctx.emit1(op_type, [tensor.value], attrs, domain=GRAPHDIST_DOMAIN, name=op_type.lower())
+    out = ctx.emit1(op_type, [tensor.value], attrs, domain=GRAPHDIST_DOMAIN, name=op_type.lower())
+    # Every member of a collective group must run, even where its result is unused.
+    out.value.producer.meta["side_effect"] = True
+    return out
 
 
 class ReplicaContext:
@@ -85,8 +88,11 @@ class ReplicaContext:
         if current_trace() is None:
             return self._eager_single(value, "all_reduce")
         key = self._group_key("all_reduce")
-        attrs = {"reduce_op": op.value, "group_size": self.num_replicas_in_sync, "group_key": key}
-        return nest.map_structure(lambda t: emit_collective("AllReduce", t, attrs), value)
+        leaves, treedef = nest.flatten(value)
+        reduced = [emit_collective("AllReduce", leaf, {"reduce_op": op.value, "group_size": self.num_replicas_in_sync,
+                                                       "group_key": f"{key}.{i}"})
+                   for i, leaf in enumerate(leaves)]
+        return nest.unflatten(treedef, reduced)
 
     def all_gather(self, value: Any, axis: int) -> Any:
         """Concatenates ``value`` (a nest) from all replicas along ``axis``."""
@@ -95,13 +101,13 @@ class ReplicaContext:
                 axis_tuple(axis, np.ndim(leaf), "all_gather axis")
             return self._eager_single(value, "all_gather")
         key = self._group_key("all_gather")
-
-        def gather(tensor: Any) -> Any:
+        leaves, treedef = nest.flatten(value)
+        gathered = []
+        for i, tensor in enumerate(leaves):
             (normalized,) = axis_tuple(axis, np.ndim(tensor), "all_gather axis")
-            attrs = {"axis": normalized, "group_size": self.num_replicas_in_sync, "group_key": key}
-            return emit_collective("AllGather", tensor, attrs)
-
-        return nest.map_structure(gather, value)
+            attrs = {"axis": normalized, "group_size": self.num_replicas_in_sync, "group_key": f"{key}.{i}"}
+            gathered.append(emit_collective("AllGather", tensor, attrs))
+        return nest.unflatten(treedef, gathered)
 
     def merge_call(self, merge_fn: Callable[..., Any], args: tuple = (), kwargs: dict | None = None) -> Any:
         """Calls ``merge_fn(strategy, *args, **kwargs)`` in cross-replica context."""

@@ -121,6 +121,12 @@ class Strategy:
     def _parameter_devices(self) -> tuple[Device, ...]:
         return self._devices
 
+    def _variable_class(self) -> type:
+        """The class of variables created in this strategy's scope."""
+        from graphdist.distribute.variables import Variable
+
+        return Variable
+
     def _create_variable(self, variable: Any) -> None:
         """Hook called for every variable created while this strategy is current.
 
@@ -232,6 +238,8 @@ class Strategy:
         """Per-replica components; a plain value is the one component."""
         if isinstance(value, DistributedValues):
             return value.values
+        if hasattr(value, "_replica_components"):
+            return value._replica_components()
         return (value,)
 
     def _reduce_traced(self, op: ReduceOp, value: Any, axis: int | None) -> Any:
@@ -286,6 +294,8 @@ class Strategy:
         """The per-replica components of ``value`` as a tuple (``(value,)`` for a plain value)."""
         if isinstance(value, DistributedValues):
             return value.values
+        if hasattr(value, "_replica_components"):
+            return value._replica_components()
         leaves, treedef = nest.flatten(value, is_leaf=lambda v: isinstance(v, DistributedValues))
         if not any(isinstance(leaf, DistributedValues) for leaf in leaves):
             return (value,)

@@ -22,7 +22,7 @@ import numpy as np
 from graphdist.errors import InvalidArgumentError
 from graphdist.ir.graph import GRAPHDIST_DOMAIN
 
-__all__ = ["Variable", "read_variable", "is_variable"]
+__all__ = ["Variable", "MirroredVariable", "read_variable", "is_variable"]
 
 _ids = itertools.count()
 _ids_lock = threading.Lock()
@@ -66,6 +66,14 @@ class Variable:
 
     __array_priority__ = 1000
     _graphdist_variable = True  # lets traced tensors defer numpy dispatch to the variable
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Variable:
+        if cls is Variable:
+            # The current strategy decides the kind (MirroredVariable under MirroredStrategy).
+            from graphdist.distribute.strategy import get_strategy
+
+            cls = get_strategy()._variable_class()
+        return super().__new__(cls)
 
     def __init__(self, initial_value: Any, name: str | None = None, trainable: bool = True,
                  dtype: Any = None) -> None:
@@ -198,6 +206,61 @@ class Variable:
 
     def __len__(self) -> int:
         return len(self._value)
+
+
+class _ReplicaCopy:
+    """One replica's view of a mirrored variable (for reprs and local results)."""
+
+    def __init__(self, variable: Variable, replica: int) -> None:
+        self._variable = variable
+        self._replica = replica
+
+    @property
+    def name(self) -> str:
+        base = self._variable._name
+        return f"{base}:0" if self._replica == 0 else f"{base}/replica_{self._replica}:0"
+
+    @property
+    def device(self) -> str | None:
+        devices = getattr(self._variable._strategy, "extended", None)
+        return devices.worker_devices[self._replica] if devices is not None else None
+
+    def numpy(self) -> np.ndarray:
+        return self._variable.numpy()
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        return np.asarray(self._variable.numpy(), dtype=dtype)
+
+    def __eq__(self, other: Any) -> Any:
+        return np.asarray(self) == other
+
+    def __repr__(self) -> str:
+        v = self._variable
+        value = str(v._value[()]) if v.ndim == 0 else np.array2string(v._value, separator=", ")
+        return f"<gd.Variable '{self.name}' shape={v.shape} dtype={v.dtype.name}, numpy={value}>"
+
+
+class MirroredVariable(Variable):
+    """A variable with a copy on every replica's device (``MirroredStrategy``).
+
+    In one process the copies share one buffer: every replica applies the same
+    all-reduced update, so they stay equal by construction. ``values`` lists
+    the per-replica copies; reading and assigning work inside and outside the
+    strategy's scope.
+    """
+
+    def _replica_components(self) -> tuple[_ReplicaCopy, ...]:
+        count = self._strategy.num_replicas_in_sync if self._strategy is not None else 1
+        return tuple(_ReplicaCopy(self, r) for r in range(count))
+
+    @property
+    def values(self) -> tuple[_ReplicaCopy, ...]:
+        """The per-replica copies."""
+        return self._replica_components()
+
+    def __repr__(self) -> str:
+        body = ",\n".join(f"  {i}: {c!r}" for i, c in enumerate(self._replica_components()))
+        return f"MirroredVariable:{{\n{body}\n}}"
 
 
 def _binary(ufunc: np.ufunc, reverse: bool = False) -> Any:

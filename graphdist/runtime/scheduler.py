@@ -108,12 +108,15 @@ class Scheduler:
             return [by_id[k] for k, deps in remaining.items() if not deps]
 
         while remaining or running:
-            for task in ready():
-                del remaining[id(task)]
-                if task.kind == "comm":
-                    self._finish(task, self._run_comm(self._plan.comms[task.index], env), env, done, remaining)
-                else:
-                    running[pool.submit(self._run_segment, task.index, env)] = task
+            launch = ready()
+            while launch:  # communication finishes inline and may make more tasks ready
+                for task in launch:
+                    del remaining[id(task)]
+                    if task.kind == "comm":
+                        self._finish(task, self._run_comm(self._plan.comms[task.index], env), env, done, remaining)
+                    else:
+                        running[pool.submit(self._run_segment, task.index, env)] = task
+                launch = ready()
             if not running:
                 if remaining:
                     stuck = ", ".join(by_id[k].name for k in remaining)
