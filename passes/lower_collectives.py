@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from graphdist.errors import GraphError
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node
 from passes.base import PassBase, PassContext, PassResult
 
@@ -49,9 +50,24 @@ class LowerCollectivesPass(PassBase):
             attrs["root"] = ctx.devices.index(device) if device in ctx.devices else 0
         return attrs
 
+    @staticmethod
+    def _check_groups(nodes: list[Node]) -> None:
+        groups: dict[str, list[Node]] = {}
+        for node in nodes:
+            groups.setdefault(node.attrs.get("group_key", node.name), []).append(node)
+        for key, members in groups.items():
+            types = {(m.inputs[0].dtype.name, m.inputs[0].shape) for m in members}
+            if len(types) > 1 and members[0].op_type == "AllReduce":
+                listing = ", ".join(f"replica {m.meta.get('replica', '?')}: {m.inputs[0].type_str()}" for m in members)
+                raise GraphError(
+                    f"all-reduce {key} gets values of different shapes or dtypes ({listing}); per-replica values "
+                    "reduced together must match (pad or slice them to one shape first)"
+                )
+
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
         modified = False
         wanted = self._attrs_for(ctx)
+        self._check_groups(_collectives(graph))
         for node in _collectives(graph):
             if int(node.attrs.get("group_size", 1)) == 1:
                 graph.replace_all_uses_with(node.outputs[0], node.inputs[0])

@@ -216,7 +216,16 @@ class Strategy:
             replica_ctx = ReplicaContext(self, replica, group_keys)
             with ctx.region(context="replica", replica=replica), context.replica_scope(replica_ctx):
                 results.append(call_user_function(fn, replica_args, replica_kwargs))
-        return results[0] if count == 1 else nest.map_structure(lambda *vs: PerReplica(vs), *results)
+        if count == 1:
+            return results[0]
+        try:
+            return nest.map_structure(lambda *vs: PerReplica(vs), *results)
+        except ValueError:
+            kinds = ", ".join(f"replica {i}: {type(r).__name__}" for i, r in enumerate(results))
+            raise InvalidArgumentError(
+                f"{getattr(fn, '__name__', 'fn')} returned different structures on different replicas ({kinds}); "
+                "every replica must return the same nest of values"
+            ) from None
 
     # ------------------------------------------------------------- reduce
     def reduce(self, reduce_op: Any, value: Any, axis: int | None = None) -> Any:

@@ -177,5 +177,8 @@ def test_bad_input() -> None:
     with pytest.raises(gd.InvalidArgumentError, match="2 replicas"):
         strategy.run(lambda v: v, args=(gd.PerReplica((np.ones(2),) * 3),))
     mismatched = gd.PerReplica((np.ones(2, np.float32), np.ones(3, np.float32)))
-    with pytest.raises(gd.GraphdistError, match="shape"):
+    with pytest.raises(gd.GraphError, match=r"different shapes or dtypes \(replica 0: float32\[2\], replica 1"):
         strategy.run(lambda v: gd.get_replica_context().all_reduce("sum", v), args=(mismatched,))
+    structures = gd.PerReplica((np.ones(2, np.float32), (np.ones(2, np.float32),)))
+    with pytest.raises(gd.InvalidArgumentError, match="different structures"):
+        strategy.run(lambda v: v, args=(structures,))
