@@ -24,7 +24,6 @@ import io
 import json
 import logging
 import os
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ import numpy as np
 
 from graphdist.distribute.variables import Variable
 from graphdist.errors import CheckpointError
+from graphdist.fsutil import atomic_write_bytes
 
 __all__ = ["Checkpoint", "FORMAT_VERSION"]
 
@@ -115,7 +115,7 @@ class Checkpoint:
                 entry = io.BytesIO()
                 np.save(entry, array, allow_pickle=False)
                 archive.writestr(entries[key], entry.getvalue())
-        _atomic_write(path, buffer.getvalue())
+        atomic_write_bytes(path, buffer.getvalue())
         logger.info("saved %d variables to %s", len(arrays), path)
         return str(path)
 
@@ -151,21 +151,6 @@ class Checkpoint:
                      if k.startswith(prefix + "/") and k not in variables}
             trackable._restore_pending(extra)
         return self
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    directory = path.parent if str(path.parent) else Path(".")
-    directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _read_checkpoint(path: Path) -> dict[str, np.ndarray]:

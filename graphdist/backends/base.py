@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import tempfile
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -31,6 +30,7 @@ import numpy as np
 
 from graphdist import stats
 from graphdist.errors import PlanError
+from graphdist.fsutil import atomic_write_bytes
 
 if TYPE_CHECKING:
     import onnx
@@ -214,26 +214,6 @@ def prepare_model(model: onnx.ModelProto) -> onnx.ModelProto:
     copy.CopyFrom(model)
     copy.ir_version = MAX_IR_VERSION
     return copy
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Writes ``data`` to ``path`` atomically.
-
-    The bytes go to a temporary file in the same directory, are flushed to
-    disk and then renamed over ``path``, so readers see either the old file,
-    no file, or the complete new one.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class CompileCache:
