@@ -11,6 +11,7 @@ compiled through ONNX (ONNX Runtime, onnx.reference; TVM to come).
 from graphdist import config, data, nest, optimizers, stats, train
 from graphdist.compile import ConcreteFunction, Function, Plan, function
 from graphdist.distribute import (
+    CentralStorageStrategy,
     CrossDeviceOps,
     DistributedValues,
     HierarchicalCopyAllReduce,
@@ -81,6 +82,7 @@ __all__ = [
     "StrategyExtended",
     "OneDeviceStrategy",
     "MirroredStrategy",
+    "CentralStorageStrategy",
     "CrossDeviceOps",
     "NcclAllReduce",
     "HierarchicalCopyAllReduce",

@@ -1,5 +1,6 @@
 """Distribution strategies, distributed values and replica contexts."""
 
+from graphdist.distribute.central_storage import CentralStorageStrategy
 from graphdist.distribute.cross_device_ops import (
     CrossDeviceOps,
     HierarchicalCopyAllReduce,
@@ -24,6 +25,7 @@ __all__ = [
     "StrategyExtended",
     "OneDeviceStrategy",
     "MirroredStrategy",
+    "CentralStorageStrategy",
     "CrossDeviceOps",
     "NcclAllReduce",
     "HierarchicalCopyAllReduce",

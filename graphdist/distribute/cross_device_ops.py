@@ -7,6 +7,10 @@ writes into the collective nodes and the local communicator executes:
   all-reduce (reduce-scatter + all-gather over chunks).
 * :class:`HierarchicalCopyAllReduce`: pairwise tree reduction, then copies.
 * :class:`ReductionToOneDevice`: reduce everything on one device, then broadcast.
+
+``num_packs`` / ``bytes_per_pack`` ask for bucketing: the pipeline then runs
+:class:`passes.bucket_collectives.BucketCollectivesPass`, which fuses small
+all-reduces into packs (see :meth:`CrossDeviceOps.bucketing`).
 """
 
 from __future__ import annotations
@@ -21,24 +25,64 @@ __all__ = ["CrossDeviceOps", "NcclAllReduce", "HierarchicalCopyAllReduce", "Redu
 class CrossDeviceOps:
     """Base class of cross-device reduction algorithms.
 
+    Args:
+        num_packs: Fuse the gradients' all-reduces into this many packs of
+            roughly equal size (bucketing); ``0`` or ``None`` (the default):
+            one all-reduce per gradient.
+        bytes_per_pack: Fuse the all-reduces into packs of at most this many
+            bytes each, like ``tf.distribute.experimental.CommunicationOptions(
+            bytes_per_pack=...)``; ``0`` or ``None``: no bucketing. Give at most
+            one of the two.
+
+    Packs are filled in the order the gradients become ready in the backward
+    pass (see :mod:`passes.bucket_collectives`). Unlike tf.distribute, whose
+    ``NcclAllReduce()`` packs everything into one pack by default, the
+    default here is no bucketing.
+
     Attributes:
         algorithm: Name the communicator executes.
-        num_packs: How many packs gradients are fused into (bucketing).
+        num_packs: Requested number of packs (``None``: not set).
+        bytes_per_pack: Requested pack size in bytes (``None``: not set).
+
+    Raises:
+        InvalidArgumentError: A setting is not a non-negative int, or both
+            are positive.
     """
 
     algorithm = "ring"
 
-    def __init__(self, num_packs: int = 1) -> None:
-        if not isinstance(num_packs, int) or num_packs < 0:
-            raise InvalidArgumentError(f"num_packs must be a non-negative int, got {num_packs!r}")
+    def __init__(self, num_packs: int | None = None, bytes_per_pack: int | None = None) -> None:
+        for label, setting in (("num_packs", num_packs), ("bytes_per_pack", bytes_per_pack)):
+            if setting is not None and (isinstance(setting, bool) or not isinstance(setting, int) or setting < 0):
+                raise InvalidArgumentError(f"{label} must be a non-negative int (0 turns bucketing off), "
+                                           f"got {setting!r}")
+        if num_packs and bytes_per_pack:
+            raise InvalidArgumentError(f"give num_packs ({num_packs}) or bytes_per_pack ({bytes_per_pack}), not "
+                                       "both: num_packs makes that many packs, bytes_per_pack caps each pack's size")
         self.num_packs = num_packs
+        self.bytes_per_pack = bytes_per_pack
 
     def collective_attrs(self) -> dict[str, Any]:
         """Attributes written into each lowered collective node."""
         return {"algorithm": self.algorithm}
 
+    def bucketing(self) -> dict[str, int] | None:
+        """Arguments of :class:`passes.bucket_collectives.BucketCollectivesPass`, or ``None`` (no bucketing)."""
+        if self.num_packs == 0 or self.bytes_per_pack == 0:
+            return None
+        if self.bytes_per_pack:
+            return {"bytes_per_pack": self.bytes_per_pack}
+        if self.num_packs:
+            return {"num_packs": self.num_packs}
+        return None
+
+    def _settings(self) -> str:
+        return ", ".join(f"{name}={value}" for name, value in (("num_packs", self.num_packs),
+                                                               ("bytes_per_pack", self.bytes_per_pack))
+                         if value is not None)
+
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(num_packs={self.num_packs})"
+        return f"{type(self).__name__}({self._settings()})"
 
 
 class NcclAllReduce(CrossDeviceOps):
@@ -59,7 +103,7 @@ class ReductionToOneDevice(CrossDeviceOps):
     algorithm = "reduce_to_one"
 
     def __init__(self, reduce_to_device: str | None = None, accumulation_fn: Any = None) -> None:
-        super().__init__(num_packs=1)
+        super().__init__()
         if reduce_to_device is not None:
             from graphdist.runtime.devices import parse_device
 

@@ -7,9 +7,12 @@ from typing import Any
 __all__ = ["sync_pipeline"]
 
 
-def sync_pipeline(cross_device_ops: Any = None) -> list[Any]:
+def sync_pipeline(cross_device_ops: Any = None, parameter_device: Any = None) -> list[Any]:
     """Autodiff, variable updates, replica ids, collectives (with the strategy's
     all-reduce algorithm), dead-code elimination and device placement.
+
+    With ``parameter_device`` (central storage) variable reads and the update
+    computation are placed on that device before the collectives are lowered.
     """
     from passes.assign_devices import AssignDevicesPass
     from passes.autodiff import AutodiffPass
@@ -19,5 +22,16 @@ def sync_pipeline(cross_device_ops: Any = None) -> list[Any]:
     from passes.materialize_replica_ids import MaterializeReplicaIdsPass
 
     collective_attrs = cross_device_ops.collective_attrs() if cross_device_ops is not None else None
-    return [AutodiffPass(), LowerVariableUpdatesPass(), MaterializeReplicaIdsPass(),
-            LowerCollectivesPass(collective_attrs), EliminateDeadNodesPass(), AssignDevicesPass()]
+    placement = []
+    if parameter_device is not None:
+        from passes.place_variables import PlaceVariablesPass
+
+        placement = [PlaceVariablesPass(parameter_device)]
+    bucketing = []
+    options = getattr(cross_device_ops, "bucketing", lambda: None)()
+    if options:  # fuse small all-reduces into packs (after lowering: needs groups with algorithms)
+        from passes.bucket_collectives import BucketCollectivesPass
+
+        bucketing = [BucketCollectivesPass(**options)]
+    return [AutodiffPass(), LowerVariableUpdatesPass(), MaterializeReplicaIdsPass(), *placement,
+            LowerCollectivesPass(collective_attrs), *bucketing, EliminateDeadNodesPass(), AssignDevicesPass()]

@@ -1,0 +1,330 @@
+"""BucketCollectivesPass: fuse small all-reduces into packs (gradient bucketing).
+
+Invariant established: the multi-participant ``graphdist.AllReduce`` groups
+that the packing rule below puts together are each replaced by one packed
+group. On every participant the pack is, in ONNX ops placed on that
+participant's device and replica::
+
+    Reshape(g_i, [-1]) ... -> Concat(axis=0) -> AllReduce (group_key "bucketN")
+        -> Split(axis=0, sizes) -> Reshape(piece_i, shape(g_i)) ...
+
+and every reader of a member's result reads its slice of the packed result
+(rewired with ``Graph.replace_all_uses_with``). Sum, mean, max and min are
+elementwise, so reducing the packed buffer equals reducing each member. Every
+group the pass considered carries ``meta["bucket"]`` (its pack's key, or its
+own group key when it stayed alone), so a second run changes nothing.
+
+Which groups may share a pack (one *class*): same attributes apart from the
+group key (``reduce_op``, ``group_size``, ``algorithm``, ``root``), same
+dtype, same participants (device and replica of each member) and the same
+*input phase*: the number of communication steps on the longest path to the
+members' inputs, i.e. the phase PartitionPass gives them. Packing within one
+phase leaves every other node's phase unchanged and cannot create a cycle:
+a group whose input depends on another group's result has a strictly larger
+input phase, so the two never share a pack.
+
+Packing rule (per class): groups are ordered by when their input becomes
+ready in the step, i.e. the graph position of the node producing the member
+inputs (reverse-mode autodiff emits the last layer's gradients first, so
+this is roughly reverse variable order), and cut into *contiguous* runs of
+that order:
+
+* ``bytes_per_pack=B``: greedily, a pack takes the next group while its
+  size stays within ``B`` bytes (a group larger than ``B`` stays alone);
+* ``num_packs=K``: ``K`` runs of roughly equal bytes (a group goes to run
+  ``floor(K * midpoint / total)``, where midpoint is the middle of its byte
+  range in the concatenation); fewer when there are fewer groups.
+
+A pack's Concat waits for all of its members, so contiguous runs in
+readiness order mean pack ``k`` waits only for the gradients up to its own
+last member, never for the end of the backward pass: the first pack holds the
+gradients produced first and can be reduced while earlier layers' backward
+ops still run, wherever the partition and the communicator overlap them.
+(Packing in variable order instead would put the first layer's gradient,
+produced last, into the first pack and make every pack wait for the whole
+backward pass.) With PartitionPass's ``(device, phase)`` segments a device's
+backward pass of one phase is one segment, so today all packs of a phase
+become ready together and the order decides which one the communication
+lane reduces first; the packs appear in the graph, and hence in the plan's
+communication tasks, in readiness order.
+
+Cases:
+* bucketing off (``num_packs=0`` or ``bytes_per_pack=0``): unchanged;
+* group of one participant, not lowered yet (no ``algorithm``), with a
+  symbolic or empty shape, with members of different shapes, or reading a
+  value placed on another device than the member: left alone (not marked);
+* class of one group, or a pack of one group: left alone (marked);
+* groups marked by an earlier run (``meta["bucket"]``): skipped, so the pass
+  is idempotent; ``modified`` is true only when a pack was built;
+* members of 1-D shape: no Reshape on either side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from graphdist.errors import InvalidArgumentError
+from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
+from passes.base import PassBase, PassContext, PassResult
+from passes.partition import is_communication
+
+__all__ = ["BucketCollectivesPass", "pack_groups"]
+
+#: Meta key marking the AllReduce nodes the pass has decided on.
+BUCKET = "bucket"
+
+
+def pack_groups(sizes: list[int], *, num_packs: int | None = None,
+                bytes_per_pack: int | None = None) -> list[list[int]]:
+    """Cuts groups, given in readiness order by byte size, into contiguous packs.
+
+    Args:
+        sizes: Bytes of each group (one participant's buffer), in order.
+        num_packs: Make this many packs of roughly equal bytes (fewer when
+            there are fewer groups).
+        bytes_per_pack: Make packs of at most this many bytes (a larger group
+            forms a pack of its own). Takes precedence over ``num_packs``.
+
+    Returns:
+        Indices into ``sizes``, one list per pack, in order; every index once.
+    """
+    if not sizes:
+        return []
+    packs: list[list[int]] = []
+    if bytes_per_pack:
+        total = 0
+        for index, size in enumerate(sizes):
+            if packs and packs[-1] and total + size <= bytes_per_pack:
+                packs[-1].append(index)
+                total += size
+            else:
+                packs.append([index])
+                total = size
+        return packs
+    count = min(int(num_packs or 1), len(sizes))
+    overall = float(sum(sizes)) or 1.0
+    start = 0.0
+    last = -1
+    for index, size in enumerate(sizes):
+        slot = min(count - 1, int(count * (start + size / 2.0) / overall))
+        start += size
+        if slot != last:
+            packs.append([])
+            last = slot
+        packs[-1].append(index)
+    return packs
+
+
+@dataclass
+class _Group:
+    """One AllReduce group the pass may pack."""
+
+    key: str
+    members: list[Node]  # one per participant, by replica
+    nbytes: int
+    ready: int  # graph position of the latest producer of a member input (-1: graph inputs only)
+    first: int  # graph position of the first member
+    klass: tuple  # attributes, dtype, participants, input phase: groups of one class may share a pack
+
+
+def _replica_of(node: Node) -> int | None:
+    return node.replica if node.replica is not None else node.meta.get("replica")
+
+
+def _available_phases(graph: Graph) -> dict[int, int]:
+    """For each node, the phase at which its outputs are available (comm nodes add one)."""
+    phase: dict[int, int] = {}
+    for node in graph.nodes:
+        best = 0
+        for value in node.inputs:
+            if value is not None and value.producer is not None:
+                best = max(best, phase[id(value.producer)])
+        phase[id(node)] = best + (1 if is_communication(node) else 0)
+    return phase
+
+
+def _device_of(node: Node, devices: tuple[str, ...]) -> str | None:
+    """The node's device, or the one AssignDevicesPass will give it."""
+    if node.device is not None:
+        return node.device
+    replica = _replica_of(node)
+    return devices[replica] if replica is not None and replica < len(devices) else None
+
+
+def _candidates(graph: Graph, devices: tuple[str, ...]) -> list[_Group]:
+    """Lowered multi-participant AllReduce groups not decided on before, in graph order."""
+    position = {id(n): i for i, n in enumerate(graph.nodes)}
+    phases = _available_phases(graph)
+    by_key: dict[str, list[Node]] = {}
+    for node in graph.nodes:
+        if node.domain == GRAPHDIST_DOMAIN and node.op_type == "AllReduce":
+            by_key.setdefault(node.attrs.get("group_key") or node.name, []).append(node)
+    groups = []
+    for key, nodes in by_key.items():
+        if any(BUCKET in n.meta for n in nodes) or "algorithm" not in nodes[0].attrs:
+            continue
+        replicas = [_replica_of(n) for n in nodes]
+        if len(nodes) < 2 or None in replicas or len(set(replicas)) != len(nodes):
+            continue
+        if int(nodes[0].attrs.get("group_size", 1)) != len(nodes):
+            continue
+        members = sorted(nodes, key=_replica_of)
+        values = [n.inputs[0] for n in members]
+        first = values[0]
+        if (not first.is_static or not first.nbytes or any(v.shape != first.shape or v.dtype != first.dtype
+                                                           for v in values)):
+            continue
+        if any(v.producer is not None and v.producer.device is not None
+               and v.producer.device != _device_of(n, devices) for v, n in zip(values, members)):
+            continue  # the Concat would need a transfer first: keep reading across devices directly
+        attrs = tuple(sorted((k, repr(v)) for k, v in members[0].attrs.items() if k != "group_key"))
+        if any(tuple(sorted((k, repr(v)) for k, v in n.attrs.items() if k != "group_key")) != attrs
+               for n in members):
+            continue
+        participants = tuple((n.device, _replica_of(n)) for n in members)
+        input_phase = max(phases[id(v.producer)] if v.producer is not None else 0 for v in values)
+        ready = max(position[id(v.producer)] if v.producer is not None else -1 for v in values)
+        groups.append(_Group(key, members, int(first.nbytes), ready, position[id(members[0])],
+                             (attrs, first.dtype.str, participants, input_phase)))
+    return groups
+
+
+def _placed_like(node: Node, template: Node, key: str) -> None:
+    """Puts ``node`` on the template member's device and replica."""
+    node.device, node.replica = template.device, template.replica
+    for name in ("context", "replica"):
+        if name in template.meta:
+            node.meta[name] = template.meta[name]
+    node.meta[BUCKET] = key
+
+
+class BucketCollectivesPass(PassBase):
+    """Fuses compatible AllReduce groups into packs, in the order their inputs become ready.
+
+    Args:
+        num_packs: Pack each class of compatible groups into this many packs
+            of roughly equal size; ``0`` turns bucketing off.
+        bytes_per_pack: Pack groups into packs of at most this many bytes
+            (per participant); ``0`` turns bucketing off. Give one of the two.
+
+    Raises:
+        InvalidArgumentError: A negative or non-integer setting, both set to
+            positive values, or neither given.
+    """
+
+    def __init__(self, num_packs: int | None = None, bytes_per_pack: int | None = None) -> None:
+        for label, setting in (("num_packs", num_packs), ("bytes_per_pack", bytes_per_pack)):
+            if setting is not None and (isinstance(setting, bool) or not isinstance(setting, (int, np.integer))
+                                        or setting < 0):
+                raise InvalidArgumentError(f"BucketCollectivesPass: {label} must be a non-negative int, "
+                                           f"got {setting!r}")
+        if num_packs is None and bytes_per_pack is None:
+            raise InvalidArgumentError("BucketCollectivesPass needs num_packs or bytes_per_pack")
+        if num_packs and bytes_per_pack:
+            raise InvalidArgumentError(f"BucketCollectivesPass: give num_packs ({num_packs}) or bytes_per_pack "
+                                       f"({bytes_per_pack}), not both")
+        self.num_packs = None if num_packs is None else int(num_packs)
+        self.bytes_per_pack = None if bytes_per_pack is None else int(bytes_per_pack)
+
+    @property
+    def enabled(self) -> bool:
+        """False when a setting is 0 (bucketing off)."""
+        return self.num_packs != 0 and self.bytes_per_pack != 0
+
+    def __repr__(self) -> str:
+        setting = f"bytes_per_pack={self.bytes_per_pack}" if self.bytes_per_pack is not None \
+            else f"num_packs={self.num_packs}"
+        return f"{self.name}({setting})"
+
+    # ------------------------------------------------------------ analysis
+    def _packs(self, groups: list[_Group]) -> tuple[list[list[_Group]], list[_Group]]:
+        """Packs of two or more groups (in readiness order) and the groups left alone."""
+        classes: dict[tuple, list[_Group]] = {}
+        for group in groups:
+            classes.setdefault(group.klass, []).append(group)
+        packs, alone = [], []
+        for members in classes.values():
+            members.sort(key=lambda g: (g.ready, g.first))
+            for indices in pack_groups([g.nbytes for g in members], num_packs=self.num_packs,
+                                       bytes_per_pack=self.bytes_per_pack):
+                chosen = [members[i] for i in indices]
+                (packs if len(chosen) > 1 else alone).append(chosen)
+        packs.sort(key=lambda p: (max(g.ready for g in p), p[0].first))
+        return packs, [g for single in alone for g in single]
+
+    # ------------------------------------------------------------- rewrite
+    def call(self, graph: Graph, ctx: PassContext) -> PassResult:
+        if not self.enabled:
+            return PassResult(graph, False)
+        packs, alone = self._packs(_candidates(graph, tuple(ctx.devices)))
+        for group in alone:
+            for node in group.members:
+                node.meta[BUCKET] = group.key
+        if not packs:
+            return PassResult(graph, False)
+        position = {id(n): i for i, n in enumerate(graph.nodes)}
+        placement: dict[int, tuple] = {}  # new node -> sort key next to its anchor
+        taken = {n.attrs.get("group_key") for n in graph.nodes if n.domain == GRAPHDIST_DOMAIN}
+        shapes: dict[tuple, Value] = {(-1,): graph.add_initializer("bucket_flat_shape", np.array([-1], np.int64))}
+        counter = 0
+        for pack in packs:
+            while f"bucket{counter}" in taken:
+                counter += 1
+            key = f"bucket{counter}"
+            taken.add(key)
+            sizes = graph.add_initializer(f"{key}_sizes", np.array(
+                [int(np.prod(g.members[0].inputs[0].shape, dtype=np.int64)) for g in pack], np.int64))
+            for participant in range(len(pack[0].members)):
+                members = [g.members[participant] for g in pack]
+                created = self._build(graph, members, key, [g.key for g in pack], shapes, sizes)
+                producers = [position[id(m.inputs[0].producer)] for m in members if m.inputs[0].producer is not None]
+                anchor = (max(producers), 1) if producers else (min(position[id(m)] for m in members), -1)
+                for node in created:
+                    placement[id(node)] = (*anchor, len(placement))
+                for member in members:
+                    graph.remove_node(member)
+        order = {id(n): (position[id(n)], 0, 0) for n in graph.nodes if id(n) in position}
+        order.update(placement)
+        graph.nodes.sort(key=lambda n: order[id(n)])
+        graph.topological_sort()  # readers of a member that preceded the pack's anchor move after it
+        return PassResult(graph, True)
+
+    @staticmethod
+    def _build(graph: Graph, members: list[Node], key: str, member_keys: list[str], shapes: dict[tuple, Value],
+               sizes: Value) -> list[Node]:
+        """One participant's Reshape/Concat/AllReduce/Split/Reshape chain; rewires the members' readers."""
+        template = members[0]
+        created: list[Node] = []
+
+        def add(op_type: str, inputs: list[Any], attrs: dict[str, Any] | None = None, **kwargs: Any) -> Node:
+            node = graph.add_node(op_type, inputs, attrs, **kwargs)
+            _placed_like(node, template, key)
+            created.append(node)
+            return node
+
+        def shape_of(dims: tuple) -> Value:
+            if dims not in shapes:
+                shapes[dims] = graph.add_initializer("bucket_shape", np.array(dims, np.int64).reshape(-1))
+            return shapes[dims]
+
+        pieces = []
+        for member in members:
+            value = member.inputs[0]
+            pieces.append(value if value.rank == 1 else
+                          add("Reshape", [value, shape_of((-1,))], name=f"{key}_flatten").outputs[0])
+        packed = add("Concat", pieces, {"axis": 0}, name=f"{key}_concat").outputs[0]
+        attrs = dict(template.attrs)
+        attrs["group_key"] = key
+        reduce = add("AllReduce", [packed], attrs, domain=GRAPHDIST_DOMAIN, name=f"{key}_allreduce")
+        reduce.meta["side_effect"] = True  # every participant of a collective must run
+        reduce.meta["bucket_members"] = list(member_keys)
+        split = add("Split", [reduce.outputs[0], sizes], {"axis": 0}, num_outputs=len(members), name=f"{key}_split")
+        for member, piece in zip(members, split.outputs):
+            out = member.outputs[0]
+            if out.rank != 1:
+                piece = add("Reshape", [piece, shape_of(out.shape)], name=f"{key}_unflatten").outputs[0]
+            graph.replace_all_uses_with(out, piece)
+        return created
