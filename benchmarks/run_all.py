@@ -5,6 +5,11 @@
 Each module's ``run()`` is called, its table printed, and BENCHMARKS.md is
 rewritten with the machine description and one section per benchmark (in
 module name order).
+
+``train_step`` (``bench_train_step``) also times TensorFlow when its own
+environment exists (``python -m benchmarks.bench_train_step --setup-tf``
+creates ``.bench-venvs/tf``); without it that part is skipped and the
+section says so.
 """
 
 from __future__ import annotations

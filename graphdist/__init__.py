@@ -9,7 +9,7 @@ compiled through ONNX (ONNX Runtime, onnx.reference; TVM to come).
 """
 
 from graphdist import config, data, nest, optimizers, stats, train
-from graphdist.compile import ConcreteFunction, Function, Plan, function
+from graphdist.compile import ConcreteFunction, Function, LoadedPlan, Plan, function, load_plan
 from graphdist.distribute import (
     CentralStorageStrategy,
     CrossDeviceOps,
@@ -61,6 +61,8 @@ __all__ = [
     "Function",
     "ConcreteFunction",
     "Plan",
+    "LoadedPlan",
+    "load_plan",
     "trace",
     "Variable",
     "MirroredVariable",

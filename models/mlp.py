@@ -234,3 +234,34 @@ def reference_forward(x: np.ndarray) -> np.ndarray:
 def example_inputs(batch: int = 8, seed: int = 0) -> tuple[np.ndarray]:
     """Example inputs for :func:`forward`: a ``(batch, 64)`` float32 batch."""
     return default_model().example_inputs(batch=batch, seed=seed)
+
+
+def make_step(strategy: Any, batch: int = 16, seed: int = 0) -> tuple[Any, tuple[Any, ...]]:
+    """A whole distributed training step of a default-sized MLP under ``strategy`` (for tools).
+
+    ``graphdist inspect models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1``
+    (and ``graphdist export``) call it: the model and an SGD optimizer are
+    created in ``strategy.scope()``; the step runs :meth:`MLP.make_train_step`
+    on every replica and returns the loss summed over replicas (the mean over
+    the global batch).
+
+    Returns:
+        ``(step, example_args)``: the ``gd.function`` and one global batch
+        ``(x, labels)`` of ``batch`` rows, distributed across the replicas.
+    """
+    with strategy.scope():
+        model = MLP(DEFAULT_SIZES, seed=seed, trainable=True)
+        optimizer = gd.optimizers.SGD(0.1)
+    train_step = model.make_train_step(optimizer)
+
+    @gd.function(name="mlp_train_step")
+    def step(x: Any, labels: Any) -> Any:
+        return strategy.reduce("SUM", strategy.run(train_step, args=(x, labels)), axis=None)
+
+    (x,) = model.example_inputs(batch=batch, seed=seed)
+    labels = np.random.default_rng(seed).integers(0, DEFAULT_SIZES[-1], batch)
+    batches = strategy.experimental_distribute_dataset(gd.data.Dataset.from_tensors((x, labels)))
+    return step, tuple(next(iter(batches)))
+
+
+__all__ += ["make_step"]

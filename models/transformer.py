@@ -242,3 +242,32 @@ def example_data(n: int = 512, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 def example_inputs(batch: int = 8, seed: int = 0) -> tuple[np.ndarray]:
     """Example inputs for :func:`forward`: ``(batch, 8)`` int64 token ids."""
     return (TransformerBlock.example_data(n=batch, seed=seed)[0],)
+
+
+def make_step(strategy: Any, batch: int = 16, seed: int = 0) -> tuple[Any, tuple[Any, ...]]:
+    """A whole distributed training step of a default :class:`TransformerBlock` under ``strategy`` (for tools).
+
+    ``graphdist inspect models.transformer:make_step --strategy mirrored --devices cpu:0,cpu:1``
+    calls it: model and Adam optimizer created in ``strategy.scope()``, the
+    replica step :meth:`TransformerBlock.make_train_step` on every replica,
+    the loss summed over replicas.
+
+    Returns:
+        ``(step, example_args)``: the ``gd.function`` and one global batch
+        ``(ids, labels)`` of ``batch`` sequences, distributed across the replicas.
+    """
+    with strategy.scope():
+        model = TransformerBlock(seed=seed)
+        optimizer = gd.optimizers.Adam(0.01)
+    train_step = model.make_train_step(optimizer)
+
+    @gd.function(name="transformer_train_step")
+    def step(x: Any, labels: Any) -> Any:
+        return strategy.reduce("SUM", strategy.run(train_step, args=(x, labels)), axis=None)
+
+    x, labels = TransformerBlock.example_data(n=batch, seed=seed)
+    batches = strategy.experimental_distribute_dataset(gd.data.Dataset.from_tensors((x, labels)))
+    return step, tuple(next(iter(batches)))
+
+
+__all__ += ["make_step"]

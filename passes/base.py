@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,8 +84,13 @@ class PassManager:
     def __init__(self, passes: list[PassBase]) -> None:
         self.passes = list(passes)
 
-    def run(self, graph: Graph, ctx: PassContext | None = None) -> PassResult:
-        """Runs every pass; returns the final graph and whether any pass changed it."""
+    def run(self, graph: Graph, ctx: PassContext | None = None,
+            on_pass: Callable[[PassBase, PassResult], None] | None = None) -> PassResult:
+        """Runs every pass; returns the final graph and whether any pass changed it.
+
+        ``on_pass(pass_, result)``, when given, is called after each pass (once
+        the graph is verified), e.g. to record what the pass changed.
+        """
         ctx = ctx or PassContext()
         modified = False
         self._dump(graph, ctx, 0, "traced")
@@ -95,6 +101,8 @@ class PassManager:
             if ctx.check:
                 verify(graph)
             self._dump(graph, ctx, index, pass_.name)
+            if on_pass is not None:
+                on_pass(pass_, result)
         return PassResult(graph, modified)
 
     @staticmethod

@@ -3,9 +3,16 @@
 Subcommands:
 
 * ``graphdist devices``: devices that can run now, host cores, backends.
-* ``graphdist inspect TARGET``: trace ``module:function`` (on the module's
-  example inputs) and print its graph at a stage, or print an ``.onnx`` file
-  as a graphdist graph; ``--format onnx -o PATH`` writes the graph as ONNX.
+* ``graphdist inspect TARGET``: trace and compile ``module:function`` (on
+  the module's example inputs), a ``make_step(strategy)`` factory, or an
+  ``.onnx`` file (as a data-parallel inference step), under ``--strategy``
+  and ``--devices``, and show a stage: a graph (``traced``, ``rewritten``,
+  ``partitioned``) as tables, DOT, SVG/PNG or ONNX, the ``plan`` (segments
+  per device, communication), or the ``diff`` of each pass.
+* ``graphdist export TARGET -o DIR``: write the compiled plan directory
+  (``ConcreteFunction.export``).
+* ``graphdist run DIR --inputs FILE.npz [--steps N]``: load a plan directory
+  (``gd.load_plan``) and run it.
 
 Run ``graphdist --help`` or ``graphdist COMMAND --help`` for details. Also
 runnable as ``python -m graphdist.cli.main``.
@@ -35,8 +42,9 @@ __all__ = ["main", "build_parser", "UsageError"]
 logger = logging.getLogger(__name__)
 
 PROG = "graphdist"
-STAGES = ("traced", "rewritten", "partitioned")
-FORMATS = ("text", "onnx")
+STAGES = ("traced", "rewritten", "partitioned", "plan", "diff")
+FORMATS = ("text", "dot", "svg", "png", "onnx")
+STRATEGIES = ("one_device", "mirrored", "central_storage", "default")
 BACKENDS = ("ort", "reference")
 
 EXIT_OK = 0
@@ -85,42 +93,55 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# ---------------------------------------------------------------- inspect
-def cmd_inspect(args: argparse.Namespace) -> int:
-    """Prints (or writes) the graph of a ``module:function`` or ``.onnx`` target."""
-    if args.format == "onnx" and not args.output:
-        raise UsageError("--format onnx writes a binary file: give its path with -o PATH, e.g. -o graph.onnx")
-    if _is_onnx_path(args.target):
-        if args.stage not in (None, "traced"):
-            raise UsageError(
-                f"--stage {args.stage} needs a module:function target; an .onnx file is imported as "
-                "stage 'traced' (drop --stage)"
-            )
-        graph = _load_onnx_graph(args.target)
-    elif ":" in args.target:
-        graph = _trace_target(args.target, args.stage or "traced", args.backend)
-    else:
-        raise UsageError(
-            f"TARGET {args.target!r} is neither 'module:function' (e.g. models.mlp:forward) nor a path "
-            "to an .onnx file; add ':function' after the module name"
-        )
-
-    if args.format == "onnx":
-        import onnx
-
-        model = graph.to_onnx()
-        _write(args.output, lambda path: onnx.save(model, path))
-        print(f"wrote {args.output} ({len(graph.nodes)} nodes, ONNX IR version {model.ir_version})")
-        return EXIT_OK
-    text = graph.summary()
-    if args.output:
-        _write(args.output, lambda path: Path(path).write_text(text + "\n"))
-        print(f"wrote {args.output}")
-    else:
-        print(text)
-    return EXIT_OK
+# ------------------------------------------------------------- strategies
+def _parse_devices(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    devices = [d.strip() for d in text.split(",") if d.strip()]
+    if not devices:
+        raise UsageError(f"--devices {text!r} names no device; give a comma-separated list such as cpu:0,cpu:1")
+    return devices
 
 
+def _normalise_strategy(name: str) -> str:
+    key = name.strip().lower().replace("-", "_")
+    key = key[: -len("strategy")] if key.endswith("strategy") else key
+    key = key.rstrip("_")
+    return {"onedevice": "one_device", "centralstorage": "central_storage"}.get(key, key)
+
+
+def _make_strategy(name: str | None, devices_text: str | None) -> Any:
+    """The strategy named on the command line (``None`` when neither --strategy nor --devices is given)."""
+    import graphdist as gd
+
+    devices = _parse_devices(devices_text)
+    if name is None:
+        if devices is None:
+            return None
+        name = "one_device" if len(devices) == 1 else "mirrored"
+    key = _normalise_strategy(name)
+    if key not in STRATEGIES:
+        later = {"multi_worker_mirrored", "parameter_server", "tpu"}
+        why = " (not available in this version yet)" if key in later else ""
+        raise UsageError(f"unknown strategy {name!r}{why}; choose one of {', '.join(STRATEGIES)}")
+    try:
+        if key == "one_device":
+            if devices is not None and len(devices) > 1:
+                raise UsageError(f"--strategy one_device runs on one device, got --devices {devices_text}; give one "
+                                 "device or use --strategy mirrored")
+            return gd.OneDeviceStrategy((devices or ["cpu:0"])[0])
+        if key == "mirrored":
+            return gd.MirroredStrategy(devices)
+        if key == "central_storage":
+            return gd.CentralStorageStrategy(compute_devices=devices)
+        if devices is not None:
+            raise UsageError("--strategy default runs on the default device; drop --devices")
+        return gd.get_strategy()
+    except gd.GraphdistError as err:
+        raise UsageError(f"cannot create {key} strategy on {devices_text or 'its default devices'}: {err}") from err
+
+
+# ----------------------------------------------------------------- targets
 def _is_onnx_path(target: str) -> bool:
     return target.lower().endswith(".onnx")
 
@@ -150,29 +171,139 @@ def _load_onnx_graph(path: str) -> Any:
             f"cannot read {path!r} as an ONNX model ({reason}); give a valid .onnx file "
             "(one that onnx.checker.check_model accepts)"
         ) from err
-    return from_onnx(model)
+    from graphdist.errors import GraphError
+
+    try:
+        return from_onnx(model)
+    except GraphError as err:
+        raise UsageError(f"cannot import {path!r}: {err}") from err
 
 
-def _trace_target(target: str, stage: str, backend: str | None) -> Any:
+class _Built:
+    """What a TARGET compiled to: its concrete function and a description."""
+
+    def __init__(self, concrete: Any, strategy: Any, example_args: tuple[Any, ...], what: str) -> None:
+        self.concrete, self.strategy, self.example_args, self.what = concrete, strategy, example_args, what
+
+
+def _build_target(args: argparse.Namespace) -> _Built:
+    """Traces and compiles TARGET (module:function, a make_step factory, or an .onnx file)."""
     import graphdist as gd
 
+    target = args.target
+    strategy = _make_strategy(args.strategy, args.devices)
+    if _is_onnx_path(target):
+        from graphdist.trace.inline import make_inference_step
+
+        graph = _load_onnx_graph(target)
+        strategy = strategy or gd.OneDeviceStrategy("cpu:0")
+        try:
+            step, example = make_inference_step(graph, strategy, args.batch, backend=args.backend)
+        except gd.InvalidArgumentError as err:
+            raise UsageError(str(err)) from err
+        return _Built(_concrete(step, example, target), strategy, example,
+                      f"data-parallel inference of {target} under {strategy!r}")
+    if ":" not in target:
+        raise UsageError(
+            f"TARGET {target!r} is neither 'module:function' (e.g. models.mlp:forward) nor a path "
+            "to an .onnx file; add ':function' after the module name"
+        )
     module_name, _, attr_path = target.rpartition(":")
     if not module_name or not attr_path:
         raise UsageError(f"TARGET {target!r} must be 'module:function', e.g. models.mlp:forward")
     module = _import_module(module_name)
     fn = _get_attribute(module, module_name, attr_path)
-    inputs = _example_inputs(module, module_name, fn, attr_path)
-    function = fn if isinstance(fn, gd.Function) else gd.function(fn, backend=backend, name=attr_path)
-    if backend is not None and isinstance(fn, gd.Function):
-        logger.warning("%s is already a gd.function; --backend %s is ignored", attr_path, backend)
-    logger.info("tracing %s on %d example input(s)", target, len(inputs))
+    if _is_factory(fn, attr_path):
+        strategy = strategy or gd.OneDeviceStrategy("cpu:0")
+        step, example = _call_factory(fn, target, strategy, args.batch)
+        if not isinstance(step, gd.Function):
+            step = gd.function(step, backend=args.backend, name=attr_path)
+        elif args.backend is not None:
+            logger.warning("%s returned a gd.function; --backend %s is ignored", target, args.backend)
+        return _Built(_concrete(step, example, target), strategy, example, f"{target} under {strategy!r}")
+    inputs = _example_inputs(module, module_name, fn, attr_path, args.batch)
+    if strategy is None:
+        function = fn if isinstance(fn, gd.Function) else gd.function(fn, backend=args.backend, name=attr_path)
+        if args.backend is not None and isinstance(fn, gd.Function):
+            logger.warning("%s is already a gd.function; --backend %s is ignored", attr_path, args.backend)
+        return _Built(_concrete(function, inputs, target), gd.get_strategy(), inputs, target)
+    step, example = _data_parallel_step(fn, strategy, inputs, args.backend, attr_path)
+    return _Built(_concrete(step, example, target), strategy, example, f"{target} in strategy.run under {strategy!r}")
+
+
+def _concrete(function: Any, example: tuple[Any, ...], target: str) -> Any:
+    import graphdist as gd
+
+    logger.info("tracing %s on %d example argument(s)", target, len(example))
     try:
-        concrete = function.get_concrete_function(*inputs)
+        return function.get_concrete_function(*example)
     except gd.GraphdistError:
         raise
     except Exception as err:
-        raise _TargetError(f"{attr_path} failed while tracing: {type(err).__name__}: {err}") from err
-    return concrete.graph(stage)
+        raise _TargetError(f"{target} failed while tracing: {type(err).__name__}: {err}") from err
+
+
+def _is_factory(fn: Any, attr_path: str) -> bool:
+    """``make_step*`` functions, or functions whose first parameter is ``strategy``."""
+    if attr_path.rpartition(".")[2].startswith("make_step"):
+        return True
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return False
+    return bool(params) and params[0] == "strategy"
+
+
+def _call_factory(fn: Any, target: str, strategy: Any, batch: int | None) -> tuple[Any, tuple[Any, ...]]:
+    kwargs = {}
+    if batch is not None:
+        try:
+            accepts = "batch" in inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            accepts = False
+        if not accepts:
+            raise UsageError(f"--batch: {target} takes no 'batch' argument; drop --batch")
+        kwargs["batch"] = batch
+    try:
+        result = fn(strategy, **kwargs)
+    except Exception as err:
+        raise _TargetError(f"{target}(strategy) failed: {type(err).__name__}: {err}") from err
+    if not (isinstance(result, tuple) and len(result) == 2 and callable(result[0])):
+        raise UsageError(f"{target}(strategy) must return (step_fn, example_args), got {type(result).__name__}; "
+                         "see 'graphdist inspect --help'")
+    step, example = result
+    if isinstance(example, list):
+        example = tuple(example)
+    if not isinstance(example, tuple):
+        example = (example,)
+    return step, example
+
+
+def _data_parallel_step(fn: Any, strategy: Any, inputs: tuple[Any, ...], backend: str | None,
+                        name: str) -> tuple[Any, tuple[Any, ...]]:
+    """``gd.function(lambda *a: strategy.run(fn, args=a))`` with the batch split across replicas.
+
+    Array inputs whose first dimension divides by the replica count are split
+    (per-replica values); other inputs are broadcast. The step returns
+    ``fn``'s per-replica results.
+    """
+    import numpy as np
+
+    import graphdist as gd
+
+    replicas = strategy.num_replicas_in_sync
+
+    def split(value: Any) -> Any:
+        if replicas > 1 and isinstance(value, np.ndarray) and value.ndim >= 1 and value.shape[0] >= replicas \
+                and value.shape[0] % replicas == 0:
+            share = value.shape[0] // replicas
+            return gd.PerReplica([value[r * share:(r + 1) * share] for r in range(replicas)])
+        return value
+
+    def step(*step_args: Any) -> Any:
+        return strategy.run(fn, args=step_args)
+
+    return gd.function(step, backend=backend, name=name.replace(".", "_")), tuple(split(v) for v in inputs)
 
 
 def _import_module(name: str) -> Any:
@@ -230,7 +361,8 @@ def _get_attribute(module: Any, module_name: str, attr_path: str) -> Any:
     return obj
 
 
-def _example_inputs(module: Any, module_name: str, fn: Any, attr_path: str) -> tuple[Any, ...]:
+def _example_inputs(module: Any, module_name: str, fn: Any, attr_path: str,
+                    batch: int | None = None) -> tuple[Any, ...]:
     """Example inputs from ``fn.example_inputs`` else the module's ``example_inputs()``."""
     candidates = [(f"{attr_path}.example_inputs", getattr(fn, "example_inputs", None)),
                   (f"{module_name}.example_inputs", getattr(module, "example_inputs", None))]
@@ -238,10 +370,21 @@ def _example_inputs(module: Any, module_name: str, fn: Any, attr_path: str) -> t
         if source is None:
             continue
         if callable(source):
+            kwargs = {}
+            if batch is not None:
+                try:
+                    accepts = "batch" in inspect.signature(source).parameters
+                except (TypeError, ValueError):
+                    accepts = False
+                if not accepts:
+                    raise UsageError(f"--batch: {where}() takes no 'batch' argument; drop --batch")
+                kwargs["batch"] = batch
             try:
-                source = source()
+                source = source(**kwargs)
             except Exception as err:
                 raise UsageError(f"{where}() failed: {type(err).__name__}: {err}") from err
+        elif batch is not None:
+            raise UsageError(f"--batch: {where} is a fixed value, not a function of the batch; drop --batch")
         if isinstance(source, list):
             source = tuple(source)
         if not isinstance(source, tuple):
@@ -251,8 +394,286 @@ def _example_inputs(module: Any, module_name: str, fn: Any, attr_path: str) -> t
     raise UsageError(
         f"no example inputs for {module_name}:{attr_path}: define example_inputs() in module {module_name!r} "
         f"returning a tuple of arrays (e.g. `return (np.zeros((8, 64), np.float32),)`), or set "
-        f"{attr_path}.example_inputs"
+        f"{attr_path}.example_inputs, or give a factory make_step(strategy) -> (step, example_args)"
     )
+
+
+# ---------------------------------------------------------------- inspect
+_SUFFIX_FORMATS = {".svg": "svg", ".png": "png", ".dot": "dot", ".gv": "dot", ".onnx": "onnx", ".txt": "text"}
+
+
+def _output_format(args: argparse.Namespace) -> str:
+    if args.format is not None:
+        return args.format
+    if args.output:
+        return _SUFFIX_FORMATS.get(Path(args.output).suffix.lower(), "text")
+    return "text"
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """Prints (or writes) a stage of a target's compilation."""
+    fmt = _output_format(args)
+    stage = args.stage or "traced"
+    if fmt in ("onnx", "svg", "png") and not args.output:
+        example = {"onnx": "graph.onnx", "svg": "graph.svg", "png": "graph.png"}[fmt]
+        raise UsageError(f"--format {fmt} writes a file: give its path with -o PATH, e.g. -o {example}")
+    if stage == "diff" and fmt != "text":
+        raise UsageError(f"--stage diff is a text report; drop --format {fmt}")
+    if stage == "plan" and fmt == "onnx":
+        raise UsageError("a plan is several ONNX models plus communication: write it with "
+                         "'graphdist export TARGET -o DIR' (or inspect --stage partitioned --format onnx)")
+    if fmt in ("svg", "png"):
+        from graphdist.ir.render import dot_executable
+
+        if dot_executable() is None:
+            from graphdist.ir.render import DOT_INSTALL_HINT
+
+            raise UsageError(f"--format {fmt} needs Graphviz's 'dot' program, which was not found: "
+                             f"{DOT_INSTALL_HINT} (or use --format dot)")
+    built = _build_target(args)
+    concrete = built.concrete
+
+    if stage == "diff":
+        from graphdist.compile.diff import strategy_pass_diffs
+
+        return _emit_text(args.output, strategy_pass_diffs(concrete).format())
+    subject = concrete.plan if stage == "plan" else concrete.graph(stage)
+    if fmt == "text":
+        return _emit_text(args.output, subject.summary())
+    if fmt == "dot":
+        return _emit_text(args.output, subject.to_dot().rstrip("\n"))
+    if fmt in ("svg", "png"):
+        subject.render(args.output)
+        print(f"wrote {args.output} ({fmt}, {_describe_subject(subject)})")
+        return EXIT_OK
+    import onnx
+
+    model = subject.to_onnx()
+    for key, value in (("graphdist.stage", stage), ("graphdist.target", args.target),
+                       ("graphdist.strategy", type(built.strategy).__name__)):
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, value
+    onnx.checker.check_model(model)
+    _write(args.output, lambda path: onnx.save(model, path))
+    domains = ", ".join(o.domain or "ai.onnx" for o in model.opset_import)
+    print(f"wrote {args.output} ({len(subject.nodes)} nodes, stage {stage}, ONNX IR version {model.ir_version}, "
+          f"opsets {domains})")
+    return EXIT_OK
+
+
+def _describe_subject(subject: Any) -> str:
+    if hasattr(subject, "segments"):
+        return f"plan with {len(subject.segments)} segment(s) and {len(subject.comms)} communication task(s)"
+    return f"{len(subject.nodes)} nodes, stage {subject.stage}"
+
+
+def _emit_text(output: str | None, text: str) -> int:
+    if output:
+        _write(output, lambda path: Path(path).write_text(text + "\n"))
+        print(f"wrote {output}")
+    else:
+        print(text)
+    return EXIT_OK
+
+
+# ----------------------------------------------------------------- export
+def cmd_export(args: argparse.Namespace) -> int:
+    """Compiles TARGET and writes its plan directory (``ConcreteFunction.export``)."""
+    import graphdist as gd
+
+    destination = Path(args.output)
+    if destination.exists() and not destination.is_dir():
+        raise UsageError(f"-o {args.output!r} is a file; give a directory path for the plan")
+    if destination.exists() and any(destination.iterdir()) and not args.overwrite:
+        raise UsageError(f"-o {args.output!r} already exists and is not empty; add --overwrite to replace it")
+    if not destination.parent.exists():
+        raise UsageError(f"cannot write {args.output!r}: directory {str(destination.parent)!r} does not exist")
+    built = _build_target(args)
+    concrete = built.concrete
+    try:
+        path = concrete.export(str(destination), overwrite=args.overwrite)
+    except gd.PlanError as err:
+        if destination.exists() and not args.overwrite:
+            raise UsageError(f"{err}; add --overwrite to replace it") from err
+        raise
+    plan = concrete.plan
+    print(f"exported {concrete.name} ({built.what}) to {args.output}")
+    logger.info("plan directory: %s", path)
+    print(f"  {len(plan.segments)} segment(s) on {', '.join(plan.devices)}, {len(plan.comms)} communication "
+          f"task(s), {len(concrete.variables)} variable(s), backend {plan.backend_name}")
+    if args.save_inputs:
+        arrays = _global_arrays(built.example_args)
+        import numpy as np
+
+        _write(args.save_inputs, lambda p: _save_npz(np, p, arrays))
+        print(f"  example inputs: {args.save_inputs} ({', '.join(f'{k}: {_type_of(a)}' for k, a in arrays.items())})")
+        print(f"run it with: graphdist run {args.output} --inputs {args.save_inputs}")
+    else:
+        print(f"run it with: graphdist run {args.output} --inputs FILE.npz (arrays arg0, arg1, ...; "
+              "--save-inputs writes an example)")
+    return EXIT_OK
+
+
+def _save_npz(np: Any, path: str, arrays: dict[str, Any]) -> None:
+    with open(path, "wb") as handle:
+        np.savez(handle, **arrays)
+
+
+def _type_of(array: Any) -> str:
+    return f"{array.dtype.name}[{','.join(str(d) for d in array.shape)}]"
+
+
+def _global_arrays(example_args: tuple[Any, ...]) -> dict[str, Any]:
+    """The example arguments as ``arg0, arg1, ...`` arrays (per-replica values joined into the global batch)."""
+    import numpy as np
+
+    import graphdist as gd
+    from graphdist import nest
+
+    leaves, _ = nest.flatten((tuple(example_args), {}), is_leaf=lambda v: isinstance(v, gd.DistributedValues))
+    arrays = {}
+    for leaf in leaves:
+        if isinstance(leaf, gd.DistributedValues):
+            arrays[f"arg{len(arrays)}"] = np.concatenate([np.asarray(v) for v in leaf.values], axis=0)
+        elif isinstance(leaf, (np.ndarray, np.generic)):
+            arrays[f"arg{len(arrays)}"] = np.asarray(leaf)
+    return arrays
+
+
+# -------------------------------------------------------------------- run
+def cmd_run(args: argparse.Namespace) -> int:
+    """Loads a plan directory and runs it on the arrays of an ``.npz`` file."""
+    import numpy as np
+
+    import graphdist as gd
+    from graphdist import nest
+
+    if args.steps < 1:
+        raise UsageError(f"--steps must be at least 1, got {args.steps}")
+    directory = Path(args.plan)
+    if not directory.is_dir():
+        raise UsageError(f"plan directory {args.plan!r} does not exist; write one with 'graphdist export TARGET "
+                         "-o DIR'")
+    arrays = _read_inputs(args.inputs)
+    try:
+        loaded = gd.load_plan(str(directory), backend=args.backend)
+    except gd.PlanError as err:
+        raise UsageError(f"cannot load plan {args.plan!r}: {err}") from err
+    call_args, call_kwargs = _plan_arguments(loaded, arrays, args.inputs)
+    print(f"plan {loaded.name!r} from {directory}: {len(loaded.plan.segments)} segment(s) on "
+          f"{', '.join(loaded.devices)}, backend {loaded.backend_name}")
+    result = None
+    for step in range(1, args.steps + 1):
+        try:
+            result = loaded(*call_args, **call_kwargs)
+        except gd.PlanError as err:
+            if step == 1:
+                raise UsageError(f"the inputs in {args.inputs!r} do not fit the plan: {err}") from err
+            raise
+        leaves, _ = nest.flatten(result, is_leaf=lambda v: isinstance(v, gd.DistributedValues))
+        flat = [(f"out{i}", leaf) for i, leaf in enumerate(leaves)]
+        print(f"step {step}: " + "; ".join(f"{name} = {_describe_value(value)}" for name, value in flat))
+    if args.output:
+        leaves, _ = nest.flatten(result, is_leaf=lambda v: isinstance(v, gd.DistributedValues))
+        out = {}
+        for index, leaf in enumerate(leaves):
+            if isinstance(leaf, gd.DistributedValues):
+                for replica, value in enumerate(leaf.values):
+                    out[f"out{index}_r{replica}"] = np.asarray(value)
+            else:
+                out[f"out{index}"] = np.asarray(leaf)
+        _write(args.output, lambda p: _save_npz(np, p, out))
+        print(f"wrote the last step's outputs to {args.output} ({', '.join(out)})")
+    if args.save:
+        loaded.save()
+        print(f"saved the updated variables into {directory}")
+    return EXIT_OK
+
+
+def _describe_value(value: Any) -> str:
+    import numpy as np
+
+    import graphdist as gd
+
+    if isinstance(value, gd.DistributedValues):
+        return "PerReplica(" + ", ".join(_describe_value(v) for v in value.values) + ")"
+    array = np.asarray(value)
+    if array.ndim == 0:
+        return f"{array.item():.6g}" if array.dtype.kind == "f" else str(array.item())
+    if array.size and array.dtype.kind in "fiu":
+        return (f"{_type_of(array)} (min {array.min():.4g}, mean {array.mean(dtype=np.float64):.4g}, "
+                f"max {array.max():.4g})")
+    return _type_of(array)
+
+
+def _read_inputs(path: str) -> dict[str, Any]:
+    import zipfile
+
+    import numpy as np
+
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(f"inputs file {path!r} does not exist; write one with numpy.savez(path, arg0=..., "
+                         "arg1=...) or 'graphdist export ... --save-inputs FILE.npz'")
+    try:
+        with np.load(str(file), allow_pickle=False) as data:
+            if not hasattr(data, "files"):
+                raise ValueError("it holds a single array, not an .npz archive")
+            return {name: data[name] for name in data.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
+        raise UsageError(f"cannot read {path!r} as an .npz file ({' '.join(str(err).split())}); write it with "
+                         "numpy.savez(path, arg0=..., arg1=...)") from err
+
+
+def _ordered_arrays(arrays: dict[str, Any]) -> list[tuple[str, Any]]:
+    """``arg0, arg1, ...`` (or numpy's ``arr_0, arr_1``) in index order, else the file's order."""
+    import re
+
+    numbered = {}
+    for name in arrays:
+        match = re.fullmatch(r"(?:arg|arr_)(\d+)", name)
+        if match is None:
+            return list(arrays.items())
+        numbered[int(match.group(1))] = name
+    return [(numbered[i], arrays[numbered[i]]) for i in sorted(numbered)]
+
+
+def _plan_arguments(loaded: Any, arrays: dict[str, Any], path: str) -> tuple[tuple, dict]:
+    """The call arguments of a loaded plan: its array arguments from ``arrays``, constants as recorded."""
+    from graphdist import nest
+    from graphdist.compile.export import decode_treedef
+
+    arguments = loaded.metadata["arguments"]
+    leaves_spec = arguments["leaves"]
+    expected = []
+    for spec in leaves_spec:
+        if spec["kind"] == "tensor":
+            info = loaded._inputs[spec["input"]]
+            expected.append(f"{info['dtype'].name}{list(info['shape'])}")
+        elif spec["kind"] == "per_replica":
+            shapes = [loaded._inputs[n]["shape"] for n in spec["inputs"]]
+            dtype = loaded._inputs[spec["inputs"][0]]["dtype"]
+            total = sum(int(s[0]) for s in shapes) if all(len(s) for s in shapes) else "?"
+            expected.append(f"{dtype.name}[{total}{''.join(f',{d}' for d in shapes[0][1:])}] (global batch, split "
+                            f"across {len(shapes)} replicas)")
+    given = _ordered_arrays(arrays)
+    if len(given) != len(expected):
+        listing = "; ".join(f"arg{i}: {e}" for i, e in enumerate(expected)) or "none"
+        raise UsageError(f"{path!r} holds {len(given)} array(s) ({', '.join(n for n, _ in given) or 'none'}) but the "
+                         f"plan takes {len(expected)}: {listing}")
+    feed = iter(value for _, value in given)
+    values = []
+    for index, spec in enumerate(leaves_spec):
+        kind = spec["kind"]
+        if kind in ("tensor", "per_replica"):
+            values.append(next(feed))
+        elif kind == "const":
+            values.append(spec["value"])
+        else:
+            raise UsageError(f"argument leaf {index} of plan {loaded.name!r} is a {kind} argument; 'graphdist run' "
+                             "feeds arrays only: call the plan from Python (gd.load_plan(directory)(...))")
+    args, kwargs = nest.unflatten(decode_treedef(arguments["structure"], "arguments.structure"), values)
+    return tuple(args), dict(kwargs)
 
 
 # ----------------------------------------------------------------- parser
@@ -260,9 +681,13 @@ _MAIN_EPILOG = """\
 examples:
   graphdist devices
   graphdist inspect models.mlp:forward
-  graphdist inspect models.mlp:forward --stage partitioned
+  graphdist inspect models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 --stage rewritten
+  graphdist inspect models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 --stage plan -o plan.svg
   graphdist inspect models.mlp:forward --format onnx -o mlp.onnx   # open in Netron
-  graphdist inspect mlp.onnx
+  graphdist inspect mlp.onnx --strategy mirrored --devices cpu:0,cpu:1 --stage plan
+  graphdist export models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 -o mlp_plan \\
+      --save-inputs mlp_inputs.npz
+  graphdist run mlp_plan --inputs mlp_inputs.npz --steps 3
 
 exit status: 0 ok, 1 graphdist failed, 2 usage error
 """
@@ -272,21 +697,81 @@ example:
   graphdist devices
 """
 
-_INSPECT_EPILOG = """\
-TARGET is module:function (example inputs come from function.example_inputs or
-the module's example_inputs(), a callable returning a tuple of arrays) or a
-path to an .onnx file (imported as stage 'traced').
+_TARGET_HELP = """\
+TARGET is one of:
+  module:function   a function and example inputs (function.example_inputs or the
+                    module's example_inputs(), a callable returning a tuple of arrays).
+                    Without --strategy it is traced as is; with --strategy it runs in
+                    strategy.run, its batch split across the replicas.
+  module:make_step  a factory make_step(strategy) -> (step, example_args) (any function
+                    named make_step* or whose first parameter is 'strategy'): step is a
+                    gd.function (e.g. strategy.run of a train step + strategy.reduce)
+                    and example_args its arguments; models.mlp/convnet/transformer have one.
+  path/model.onnx   a data-parallel inference step for the model: every input split
+                    along axis 0 across the replicas, outputs gathered back.
+
+--strategy: one_device (first of --devices, default cpu:0), mirrored, central_storage,
+default; factories and .onnx targets default to one_device on cpu:0. --devices: a
+comma-separated list (cpu:0,cpu:1).
+"""
+
+_INSPECT_EPILOG = _TARGET_HELP + """
+stages: traced, rewritten, partitioned (graphs), plan (segments per device and
+communication), diff (what each pass of the strategy's pipeline added, removed or changed).
+formats: text (tables), dot (Graphviz text), svg and png (need Graphviz's 'dot'), onnx
+(a graph stage; graphdist-domain nodes for collectives/placement). Without --format, the
+suffix of -o picks it (.svg, .png, .dot, .onnx).
 
 examples:
   graphdist inspect models.mlp:forward
   graphdist inspect models.mlp:forward --stage rewritten
   graphdist inspect models.mlp:forward --format onnx -o mlp.onnx
-  graphdist inspect mlp.onnx
+  graphdist inspect models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 --stage plan
+  graphdist inspect models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 --stage diff
+  graphdist inspect models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 --stage partitioned -o mlp.svg
+  graphdist inspect mlp.onnx --strategy mirrored --devices cpu:0,cpu:1 --batch 16
+"""
+
+_EXPORT_EPILOG = _TARGET_HELP + """
+The plan directory (plan.json, one ONNX model per segment, variables, the traced,
+rewritten and partitioned graphs) runs without the Python code: gd.load_plan(DIR)
+or 'graphdist run DIR --inputs FILE.npz'.
+
+examples:
+  graphdist export models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 -o mlp_plan \\
+      --save-inputs mlp_inputs.npz
+  graphdist export mlp.onnx --strategy mirrored --devices cpu:0,cpu:1 -o mlp_inference
+"""
+
+_RUN_EPILOG = """\
+FILE.npz holds one array per array argument of the exported step, named arg0, arg1,
+... (numpy.savez(path, arg0=x, arg1=labels)); where the step took per-replica values,
+give the global batch: it is split across the replicas. Every step updates the plan's
+variables (--save writes them back into DIR).
+
+examples:
+  graphdist run mlp_plan --inputs mlp_inputs.npz
+  graphdist run mlp_plan --inputs mlp_inputs.npz --steps 5 --save
+  graphdist run mlp_plan --inputs mlp_inputs.npz -o outputs.npz
 """
 
 
+def _add_target_options(command: argparse.ArgumentParser) -> None:
+    command.add_argument("target", metavar="TARGET", help="module:function, module:make_step or path/to/model.onnx")
+    command.add_argument("--strategy", metavar="NAME", default=None,
+                         help=f"distribution strategy: {', '.join(STRATEGIES)} (default: none for plain "
+                              "functions, one_device otherwise)")
+    command.add_argument("--devices", metavar="LIST", default=None,
+                         help="comma-separated devices, e.g. cpu:0,cpu:1 (default: the strategy's default)")
+    command.add_argument("--batch", type=int, metavar="N", default=None,
+                         help="global batch size of the example inputs (.onnx targets, factories and "
+                              "example_inputs() taking 'batch')")
+    command.add_argument("--backend", choices=BACKENDS, default=None,
+                         help="backend that compiles the plan (default: $GRAPHDIST_BACKEND or ort)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``graphdist`` (subcommands ``devices``, ``inspect``)."""
+    """The argument parser of ``graphdist`` (subcommands ``devices``, ``inspect``, ``export``, ``run``)."""
     from graphdist import __version__
 
     formatter = argparse.RawDescriptionHelpFormatter
@@ -309,21 +794,47 @@ def build_parser() -> argparse.ArgumentParser:
     devices.set_defaults(handler=cmd_devices)
 
     inspect_cmd = commands.add_parser(
-        "inspect", help="print a traced function's graph at a stage, or an .onnx file",
+        "inspect", help="print a traced function's graph at a stage, its plan or its passes' diffs",
         description=textwrap.dedent("""\
-            Trace and compile a function on its example inputs and print its graph at a stage
-            (traced, rewritten, partitioned), or import an .onnx file and print it.
-            --format onnx -o PATH writes the graph as ONNX (opens in Netron)."""),
+            Trace and compile TARGET (under --strategy) and show a stage: the graph (traced,
+            rewritten, partitioned) as tables, DOT, a picture (SVG/PNG) or ONNX (opens in
+            Netron), the plan (segments per device, collectives, bytes per step), or what
+            each pass changed (diff)."""),
         epilog=_INSPECT_EPILOG, formatter_class=formatter)
-    inspect_cmd.add_argument("target", metavar="TARGET", help="module:function or path/to/model.onnx")
+    _add_target_options(inspect_cmd)
     inspect_cmd.add_argument("--stage", choices=STAGES, default=None,
-                         help="graph stage to show (default: traced)")
-    inspect_cmd.add_argument("--format", choices=FORMATS, default="text",
-                         help="text: summary table (default); onnx: write an ONNX model to -o")
+                             help="what to show (default: traced)")
+    inspect_cmd.add_argument("--format", choices=FORMATS, default=None,
+                             help="text (default), dot, svg, png or onnx; default: from the suffix of -o")
     inspect_cmd.add_argument("-o", "--output", metavar="PATH", help="write to PATH instead of stdout")
-    inspect_cmd.add_argument("--backend", choices=BACKENDS, default=None,
-                         help="backend that compiles the plan (default: $GRAPHDIST_BACKEND or ort)")
     inspect_cmd.set_defaults(handler=cmd_inspect)
+
+    export_cmd = commands.add_parser(
+        "export", help="compile a target and write its plan directory (runs without the Python code)",
+        description="Trace and compile TARGET (under --strategy) and write its plan to DIR "
+                    "(ConcreteFunction.export): load it with gd.load_plan(DIR) or 'graphdist run'.",
+        epilog=_EXPORT_EPILOG, formatter_class=formatter)
+    _add_target_options(export_cmd)
+    export_cmd.add_argument("-o", "--output", metavar="DIR", required=True, help="plan directory to write")
+    export_cmd.add_argument("--overwrite", action="store_true", help="replace an existing plan directory")
+    export_cmd.add_argument("--save-inputs", metavar="FILE.npz",
+                            help="also write the example inputs (global batch) for 'graphdist run'")
+    export_cmd.set_defaults(handler=cmd_export)
+
+    run_cmd = commands.add_parser(
+        "run", help="run an exported plan directory on inputs from an .npz file",
+        description="Load a plan directory written by 'graphdist export' (gd.load_plan) and run it on the "
+                    "arrays of FILE.npz, --steps times; prints each step's outputs.",
+        epilog=_RUN_EPILOG, formatter_class=formatter)
+    run_cmd.add_argument("plan", metavar="DIR", help="plan directory (from 'graphdist export')")
+    run_cmd.add_argument("--inputs", metavar="FILE.npz", required=True,
+                         help="arrays arg0, arg1, ... (the step's array arguments)")
+    run_cmd.add_argument("--steps", type=int, default=1, metavar="N", help="number of steps to run (default 1)")
+    run_cmd.add_argument("-o", "--output", metavar="OUT.npz", help="write the last step's outputs to OUT.npz")
+    run_cmd.add_argument("--save", action="store_true", help="write the updated variables back into DIR")
+    run_cmd.add_argument("--backend", choices=BACKENDS, default=None,
+                         help="backend to compile with (default: the one recorded at export)")
+    run_cmd.set_defaults(handler=cmd_run)
     return parser
 
 
@@ -356,7 +867,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _configure_logging(args.verbose)
     if args.command is None:
         parser.print_help(sys.stderr)
-        return _fail("no command given; choose one of: devices, inspect", EXIT_USAGE, False)
+        return _fail("no command given; choose one of: devices, inspect, export, run", EXIT_USAGE, False)
     verbose = args.verbose >= 2
     from graphdist.errors import GraphdistError
 

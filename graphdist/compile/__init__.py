@@ -1,6 +1,7 @@
 """Whole-step compilation: ``gd.function``, concrete functions and plans."""
 
+from graphdist.compile.export import LoadedPlan, load_plan
 from graphdist.compile.function import ConcreteFunction, Function, function
 from graphdist.compile.plan import Plan, Segment
 
-__all__ = ["function", "Function", "ConcreteFunction", "Plan", "Segment"]
+__all__ = ["function", "Function", "ConcreteFunction", "Plan", "Segment", "LoadedPlan", "load_plan"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -123,6 +124,8 @@ class ConcreteFunction:
         self._variable_feeds = list(graphs["traced"].meta.get("variables", []))
         self._updates = list(rewritten.meta.get("variable_updates", []))
         self._num_results = len(rewritten.outputs) - len(self._updates)
+        if plan is not None:
+            plan._owner = weakref.ref(self)  # plan.export() exports through this function
 
     @property
     def variables(self) -> list[Variable]:
@@ -157,6 +160,19 @@ class ConcreteFunction:
                 leaves.append(PerReplica(outputs[position: position + count]))
                 position += count
         return nest.unflatten(self._output_treedef, leaves)
+
+    def export(self, directory: Any, *, overwrite: bool = False) -> str:
+        """Writes the plan, the step's interface and the variables' current values to ``directory``.
+
+        The directory (see :mod:`graphdist.compile.export`) is written
+        atomically; ``gd.load_plan(directory)`` runs it without this code.
+
+        Returns:
+            The directory's absolute path.
+        """
+        from graphdist.compile.export import export_concrete
+
+        return export_concrete(self, directory, overwrite=overwrite)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         key, arrays = signature_of(args, kwargs)

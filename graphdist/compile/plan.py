@@ -16,7 +16,6 @@ import onnx
 
 from graphdist.errors import GraphError, PlanError
 from graphdist.ir.graph import Graph, Node, Value
-from graphdist.ir.printer import format_table
 from graphdist.runtime.devices import parse_device, thread_budget
 
 __all__ = ["Segment", "CommTask", "Plan", "extract_subgraph"]
@@ -131,6 +130,8 @@ class Plan:
         self.devices = sorted(used, key=lambda d: (parse_device(d).kind, parse_device(d).index))
         self._scheduler: Any = None
         self.backend_name: str | None = None
+        # weakref to what exports this plan with its interface (a ConcreteFunction or LoadedPlan), if any
+        self._owner: Any = None
 
     # -------------------------------------------------------------- build
     @classmethod
@@ -195,31 +196,48 @@ class Plan:
             raise PlanError("the plan is not compiled; call plan.compile(backend) first")
         return self._scheduler.run(feeds)
 
+    # -------------------------------------------------------------- export
+    def export(self, directory: Any, *, overwrite: bool = False) -> str:
+        """Writes the plan to ``directory`` atomically; load it with ``gd.load_plan``.
+
+        A plan of a concrete function (``step.get_concrete_function(...).plan``)
+        is exported with the step's interface and current variables (see
+        :mod:`graphdist.compile.export`); a plan built directly takes its
+        inputs positionally and returns a list.
+
+        Returns:
+            The directory's absolute path.
+
+        Raises:
+            PlanError: ``directory`` exists (pass ``overwrite=True`` to
+                replace a plan there) or the plan is not compiled.
+        """
+        from graphdist.compile.export import export_plan
+
+        return export_plan(self, directory, overwrite=overwrite)
+
     # ---------------------------------------------------------- inspection
     def summary(self) -> str:
-        """A table of segments: device, ops, inputs and outputs."""
-        rows = []
-        for seg in self.segments:
-            ops: dict[str, int] = {}
-            for node in seg.graph.nodes:
-                ops[node.qualified_op] = ops.get(node.qualified_op, 0) + 1
-            top = ", ".join(f"{op} x{n}" for op, n in sorted(ops.items(), key=lambda kv: -kv[1])[:6])
-            rows.append([seg.name, seg.device, str(len(seg.graph.nodes)), str(len(seg.inputs)),
-                         str(len(seg.outputs)), top])
-        header = f"Plan {self.graph.name!r}: {len(self.segments)} segment(s) on {', '.join(self.devices)}"
-        backend = f"  backend={self.backend_name}" if self.backend_name else ""
-        table = format_table(["segment", "device", "nodes", "inputs", "outputs", "ops"], rows)
-        text = f"{header}{backend}\n{table}"
-        if self.comms:
-            comm_rows = []
-            for task in self.comms:
-                value = self.graph_value(task.inputs[0])
-                size = f"{value.nbytes:,} B" if value is not None and value.nbytes is not None else "?"
-                detail = ", ".join(f"{k}={v}" for k, v in sorted(task.attrs.items()) if k != "group_size")
-                comm_rows.append([task.name, task.op, str(len(task.devices)), size, detail])
-            text += "\ncommunication:\n" + format_table(["task", "op", "participants", "bytes each", "attrs"],
-                                                         comm_rows)
-        return text
+        """Readable tables: devices (segments, nodes, bytes sent), segments (ops,
+        inputs, outputs), communication tasks (algorithm, sizes, bytes moved per
+        step) and variables with their placement (see
+        :func:`graphdist.ir.render.plan_summary`).
+        """
+        from graphdist.ir.render import plan_summary
+
+        return plan_summary(self)
+
+    def to_dot(self, **options: Any) -> str:
+        """Graphviz DOT text: segments in device clusters, communication tasks highlighted."""
+        from graphdist.ir.render import plan_to_dot
+
+        return plan_to_dot(self, **options)
+
+    def render(self, path: str, **options: Any) -> Any:
+        """Writes :meth:`to_dot` as SVG or PNG by ``path``'s suffix (needs Graphviz's ``dot``)."""
+        from graphdist.ir.render import render_dot
+
+        return render_dot(self.to_dot(**options), path)
 
     def graph_value(self, name: str) -> Any:
         """The partitioned graph's value called ``name`` (or ``None``)."""

@@ -260,15 +260,31 @@ def distribute_dataset(strategy: Any, dataset: Any, options: Any = None) -> Dist
             leaves, treedef = nest.flatten(element)
             batch = _batch_dimension(leaves, element, index, total)
             full = max(full, batch)
-            per_replica = -(-full // total)
-            parts = []
-            for replica in range(worker * local, (worker + 1) * local):
-                start = min(replica * per_replica, batch)
-                stop = min(start + per_replica, batch)
-                parts.append([leaf[start:stop] for leaf in leaves])
+            parts = split_global_batch(leaves, full, total, range(worker * local, (worker + 1) * local))
             yield _regroup_leaves(treedef, parts)
 
     return DistributedDataset(steps, strategy, _buffer_size(options, local), source._description)
+
+
+def split_global_batch(leaves: list[Any], full: int, total: int, replicas: Any) -> list[list[Any]]:
+    """Slices one global batch for ``replicas`` (indices among ``total`` replicas in sync).
+
+    ``leaves`` share their first dimension, the batch; ``full`` is the size of
+    a full global batch. Each replica gets ``ceil(full / total)`` rows, filled
+    in replica order, so a partial batch goes to the first replicas and the
+    replicas past its end get empty slices (see the module docstring).
+
+    Returns:
+        One list of slices (one per leaf) per replica in ``replicas``.
+    """
+    batch = int(np.shape(leaves[0])[0]) if leaves else 0
+    per_replica = -(-full // total)
+    parts = []
+    for replica in replicas:
+        start = min(replica * per_replica, batch)
+        stop = min(start + per_replica, batch)
+        parts.append([leaf[start:stop] for leaf in leaves])
+    return parts
 
 
 def _batch_dimension(leaves: list[Any], element: Any, index: int, total: int) -> int:

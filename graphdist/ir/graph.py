@@ -420,16 +420,45 @@ class Graph:
 
     # ----------------------------------------------------------- rendering
     def summary(self) -> str:
-        """A readable text listing of the graph (see :mod:`graphdist.ir.printer`)."""
-        from graphdist.ir.printer import format_graph
+        """A readable text listing of the graph (see :mod:`graphdist.ir.printer`).
 
-        return format_graph(self)
+        Placed graphs, graphs with collectives and graphs reading variables also
+        get overview tables after the header (ops per device, collectives with
+        sizes and algorithm, bytes per step, variables and their placement; see
+        :func:`graphdist.ir.render.graph_overview`).
+        """
+        from graphdist.ir.printer import format_graph
+        from graphdist.ir.render import graph_overview
+
+        text, overview = format_graph(self), graph_overview(self)
+        if not overview:
+            return text
+        head, _, rest = text.partition("\ninputs:")
+        return f"{head}\n{overview}\ninputs:{rest}"
 
     def to_onnx(self, *, opset: int | None = None):  # -> onnx.ModelProto
         """Lowers to an ``onnx.ModelProto`` (see :mod:`graphdist.ir.onnx_io`)."""
         from graphdist.ir.onnx_io import to_onnx
 
         return to_onnx(self) if opset is None else to_onnx(self, opset=opset)
+
+    def to_dot(self, **options: Any) -> str:
+        """Graphviz DOT text: devices as clusters, collectives highlighted
+        (options: see :func:`graphdist.ir.render.graph_to_dot`).
+        """
+        from graphdist.ir.render import graph_to_dot
+
+        return graph_to_dot(self, **options)
+
+    def render(self, path: str, **options: Any) -> Any:
+        """Writes the graph as a picture: SVG or PNG by ``path``'s suffix (``.dot``:
+        the DOT text). Needs Graphviz's ``dot`` program; raises
+        :class:`~graphdist.errors.GraphdistError` with an install hint without it.
+        Returns the ``pathlib.Path`` written.
+        """
+        from graphdist.ir.render import render_dot
+
+        return render_dot(self.to_dot(**options), path)
 
     def __str__(self) -> str:
         return self.summary()

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
+
+import graphdist as gd
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,16 +38,22 @@ def test_main_help_lists_subcommands_with_examples() -> None:
     result = graphdist("--help")
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "devices" in out and "inspect" in out
+    for command in ("devices", "inspect", "export", "run"):
+        assert f"    {command} " in out, command
     assert "list the devices" in out and "print a traced function's graph" in out
+    assert "write its plan directory" in out and "run an exported plan directory" in out
     assert "examples:" in out and "graphdist inspect models.mlp:forward" in out
-    for later in ("export", "launch", "bench"):
+    assert "graphdist run mlp_plan --inputs mlp_inputs.npz --steps 3" in out
+    for later in ("launch", "bench"):
         assert f"    {later} " not in out  # no stubs for later subcommands
 
 
 @pytest.mark.parametrize(("command", "example"), [
     ("devices", "graphdist devices"),
     ("inspect", "graphdist inspect models.mlp:forward --format onnx -o mlp.onnx"),
+    ("inspect", "graphdist inspect models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 --stage diff"),
+    ("export", "graphdist export models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 -o mlp_plan"),
+    ("run", "graphdist run mlp_plan --inputs mlp_inputs.npz --steps 5 --save"),
 ])
 def test_subcommand_help_has_example(command: str, example: str) -> None:
     result = graphdist(command, "--help")
@@ -158,3 +170,294 @@ def test_tracing_error_exits_1_without_traceback(tmp_path: Path) -> None:
         "    return (np.ones((3, 3), np.float32),)\n"
     )
     assert_clean_failure(graphdist("inspect", "untraceable:f", cwd=tmp_path), "TracingError", "svd", status=1)
+
+
+# ------------------------------------------------- inspect: strategies, stages, formats
+MIRRORED = ("--strategy", "mirrored", "--devices", "cpu:0,cpu:1")
+needs_dot = pytest.mark.skipif(shutil.which("dot") is None,
+                               reason="Graphviz's dot is not installed (apt-get install -y graphviz; "
+                                      "`make test` installs it)")
+
+
+def test_inspect_training_step_under_mirrored_rewritten() -> None:
+    result = graphdist("inspect", "models.mlp:make_step", *MIRRORED, "--stage", "rewritten")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert out.startswith("Graph 'mlp_train_step'  stage=rewritten")
+    assert "ops per device:" in out and "communication (5 collective/transfer group(s), 10 node(s)):" in out
+    assert "graphdist.AllReduce  SUM     ring" in out and "8,192 B" in out
+    assert "mirrored on cpu:0, cpu:1" in out and "%arg0_r1: float32[8,64]" in out
+
+
+def test_inspect_plan_stage() -> None:
+    result = graphdist("inspect", "models.mlp:make_step", *MIRRORED, "--stage", "plan")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert out.startswith("Plan 'mlp_train_step': 3 segment(s) on cpu:0, cpu:1")
+    for title in ("devices:", "segments (execution order):", "communication:", "variables (5, 9,648 B):"):
+        assert f"\n{title}\n" in out, title
+    assert "per step: 5 task(s), 19,288 B into collectives" in out
+
+
+def test_inspect_diff_stage() -> None:
+    result = graphdist("inspect", "models.mlp:make_step", *MIRRORED, "--stage", "diff")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert out.startswith("passes of MirroredStrategy on cpu:0, cpu:1 for 'mlp_train_step'")
+    for name in ("AutodiffPass", "LowerVariableUpdatesPass", "LowerCollectivesPass", "AssignDevicesPass",
+                 "PartitionPass"):
+        assert name in out
+    assert "-graphdist.Gradient x2" in out and "attrs +algorithm" in out
+
+
+def test_inspect_central_storage_and_one_device() -> None:
+    central = graphdist("inspect", "models.mlp:make_step", "--strategy", "central_storage", "--devices",
+                        "cpu:0,cpu:1", "--stage", "plan")
+    assert central.returncode == 0, central.stderr
+    assert "Transfer" in central.stdout and "cpu:0 -> cpu:1" in central.stdout
+    assert "reduce_to_one" in central.stdout
+    one = graphdist("inspect", "models.mlp:make_step", "--strategy", "OneDeviceStrategy", "--devices", "cpu:1",
+                    "--stage", "plan")
+    assert one.returncode == 0, one.stderr
+    assert "1 segment(s) on cpu:1" in one.stdout and "communication: none" in one.stdout
+
+
+def test_inspect_plain_function_under_a_strategy_splits_the_batch() -> None:
+    result = graphdist("inspect", "models.mlp:forward", *MIRRORED, "--stage", "partitioned")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "%arg0_r0: float32[4,64]" in out and "%arg0_r1: float32[4,64]" in out
+    devices = out.split("ops per device:")[1].split("inputs:")[0]
+    assert "cpu0.p0" in devices and "cpu1.p0" in devices
+    assert "stage=partitioned" in out and "MatMul" in out
+
+
+@needs_dot
+def test_inspect_dot_output_renders_with_graphviz(tmp_path: Path) -> None:
+    for stage in ("partitioned", "plan"):
+        result = graphdist("inspect", "models.mlp:make_step", *MIRRORED, "--stage", stage, "--format", "dot")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith("digraph ")
+        assert "subgraph cluster_0" in result.stdout and "subgraph cluster_1" in result.stdout
+        rendered = subprocess.run(["dot", "-Tsvg"], input=result.stdout, capture_output=True, text=True,
+                                  timeout=60)
+        assert rendered.returncode == 0, rendered.stderr
+        assert ET.fromstring(rendered.stdout).tag.endswith("svg")
+
+
+@needs_dot
+def test_inspect_writes_pictures(tmp_path: Path) -> None:
+    svg = tmp_path / "mlp.svg"
+    result = graphdist("inspect", "models.mlp:make_step", *MIRRORED, "--stage", "partitioned", "-o", str(svg))
+    assert result.returncode == 0, result.stderr
+    assert f"wrote {svg} (svg, 131 nodes, stage partitioned)" in result.stdout
+    data = svg.read_text()
+    assert ET.fromstring(data).tag.endswith("svg") and "cpu:1" in data and "AllReduce SUM ring" in data
+    png = tmp_path / "plan.png"
+    result = graphdist("inspect", "models.mlp:make_step", *MIRRORED, "--stage", "plan", "--format", "png",
+                       "-o", str(png))
+    assert result.returncode == 0, result.stderr
+    assert png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_inspect_rewritten_onnx_declares_the_graphdist_domain(tmp_path: Path) -> None:
+    path = tmp_path / "rewritten.onnx"
+    result = graphdist("inspect", "models.mlp:make_step", *MIRRORED, "--stage", "rewritten", "-o", str(path))
+    assert result.returncode == 0, result.stderr
+    assert "opsets ai.onnx, graphdist" in result.stdout
+    model = onnx.load(str(path))
+    onnx.checker.check_model(model, full_check=True)
+    assert {o.domain: o.version for o in model.opset_import}["graphdist"] == 1
+    assert sum(n.op_type == "AllReduce" and n.domain == "graphdist" for n in model.graph.node) == 10
+    meta = {p.key: p.value for p in model.metadata_props}
+    assert meta["graphdist.stage"] == "rewritten" and meta["graphdist.strategy"] == "MirroredStrategy"
+
+
+def test_inspect_onnx_file_as_data_parallel_inference(tmp_path: Path) -> None:
+    path = tmp_path / "mlp.onnx"
+    assert graphdist("inspect", "models.mlp:forward", "-o", str(path)).returncode == 0  # format from the suffix
+    result = graphdist("inspect", str(path), *MIRRORED, "--batch", "16", "--stage", "plan")
+    assert result.returncode == 0, result.stderr
+    assert "2 segment(s) on cpu:0, cpu:1" in result.stdout and "AllGather" in result.stdout
+    rewritten = graphdist("inspect", str(path), *MIRRORED, "--batch", "16", "--stage", "rewritten")
+    assert "%arg0_r0: float32[8,64]" in rewritten.stdout and "%arg0_r1: float32[8,64]" in rewritten.stdout
+    assert "graphdist.AllGather" in rewritten.stdout and "float32[16,10]" in rewritten.stdout
+
+
+def test_inspect_factory_convention_in_user_module(tmp_path: Path) -> None:
+    (tmp_path / "user_train.py").write_text(
+        "import numpy as np\n"
+        "import graphdist as gd\n"
+        "def build(strategy, batch=4):\n"
+        "    with strategy.scope():\n"
+        "        w = gd.Variable(np.ones((3, 2), np.float32), name='w')\n"
+        "    @gd.function\n"
+        "    def step(x):\n"
+        "        return strategy.reduce('SUM', strategy.run(lambda v: (v @ w).sum(), args=(x,)), axis=None)\n"
+        "    return step, (np.ones((batch, 3), np.float32),)\n"
+    )
+    result = graphdist("inspect", "user_train:build", *MIRRORED, "--batch", "6", "--stage", "plan", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "on cpu:0, cpu:1" in result.stdout and "w  " in result.stdout
+
+
+# ------------------------------------------------------------ inspect: failures
+@pytest.mark.parametrize(("extra", "phrases"), [
+    (("--strategy", "foo"), ("unknown strategy 'foo'", "one_device, mirrored, central_storage")),
+    (("--strategy", "tpu"), ("unknown strategy 'tpu'", "not available")),
+    (("--strategy", "one_device", "--devices", "cpu:0,cpu:1"), ("one_device runs on one device",)),
+    (("--strategy", "mirrored", "--devices", "cuda:7"), ("cannot create mirrored strategy", "cuda:7")),
+    (("--strategy", "mirrored", "--devices", ","), ("names no device",)),
+    (("--stage", "diff", "--format", "dot"), ("--stage diff is a text report",)),
+    (("--stage", "plan", "--format", "onnx", "-o", "x.onnx"), ("graphdist export",)),
+    (("--format", "svg"), ("-o PATH", "graph.svg")),
+    (("--stage", "lowered"), ("invalid choice: 'lowered'", "plan", "diff")),
+])
+def test_inspect_usage_errors(extra: tuple[str, ...], phrases: tuple[str, ...]) -> None:
+    assert_clean_failure(graphdist("inspect", "models.mlp:make_step", *extra), *phrases)
+
+
+def test_inspect_picture_without_graphviz(tmp_path: Path) -> None:
+    env = dict(os.environ, GRAPHDIST_DOT=str(tmp_path / "no-dot"))
+    result = subprocess.run([sys.executable, "-m", "graphdist.cli.main", "inspect", "models.mlp:forward", "-o",
+                             str(tmp_path / "g.svg")], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    assert_clean_failure(result, "needs Graphviz's 'dot'", "apt-get install -y graphviz", "--format dot")
+
+
+def test_factory_errors(tmp_path: Path) -> None:
+    (tmp_path / "factories.py").write_text(
+        "def make_step_bad(strategy):\n"
+        "    return 42\n"
+        "def make_step_raises(strategy):\n"
+        "    raise RuntimeError('boom')\n"
+    )
+    assert_clean_failure(graphdist("inspect", "factories:make_step_bad", cwd=tmp_path), "(step_fn, example_args)")
+    assert_clean_failure(graphdist("inspect", "factories:make_step_raises", cwd=tmp_path), "RuntimeError: boom",
+                         status=1)
+    assert_clean_failure(graphdist("inspect", "factories:make_step_bad", "--batch", "4", cwd=tmp_path),
+                         "takes no 'batch' argument")
+
+
+def test_onnx_target_errors(tmp_path: Path) -> None:
+    path = tmp_path / "mlp.onnx"
+    assert graphdist("inspect", "models.mlp:forward", "-o", str(path)).returncode == 0
+    assert_clean_failure(graphdist("inspect", str(path), *MIRRORED, "--batch", "7"), "multiple of the number of "
+                         "replicas")
+
+
+# ------------------------------------------------------------------ export / run
+def test_export_and_run_the_mirrored_training_step(tmp_path: Path) -> None:
+    plan_dir, inputs = tmp_path / "mlp_plan", tmp_path / "inputs.npz"
+    result = graphdist("export", "models.mlp:make_step", *MIRRORED, "-o", str(plan_dir), "--save-inputs",
+                       str(inputs))
+    assert result.returncode == 0, result.stderr
+    assert "exported mlp_train_step (models.mlp:make_step under MirroredStrategy" in result.stdout
+    assert "3 segment(s) on cpu:0, cpu:1, 5 communication task(s), 5 variable(s)" in result.stdout
+    assert f"graphdist run {plan_dir} --inputs {inputs}" in result.stdout
+    assert (plan_dir / "plan.json").is_file()
+    with np.load(inputs) as data:
+        assert {k: (data[k].dtype, data[k].shape) for k in data.files} == {
+            "arg0": (np.float32, (16, 64)), "arg1": (np.int64, (16,))}
+
+    outputs = tmp_path / "out.npz"
+    run = graphdist("run", str(plan_dir), "--inputs", str(inputs), "--steps", "3", "-o", str(outputs), "--save")
+    assert run.returncode == 0, run.stderr
+    losses = [float(line.split("= ")[1]) for line in run.stdout.splitlines() if line.startswith("step ")]
+    assert len(losses) == 3 and losses[0] > losses[1] > losses[2]
+    # the same three steps in this process, from the same initial weights
+    from models.mlp import make_step
+
+    step, args = make_step(gd.MirroredStrategy(["cpu:0", "cpu:1"]))
+    np.testing.assert_allclose(losses, [float(step(*args)) for _ in range(3)], rtol=1e-5)
+    with np.load(outputs) as data:
+        assert data.files == ["out0"] and float(data["out0"]) == pytest.approx(losses[-1], rel=1e-5)
+    # --save wrote the updated variables: the next run continues from step 4
+    again = graphdist("run", str(plan_dir), "--inputs", str(inputs))
+    assert again.returncode == 0, again.stderr
+    fourth = float(again.stdout.splitlines()[-1].split("= ")[1])
+    assert fourth == pytest.approx(float(step(*args)), rel=1e-5)
+
+
+def test_export_onnx_inference_and_run(tmp_path: Path) -> None:
+    model_path, plan_dir, inputs = tmp_path / "mlp.onnx", tmp_path / "plan", tmp_path / "x.npz"
+    assert graphdist("inspect", "models.mlp:forward", "-o", str(model_path)).returncode == 0
+    result = graphdist("export", str(model_path), *MIRRORED, "--batch", "8", "-o", str(plan_dir))
+    assert result.returncode == 0, result.stderr
+    assert "FILE.npz" in result.stdout
+    from models.mlp import reference_forward
+
+    x = np.random.default_rng(3).standard_normal((8, 64)).astype(np.float32)
+    np.savez(inputs, x)  # numpy's default name arr_0 is accepted
+    outputs = tmp_path / "y.npz"
+    run = graphdist("run", str(plan_dir), "--inputs", str(inputs), "-o", str(outputs))
+    assert run.returncode == 0, run.stderr
+    assert "step 1: out0 = float32[8,10]" in run.stdout
+    with np.load(outputs) as data:
+        np.testing.assert_allclose(data["out0"], reference_forward(x), rtol=1e-5, atol=1e-5)
+
+
+def test_export_failures(tmp_path: Path) -> None:
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "file").write_text("x")
+    assert_clean_failure(graphdist("export", "models.mlp:make_step", "-o", str(taken)), "not empty", "--overwrite")
+    assert_clean_failure(graphdist("export", "models.mlp:make_step", "-o", str(tmp_path / "a" / "b")),
+                         "does not exist")
+    assert_clean_failure(graphdist("export", "models.mlp:make_step"), "-o/--output")
+    assert_clean_failure(graphdist("export", "models.mlp", "-o", str(tmp_path / "p")), "module:function")
+    assert_clean_failure(graphdist("export", "models.mlp:make_step", "--strategy", "nope", "-o",
+                                   str(tmp_path / "p")), "unknown strategy 'nope'")
+    assert_clean_failure(graphdist("export", str(tmp_path / "absent.onnx"), "-o", str(tmp_path / "p")),
+                         "does not exist")
+    assert not (tmp_path / "p").exists()
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("exported")
+    plan_dir, inputs = root / "plan", root / "inputs.npz"
+    result = graphdist("export", "models.mlp:make_step", *MIRRORED, "-o", str(plan_dir), "--save-inputs", str(inputs))
+    assert result.returncode == 0, result.stderr
+    return plan_dir, inputs
+
+
+def test_run_failures(exported: tuple[Path, Path], tmp_path: Path) -> None:
+    plan_dir, inputs = exported
+    assert_clean_failure(graphdist("run", str(tmp_path / "absent"), "--inputs", str(inputs)), "does not exist",
+                         "graphdist export")
+    assert_clean_failure(graphdist("run", str(tmp_path), "--inputs", str(inputs)), "cannot load plan")
+    assert_clean_failure(graphdist("run", str(plan_dir), "--inputs", str(tmp_path / "absent.npz")),
+                         "does not exist", "numpy.savez")
+    corrupt = tmp_path / "corrupt.npz"
+    corrupt.write_bytes(b"PK\x03\x04 not really a zip")
+    assert_clean_failure(graphdist("run", str(plan_dir), "--inputs", str(corrupt)), "cannot read", "corrupt.npz")
+    one = tmp_path / "one.npz"
+    np.savez(one, arg0=np.ones((16, 64), np.float32))
+    assert_clean_failure(graphdist("run", str(plan_dir), "--inputs", str(one)), "holds 1 array(s)",
+                         "arg1: int64[16]", "global batch")
+    wrong = tmp_path / "wrong.npz"
+    np.savez(wrong, arg0=np.ones((16, 63), np.float32), arg1=np.zeros(16, np.int64))
+    assert_clean_failure(graphdist("run", str(plan_dir), "--inputs", str(wrong)), "do not fit the plan")
+    assert_clean_failure(graphdist("run", str(plan_dir), "--inputs", str(inputs), "--steps", "0"),
+                         "--steps must be at least 1")
+    assert_clean_failure(graphdist("run", str(plan_dir)), "--inputs")
+
+
+def test_run_rejects_a_tampered_plan(exported: tuple[Path, Path], tmp_path: Path) -> None:
+    plan_dir, inputs = exported
+    copy = tmp_path / "copy"
+    shutil.copytree(plan_dir, copy)
+    (copy / "plan.json").write_text("{ not json")
+    assert_clean_failure(graphdist("run", str(copy), "--inputs", str(inputs)), "cannot load plan", "plan.json")
+
+
+def test_readme_shows_the_real_output() -> None:
+    readme = (REPO / "README.md").read_text()
+    plan = graphdist("inspect", "models.mlp:make_step", *MIRRORED, "--stage", "plan")
+    assert plan.returncode == 0, plan.stderr
+    assert plan.stdout in readme
+    rewritten = graphdist("inspect", "models.mlp:make_step", *MIRRORED, "--stage", "rewritten")
+    assert rewritten.stdout.split("\ninputs:")[0] in readme
+    for picture in ("docs/mlp_mirrored.svg", "docs/mlp_mirrored_plan.svg"):
+        assert f"]({picture})" in readme
+        assert ET.parse(REPO / picture).getroot().tag.endswith("svg")
