@@ -576,7 +576,8 @@ def _reference_all_reduce(*values: np.ndarray, reduce_op: str = "SUM", **_: Any)
     for other in values[1:]:
         total = _REDUCERS[reduce_op](total, other)
     if reduce_op == "MEAN":
-        total = (total / len(values)).astype(values[0].dtype)
+        # Integer means floor, as Strategy.reduce and the local communicator do.
+        total = total // len(values) if total.dtype.kind in "iu" else (total / len(values)).astype(total.dtype)
     return tuple(np.array(total, copy=True) for _ in values)
 
 
