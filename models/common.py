@@ -29,7 +29,7 @@ import numpy as np
 
 import graphdist as gd
 
-__all__ = ["Classifier", "accuracy", "dense", "glorot_uniform", "he_normal", "float_dtype"]
+__all__ = ["Classifier", "accuracy", "dense", "distributed_step", "glorot_uniform", "he_normal", "float_dtype"]
 
 
 def float_dtype(dtype: Any, owner: str) -> np.dtype:
@@ -179,3 +179,20 @@ class Classifier:
     def accuracy(self, x: Any, labels: Any) -> float:
         """Fraction of ``x`` classified as ``labels`` (eager numpy)."""
         return accuracy(self.forward(x), labels)
+
+
+def distributed_step(strategy: Any, train_step: Any, x: np.ndarray, labels: np.ndarray, name: str) -> tuple[Any, tuple]:
+    """The tools' whole training step: ``strategy.run(train_step)`` + ``strategy.reduce("SUM")``.
+
+    Returns:
+        ``(step, example_args)``: the ``gd.function`` and the global batch
+        ``(x, labels)`` distributed across the replicas (one dataset element).
+    """
+
+    @gd.function(name=name)
+    def step(x: Any, labels: Any) -> Any:
+        return strategy.reduce("SUM", strategy.run(train_step, args=(x, labels)), axis=None)
+
+    batches = strategy.experimental_distribute_dataset(gd.data.Dataset.from_tensors((x, labels)))
+    return step, tuple(next(iter(batches)))
+

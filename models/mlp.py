@@ -35,6 +35,7 @@ import numpy as np
 __all__ = ["DEFAULT_SIZES", "MLP", "default_model", "example_inputs", "forward", "reference_forward"]
 
 import graphdist as gd  # noqa: E402 - after __all__ for readability of the public names
+from models.common import distributed_step  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -252,16 +253,9 @@ def make_step(strategy: Any, batch: int = 16, seed: int = 0) -> tuple[Any, tuple
     with strategy.scope():
         model = MLP(DEFAULT_SIZES, seed=seed, trainable=True)
         optimizer = gd.optimizers.SGD(0.1)
-    train_step = model.make_train_step(optimizer)
-
-    @gd.function(name="mlp_train_step")
-    def step(x: Any, labels: Any) -> Any:
-        return strategy.reduce("SUM", strategy.run(train_step, args=(x, labels)), axis=None)
-
     (x,) = model.example_inputs(batch=batch, seed=seed)
     labels = np.random.default_rng(seed).integers(0, DEFAULT_SIZES[-1], batch)
-    batches = strategy.experimental_distribute_dataset(gd.data.Dataset.from_tensors((x, labels)))
-    return step, tuple(next(iter(batches)))
+    return distributed_step(strategy, model.make_train_step(optimizer), x, labels, "mlp_train_step")
 
 
 __all__ += ["make_step"]

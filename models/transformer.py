@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 import graphdist as gd
-from models.common import Classifier, glorot_uniform
+from models.common import Classifier, distributed_step, glorot_uniform
 
 __all__ = ["TransformerBlock", "default_model", "example_data", "example_inputs", "forward"]
 
@@ -259,15 +259,8 @@ def make_step(strategy: Any, batch: int = 16, seed: int = 0) -> tuple[Any, tuple
     with strategy.scope():
         model = TransformerBlock(seed=seed)
         optimizer = gd.optimizers.Adam(0.01)
-    train_step = model.make_train_step(optimizer)
-
-    @gd.function(name="transformer_train_step")
-    def step(x: Any, labels: Any) -> Any:
-        return strategy.reduce("SUM", strategy.run(train_step, args=(x, labels)), axis=None)
-
     x, labels = TransformerBlock.example_data(n=batch, seed=seed)
-    batches = strategy.experimental_distribute_dataset(gd.data.Dataset.from_tensors((x, labels)))
-    return step, tuple(next(iter(batches)))
+    return distributed_step(strategy, model.make_train_step(optimizer), x, labels, "transformer_train_step")
 
 
 __all__ += ["make_step"]
