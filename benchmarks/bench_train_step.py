@@ -32,9 +32,13 @@ variant), the order reversed every other round. The
 machine may be shared: for every block the benchmark reads ``/proc/stat``
 and the CPU time of its own processes (this one and TensorFlow's), and marks
 the round *disturbed* when other processes used more than :data:`QUIET` of
-the machine's CPU time during any block. Medians are taken over the quiet
-rounds (over all rounds when fewer than :data:`MIN_QUIET` are quiet); the
-headline ratios are medians over rounds of the ratio within the round.
+the machine's CPU time during any block. Disturbed rounds are repeated (after
+waiting up to :data:`PATIENCE` seconds for quiet) until ``rounds`` rounds were
+quiet, within a round limit and a time budget. Medians are taken over the
+quiet rounds (over all rounds when fewer than :data:`MIN_QUIET` are quiet);
+the headline ratios are medians over rounds of the ratio within the round.
+``--json FILE`` saves everything, ``--from-json FILE --write`` re-renders the
+section from such a file without measuring again.
 
 Diagnostics: the time of graphdist's ONNX Runtime session called alone
 (Python overhead of ``strategy.run`` = the difference), the matrix products
@@ -68,7 +72,7 @@ from benchmarks import machine_info, median, update_section
 
 __all__ = [
     "NAME", "SIZES", "BATCH", "LEARNING_RATE", "QUIET", "MIN_QUIET", "TF_VENV", "TF_SCRIPT",
-    "NumpyTrainStep", "TFProcess", "setup_tf_venv", "run", "table", "markdown", "main",
+    "NumpyTrainStep", "TFProcess", "setup_tf_venv", "run", "summarize", "table", "markdown", "main",
 ]
 
 logger = logging.getLogger(__name__)
@@ -560,23 +564,6 @@ def run(rounds: int | None = None, quick: bool = False, calls: int | None = None
 
     final = [np.asarray(v) for v in model.trainable_variables] + numpy_step.params
     checks["finite_after_timing"] = bool(all(np.isfinite(a).all() for a in final))
-    quiet = [i for i, share in enumerate(foreign) if share <= QUIET]
-    used = quiet if len(quiet) >= min(MIN_QUIET, rounds) else list(range(len(foreign)))
-
-    def paired(a: str, b: str) -> float | None:
-        if a not in times or b not in times:
-            return None
-        return median([times[a][i] / times[b][i] for i in used])
-
-    us = {name: median([values[i] for i in used]) for name, values in times.items()}
-    ratios = {"graphdist/numpy": paired(_GD, _NP), "graphdist/TF": paired(_GD, _TF)}
-    measured = [r for r in ratios.values() if r is not None]
-    spread = {}
-    for name, values in times.items():
-        chosen = [values[i] for i in used]
-        q = statistics.quantiles(chosen, n=4) if len(chosen) >= 2 else [chosen[0]] * 3
-        spread[name] = (q[2] - q[0]) / max(us[name], 1e-9)
-
     prof = None
     if profile and feeds:
         prof = _ort_profile(segments[0].model, feeds, threads, calls=max(calls, 10))
@@ -592,6 +579,41 @@ def run(rounds: int | None = None, quick: bool = False, calls: int | None = None
         "tf": tf_result,
         "graph_nodes": len(concrete.graph("rewritten").nodes),
         "segments": len(segments),
+        "loadavg": {"start": load_start, "end": load_end},
+        "profile": prof,
+        **summarize(times, foreign, rounds),
+    }
+
+
+def summarize(times: dict[str, list[float]], foreign: list[float], rounds: int) -> dict[str, Any]:
+    """Medians, ratios and the goal verdict from per-round times (``raw``) and disturbance shares.
+
+    Args:
+        times: Variant name -> microseconds per call, one entry per round.
+        foreign: Per round, the largest share of CPU time other processes used during a block.
+        rounds: Quiet rounds that were wanted.
+    """
+    quiet = [i for i, share in enumerate(foreign) if share <= QUIET]
+    used = quiet if len(quiet) >= min(MIN_QUIET, rounds) else list(range(len(foreign)))
+
+    def paired(a: str, b: str) -> float | None:
+        if a not in times or b not in times:
+            return None
+        return median([times[a][i] / times[b][i] for i in used])
+
+    us = {name: median([values[i] for i in used]) for name, values in times.items()}
+    ratios = {"graphdist/numpy": paired(_GD, _NP), "graphdist/TF": paired(_GD, _TF),
+              "session alone/numpy": paired(_ORT, _NP), "session alone/TF": paired(_ORT, _TF),
+              "TF/numpy": paired(_TF, _NP)}
+    measured = [ratios["graphdist/numpy"], ratios["graphdist/TF"]]
+    measured = [r for r in measured if r is not None]
+    spread = {}
+    for name, values in times.items():
+        chosen = [values[i] for i in used]
+        q = statistics.quantiles(chosen, n=4) if len(chosen) >= 2 else [chosen[0]] * 3
+        spread[name] = (q[2] - q[0]) / max(us[name], 1e-9)
+    overhead = median([times[_GD][i] - times[_ORT][i] for i in used]) if _ORT in times else None
+    return {
         "us": us,
         "us_min": {name: min(values) for name, values in times.items()},
         "us_all": {name: median(values) for name, values in times.items()},
@@ -599,10 +621,9 @@ def run(rounds: int | None = None, quick: bool = False, calls: int | None = None
         "foreign": foreign,
         "quiet": len(quiet),
         "used_quiet": used is quiet,
-        "loadavg": {"start": load_start, "end": load_end},
         "ratios": ratios,
+        "python_overhead_us": overhead,
         "goal_met": bool(measured) and all(r < 1.0 for r in measured),
-        "profile": prof,
         "raw": times,
     }
 
@@ -683,12 +704,12 @@ def markdown(results: dict[str, Any]) -> str:
         "(OpenBLAS's worker threads spin for about 100 ms after a call and would slow down whatever runs next),",
         "the order reversed every other round. The machine is shared: during every block the benchmark reads",
         "`/proc/stat` and its own processes' CPU time, and marks the round disturbed when other processes used",
-        f"more than {cfg['quiet_threshold']:.0%} of the CPU time; disturbed rounds are repeated (up to a limit) until "
-        f"{cfg['rounds']} are quiet. {results['quiet']} of {cfg['rounds_run']} rounds were quiet; the table "
-        "gives medians over "
-        f"{'those' if results['used_quiet'] else 'all rounds (too few quiet ones)'} and the minimum over all "
-        "rounds. Ratios are medians over the same rounds of the ratio within a round (cancels drift). "
-        f"{cfg['threads']} intra-op threads everywhere. Source: `benchmarks/bench_train_step.py`.",
+        f"more than {cfg['quiet_threshold']:.0%} of the CPU time; disturbed rounds are repeated (up to a limit)",
+        f"until {cfg['rounds']} are quiet. {results['quiet']} of {cfg['rounds_run']} rounds were quiet; the table "
+        f"gives medians over {'those' if results['used_quiet'] else 'all rounds (too few quiet ones)'}",
+        "and the minimum over all rounds. Ratios are medians over the same rounds of the ratio within a",
+        f"round (cancels drift). {cfg['threads']} intra-op threads everywhere. "
+        "Source: `benchmarks/bench_train_step.py`.",
         "",
         "**Goal:** graphdist's step faster than both the numpy step and TensorFlow's.",
         "",
@@ -703,10 +724,19 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         f"graphdist / numpy = **{_ratio_text(ratios['graphdist/numpy'])}**, graphdist / TensorFlow = "
         f"**{_ratio_text(ratios['graphdist/TF'])}** (medians of in-round ratios). Goal: {verdict}.",
+        "",
     ]
+    if ratios.get("session alone/numpy") is not None and results.get("python_overhead_us") is not None:
+        out.append(f"graphdist's ONNX Runtime session called directly (same graph, no graphdist Python code): "
+                   f"{_ratio_text(ratios['session alone/numpy'])} of numpy"
+                   + (f", {_ratio_text(ratios['session alone/TF'])} of TensorFlow"
+                      if ratios.get("session alone/TF") is not None else "")
+                   + f"; `strategy.run` adds {results['python_overhead_us']:.0f} us per step "
+                   "(median of the in-round differences).")
+        out.append("")
     if tf["status"] == "measured":
         out.append(f"TensorFlow {tf.get('tensorflow')} (`{tf.get('strategy')}`, intra-op {tf.get('intra_op')}, "
-                   f"inter-op {tf.get('inter_op')}).")
+                   f"inter-op {tf.get('inter_op')}); TensorFlow / numpy = {_ratio_text(ratios.get('TF/numpy'))}.")
     else:
         out.append(f"TensorFlow was {tf['status']}: {tf.get('reason', '')}")
     blas_line = (f"numpy's BLAS: {blas.get('library', '?')} {blas.get('version', '')}, "
@@ -714,7 +744,7 @@ def markdown(results: dict[str, Any]) -> str:
     if blas.get("OPENBLAS_CORETYPE"):
         blas_line += (f" (OPENBLAS_CORETYPE={blas['OPENBLAS_CORETYPE']} was set: it forces older kernels; unset it "
                       "together with OPENBLAS_L2_SIZE for this command to measure numpy at full speed)")
-    out.append(blas_line + ".")
+    out += ["", blas_line + "."]
     prof = results.get("profile")
     if prof:
         numpy_mm = us.get(_NPMM)
@@ -741,8 +771,7 @@ def markdown(results: dict[str, Any]) -> str:
         ]
         if numpy_mm and _NP in us:
             out.append(f"For comparison, numpy's matrix products alone take {numpy_mm / 1e3:.2f} ms of its "
-                       f"{us[_NP] / 1e3:.2f} ms step; graphdist's Python overhead per call (strategy.run minus the "
-                       f"session alone) is {(us[_GD] - us.get(_ORT, us[_GD])) / 1e3:.2f} ms.")
+                       f"{us[_NP] / 1e3:.2f} ms step.")
     return "\n".join(out).rstrip()
 
 
@@ -757,11 +786,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=None, help=f"rounds (default {ROUNDS})")
     parser.add_argument("--calls", type=int, default=None, help=f"calls per variant per round (default {CALLS})")
     parser.add_argument("--quick", action="store_true", help="3 rounds of 3 calls: a smoke run")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds during which disturbed rounds are repeated (default 600)")
     parser.add_argument("--no-tf", action="store_true", help="leave TensorFlow out")
     parser.add_argument("--setup-tf", action="store_true",
                         help=f"create {TF_VENV.relative_to(TF_VENV.parent.parent)} with pip install "
                              f"{' '.join(TF_PACKAGES)}, then exit")
     parser.add_argument("--json", metavar="FILE", help="also write the raw results as JSON")
+    parser.add_argument("--from-json", metavar="FILE",
+                        help="measure nothing: report (and with --write, write) the results saved by --json")
     parser.add_argument("--write", action="store_true", help="update this section of BENCHMARKS.md")
     parser.add_argument("-v", "--verbose", action="store_true", help="log per-round times")
     args = parser.parse_args(argv)
@@ -771,7 +804,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(message)
         return 0 if ok else 1
 
-    results = run(rounds=args.rounds, quick=args.quick, calls=args.calls, tf=not args.no_tf)
+    if args.from_json:
+        results = json.loads(Path(args.from_json).read_text())
+        results.update(summarize(results["raw"], results["foreign"], results["config"]["rounds"]))
+    else:
+        results = run(rounds=args.rounds, quick=args.quick, calls=args.calls, tf=not args.no_tf,
+                      budget_s=args.budget)
     print(table(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, default=str))
