@@ -48,7 +48,7 @@ from graphdist.errors import (
 )
 from graphdist.ir import Graph, Node, Value, verify
 from graphdist.trace import Tensor, TensorSpec, nn, trace
-from graphdist.trace.tape import GradientTape, grad, value_and_grad
+from graphdist.trace.tape import GradientTape, grad, stop_gradient, value_and_grad
 
 __version__ = "0.1.0"
 
@@ -69,6 +69,7 @@ __all__ = [
     "GradientTape",
     "grad",
     "value_and_grad",
+    "stop_gradient",
     "optimizers",
     "nn",
     "train",

@@ -18,6 +18,7 @@ def sync_pipeline(cross_device_ops: Any = None, parameter_device: Any = None) ->
     from passes.autodiff import AutodiffPass
     from passes.eliminate_dead_nodes import EliminateDeadNodesPass
     from passes.lower_collectives import LowerCollectivesPass
+    from passes.lower_stop_gradients import LowerStopGradientsPass
     from passes.lower_variable_updates import LowerVariableUpdatesPass
     from passes.materialize_replica_ids import MaterializeReplicaIdsPass
 
@@ -33,5 +34,6 @@ def sync_pipeline(cross_device_ops: Any = None, parameter_device: Any = None) ->
         from passes.bucket_collectives import BucketCollectivesPass
 
         bucketing = [BucketCollectivesPass(**options)]
-    return [AutodiffPass(), LowerVariableUpdatesPass(), MaterializeReplicaIdsPass(), *placement,
-            LowerCollectivesPass(collective_attrs), *bucketing, EliminateDeadNodesPass(), AssignDevicesPass()]
+    return [AutodiffPass(), LowerStopGradientsPass(), LowerVariableUpdatesPass(), MaterializeReplicaIdsPass(),
+            *placement, LowerCollectivesPass(collective_attrs), *bucketing, EliminateDeadNodesPass(),
+            AssignDevicesPass()]

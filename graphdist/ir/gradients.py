@@ -112,6 +112,10 @@ class GradBuilder:
             return grad
         lead = grad.rank - len(shape)
         axes = list(range(lead)) + [lead + i for i, d in enumerate(shape) if d == 1 and grad.shape[lead + i] != 1]
+        if axes == [0] and grad.rank == 2 and grad.dtype.kind == "f" and isinstance(grad.shape[0], int):
+            # A bias gradient: ones(1, N) @ grad runs as a GEMM, several times faster than ReduceSum(axis=0).
+            ones = self.const(np.ones((1, grad.shape[0]), grad.dtype), grad.dtype)
+            return self.reshape(self.op1("MatMul", [ones, grad]), shape)
         summed = self.reduce_sum(grad, axes, keepdims=True)
         return self.reshape(summed, shape)
 
@@ -218,10 +222,11 @@ def _relu(b: GradBuilder, node: Node, g: list[Value | None]) -> list[Value | Non
 
 
 def _select_grad(b: GradBuilder, node: Node, g: Value, greater: str) -> list[Value | None]:
+    # Where(mask, g, 0) is one pass over the data; Cast + Mul would be two.
     x, y = node.inputs
-    take_x = b.cast(b.op1(greater, [x, y]), g.dtype)
-    take_y = b.op1("Sub", [b.const(1, g.dtype), take_x])
-    return [_ub(b, b.mul(g, take_x), x), _ub(b, b.mul(g, take_y), y)]
+    take_x = b.op1(greater, [x, y])
+    zero = b.const(0, g.dtype)
+    return [_ub(b, b.op1("Where", [take_x, g, zero]), x), _ub(b, b.op1("Where", [take_x, zero, g]), y)]
 
 
 @register_gradient("Max")
@@ -955,3 +960,9 @@ def _conv_transpose(b: GradBuilder, node: Node, g: list[Value | None]) -> list[V
     if len(node.inputs) > 2:
         grads.append(None if bias is None else _bias_grad(b, grad))
     return grads
+
+
+@register_gradient("StopGradient", GRAPHDIST_DOMAIN)
+def _stop_gradient(b: GradBuilder, node: Node, g: list[Value | None]) -> list[Value | None]:
+    return [None]
+

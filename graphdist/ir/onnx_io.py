@@ -45,14 +45,23 @@ def _attribute(name: str, value: Any) -> onnx.AttributeProto:
     return helper.make_attribute(name, value)
 
 
+#: graphdist ops that are the identity at run time: written as ONNX Identity (tagged) so any
+#: runtime can execute a traced graph; import restores them from the tag.
+_RUNTIME_IDENTITIES = frozenset({"StopGradient"})
+
+
 def _node_proto(node: Node) -> onnx.NodeProto:
+    as_identity = node.domain == GRAPHDIST_DOMAIN and node.op_type in _RUNTIME_IDENTITIES
     proto = helper.make_node(
-        node.op_type,
+        "Identity" if as_identity else node.op_type,
         ["" if v is None else v.name for v in node.inputs],
         [v.name for v in node.outputs],
         name=node.name,
-        domain=node.domain,
+        domain="" if as_identity else node.domain,
     )
+    if as_identity:
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = "graphdist_op", node.op_type
     proto.attribute.extend(_attribute(k, v) for k, v in sorted(node.attrs.items()) if v is not None)
     for key, text in (("device", node.device), ("replica", node.replica)):
         if text is not None:
@@ -198,6 +207,10 @@ def _import_initializer(graph: Graph, name: str, array: np.ndarray) -> Value:
 
 def _import_node(graph: Graph, proto: onnx.NodeProto, values: dict[str, Value], types: dict) -> None:
     domain = "" if proto.domain == "ai.onnx" else proto.domain
+    tagged = {p.key: p.value for p in proto.metadata_props}.get("graphdist_op")
+    if tagged in _RUNTIME_IDENTITIES and proto.op_type == "Identity":
+        proto = onnx.NodeProto.FromString(proto.SerializeToString())
+        proto.op_type, proto.domain, domain = tagged, GRAPHDIST_DOMAIN, GRAPHDIST_DOMAIN
     where = f"node {proto.name!r} ({proto.op_type})" if proto.name else f"a {proto.op_type} node"
     if proto.op_type == "Constant" and domain == "":
         attrs = {a.name: _python_attr(a) for a in proto.attribute}

@@ -3,6 +3,8 @@
 * ``AssignVariable(value) -> value`` (attr ``variable``): a variable update;
   its output is the variable's new value for later reads in the same step.
   ``LowerVariableUpdatesPass`` turns updates into plan outputs.
+* ``StopGradient(value) -> value``: the identity, treated as a constant by
+  autodiff (``gd.stop_gradient``); removed after ``AutodiffPass``.
 * ``Transfer(value) -> value``: copies a value to the node's device; the only
   way a compute node reads a value produced on another device.
 * ``Gradient(target, *sources) -> *grads`` : d(sum(target))/d(source) for each
@@ -48,6 +50,8 @@ def _reference_gradient(*_: Any, **__: Any) -> tuple[np.ndarray, ...]:
 
 def register_state_ops() -> None:
     """Registers ``AssignVariable``, ``Gradient`` and ``Transfer`` in the OpDef registry."""
+    register_op(OpDef("StopGradient", GRAPHDIST_DOMAIN, _infer_assign, reference=_reference_assign,
+                      doc="Identity whose gradient is zero (lowered to nothing after autodiff)."))
     register_op(OpDef("Transfer", GRAPHDIST_DOMAIN, _infer_assign, reference=_reference_assign,
                       doc="Moves a value to the node's device (inserted by PartitionPass)."))
     register_op(OpDef("AssignVariable", GRAPHDIST_DOMAIN, _infer_assign, reference=_reference_assign,

@@ -121,10 +121,16 @@ def _axes(axis: Any, rank: int, what: str) -> tuple[int, ...]:
 
 
 def _reduce_max(x: Any, axes: tuple[int, ...]) -> Any:
-    """Max over ``axes`` keeping dims: a bare ``ReduceMax`` when traced."""
+    """Max over ``axes`` keeping dims: a bare ``ReduceMax`` when traced.
+
+    Used only as a numerical shift (softmax is invariant to it), so its
+    gradient is exactly zero: a stop-gradient saves the backward ops.
+    """
     if isinstance(x, Tensor):
+        from graphdist.trace.tape import stop_gradient
+
         ctx = _context(x)
-        return ctx.emit1("ReduceMax", [x.value, ctx.int64s(axes)], {"keepdims": 1})
+        return stop_gradient(ctx.emit1("ReduceMax", [x.value, ctx.int64s(axes)], {"keepdims": 1}))
     return np.max(x, axis=axes, keepdims=True, initial=-np.inf)
 
 

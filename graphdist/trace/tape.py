@@ -17,7 +17,7 @@ from graphdist.errors import TracingError
 from graphdist.ir.graph import GRAPHDIST_DOMAIN
 from graphdist.trace.tracer import current_trace
 
-__all__ = ["GradientTape", "grad", "value_and_grad"]
+__all__ = ["GradientTape", "grad", "value_and_grad", "stop_gradient"]
 
 _EAGER_HINT = (
     "gradients are computed on traced graphs: call this code inside strategy.run(...) or a "
@@ -126,3 +126,15 @@ def _grad_impl(fn: Callable[..., Any], argnums: int | tuple[int, ...], with_valu
         return (value, grads) if with_value else grads
 
     return wrapper
+
+
+def stop_gradient(x: Any) -> Any:
+    """``x`` itself, treated as a constant by autodiff (like ``tf.stop_gradient``); eager: ``x``."""
+    ctx = current_trace()
+    if ctx is None:
+        return x
+    from graphdist.trace.numpy_api import _as_tensor
+
+    tensor = _as_traced(ctx, x) if not isinstance(x, (int, float)) else _as_tensor(ctx, x)
+    return ctx.emit1("StopGradient", [tensor.value], {}, domain=GRAPHDIST_DOMAIN, name="stop_gradient")
+

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -250,7 +251,7 @@ def test_inspect_writes_pictures(tmp_path: Path) -> None:
     svg = tmp_path / "mlp.svg"
     result = graphdist("inspect", "models.mlp:make_step", *MIRRORED, "--stage", "partitioned", "-o", str(svg))
     assert result.returncode == 0, result.stderr
-    assert f"wrote {svg} (svg, 131 nodes, stage partitioned)" in result.stdout
+    assert re.search(rf"wrote {re.escape(str(svg))} \(svg, \d+ nodes, stage partitioned\)", result.stdout)
     data = svg.read_text()
     assert ET.fromstring(data).tag.endswith("svg") and "cpu:1" in data and "AllReduce SUM ring" in data
     png = tmp_path / "plan.png"
