@@ -195,7 +195,8 @@ def test_sparse_softmax_cross_entropy(dtype, label_dtype) -> None:
     graph = check_nn(nn.sparse_softmax_cross_entropy, (labels, logits), ref_cross_entropy(labels, logits),
                      rtol=1e-4)
     assert graph.outputs[0].shape == (4, 3)
-    allowed = {"Equal", "Cast", "Mul", "ReduceSum", "Sub", "Exp", "Log", "ReduceMax", "Neg", "Unsqueeze", "StopGradient"}
+    allowed = {"Equal", "Cast", "Mul", "ReduceSum", "Sub", "Exp", "Log", "ReduceMax", "Neg", "Unsqueeze",
+               "StopGradient"}
     assert op_types(graph) <= allowed, op_types(graph) - allowed
 
 
