@@ -588,3 +588,20 @@ def test_integer_source_raises() -> None:
     step = gd.function(lambda x: gd.grad(lambda a: (a * 2.0).sum())(x), backend="reference")
     with pytest.raises(gd.TracingError, match="int64"):
         step(np.arange(3))
+
+
+def test_stop_gradient_blocks_the_gradient_and_round_trips_through_onnx() -> None:
+    from graphdist.ir import from_onnx
+
+    x = np.array([1.0, 2.0, 3.0])
+
+    @gd.function
+    def g(x):
+        return gd.grad(lambda a: (gd.stop_gradient(a) * a).sum())(x)
+
+    np.testing.assert_allclose(g(x), x)  # d/da of c * a with c = a held constant: a, not 2a
+    assert gd.stop_gradient(x) is x  # eager: the value itself
+    traced = gd.trace(lambda a: gd.stop_gradient(a) * 2.0, x)
+    model = traced.to_onnx()
+    assert [n.op_type for n in model.graph.node][0] == "Identity"  # runnable by any ONNX runtime
+    assert from_onnx(model).nodes[0].qualified_op == "graphdist.StopGradient"
