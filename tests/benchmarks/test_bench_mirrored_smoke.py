@@ -24,6 +24,7 @@ def test_mirrored_train_benchmark_smoke(tmp_path) -> None:
     parts = results["breakdown"]
     assert parts["median_us"]["step"] > 0 and parts["all_reduce_tasks"] == 4
     assert {s["device"] for s in parts["segments"]} == {"cpu:0", "cpu:1"}
+    assert parts["threads"] is None or parts["threads"][bench._MIR]["wall_us"] > 0
     text = bench.markdown(results)
     assert text.startswith("## MLP training throughput") and "Goal: not measured" in " ".join(text.split())
     assert "Where graphdist Mirrored's step spends its time" in text
