@@ -110,12 +110,24 @@ class Scheduler:
         while remaining or running:
             launch = ready()
             while launch:  # communication finishes inline and may make more tasks ready
+                segments = [t for t in launch if t.kind == "segment"]
                 for task in launch:
                     del remaining[id(task)]
                     if task.kind == "comm":
                         self._finish(task, self._run_comm(self._plan.comms[task.index], env), env, done, remaining)
-                    else:
-                        running[pool.submit(self._run_segment, task.index, env)] = task
+                # The coordinating thread runs one ready segment itself (no hand-off to a worker and
+                # back); the others go to the pool and run meanwhile.
+                for task in segments[:-1]:
+                    running[pool.submit(self._run_segment, task.index, env)] = task
+                if segments:
+                    inline = segments[-1]
+                    try:
+                        outputs = self._run_segment(inline.index, env)
+                    except BaseException:
+                        for other in running:
+                            other.cancel()
+                        raise
+                    self._finish(inline, outputs, env, done, remaining)
                 launch = ready()
             if not running:
                 if remaining:
