@@ -86,6 +86,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import BENCHMARKS_MD, machine_info, machine_markdown, median
+from benchmarks.quiet import QUIET, CpuMeter, loadavg, quiet_rounds, timed, wait_quiet
 
 __all__ = [
     "NAME", "SIZES", "BATCH", "LEARNING_RATE", "TF_VENV", "TF_SCRIPT", "TF_CROSS_DEVICE_OPS", "TF_THREADS",
@@ -105,7 +106,6 @@ CALLS = 20
 #: Pause before each timed block: ONNX Runtime's and TensorFlow's pool threads spin for a while after a run.
 SETTLE = 0.1
 #: A round is disturbed when other processes used more than this share of the machine's CPU time.
-QUIET = 0.10
 MIN_QUIET = 5
 #: After a disturbed round, seconds to wait at most for the machine to become quiet again.
 PATIENCE = 5.0
@@ -172,63 +172,6 @@ def _compare(label: str, got: Sequence[np.ndarray], want: Sequence[np.ndarray], 
 
 
 # ------------------------------------------------------------------------ CPU accounting
-class _CpuMeter:
-    """Share of the machine's CPU time used by processes other than ours (Linux ``/proc``)."""
-
-    def __init__(self) -> None:
-        self.pids = [os.getpid()]
-        self.available = Path("/proc/stat").exists()
-        self.cpus = os.cpu_count() or 1
-        self.tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-    @staticmethod
-    def _busy() -> int:
-        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        return sum(fields[:8]) - fields[3] - fields[4]  # minus idle and iowait
-
-    def _own(self) -> int:
-        total = 0
-        for pid in self.pids:
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-        return total
-
-    def start(self) -> tuple[float, int, int] | None:
-        return (time.perf_counter(), self._busy(), self._own()) if self.available else None
-
-    def foreign(self, mark: tuple[float, int, int] | None) -> float | None:
-        """Other processes' share of all CPUs' time since ``mark``."""
-        if mark is None:
-            return None
-        wall, busy, own = mark
-        elapsed = (time.perf_counter() - wall) * self.tick * self.cpus
-        return max(self._busy() - busy - (self._own() - own), 0) / max(elapsed, 1e-9)
-
-
-def _wait_quiet(meter: _CpuMeter, timeout: float, window: float = 1.0) -> float:
-    """Waits (at most ``timeout`` s) for a ``window`` in which other processes stay under :data:`QUIET`."""
-    start = time.perf_counter()
-    while time.perf_counter() - start < timeout:
-        mark = meter.start()
-        if mark is None:
-            break
-        time.sleep(window)
-        if (meter.foreign(mark) or 0.0) <= QUIET:
-            break
-    return time.perf_counter() - start
-
-
-def _loadavg() -> list[float] | None:
-    try:
-        return [round(float(v), 2) for v in os.getloadavg()]
-    except (AttributeError, OSError):
-        return None
-
-
-# --------------------------------------------------------------------------- TensorFlow
 class TFMirroredProcess:
     """``tf_mirrored_train.py --serve`` as a subprocess that times blocks of steps on request.
 
@@ -313,15 +256,6 @@ def _tf_check(python: Path, data: Path, cross_device_ops: str, threads: tuple[in
 
 
 # ------------------------------------------------------------------------------ helpers
-def _timed(fn: Callable[[], Any]) -> Callable[[int], float]:
-    def block(calls: int) -> float:
-        clock = time.perf_counter_ns
-        start = clock()
-        for _ in range(calls):
-            fn()
-        return (clock() - start) / calls / 1e3
-
-    return block
 
 
 def _param_key(index: int) -> str:
@@ -430,7 +364,7 @@ def _breakdown(setup: dict[str, Any], steps: int, rounds: int) -> dict[str, Any]
     x, labels = setup["x"], setup["labels"]
     per_step: list[dict[str, float]] = []
     one_steps: list[dict[str, float]] = []
-    meter = _CpuMeter()
+    meter = CpuMeter()
     mark = meter.start()
     try:
         for _ in range(rounds):
@@ -707,13 +641,13 @@ def run(rounds: int | None = None, quick: bool = False, calls: int | None = None
                  "threads_per_device": thread_budget(len(DEVICES)), "one_device_threads": thread_budget(1),
                  "cross_device_ops": repr(getattr(setup["mirrored"], "cross_device_ops", None))}
 
-    variants: dict[str, Callable[[int], float]] = {name: _timed(fn) for name, fn in setup["calls"].items()}
+    variants: dict[str, Callable[[int], float]] = {name: timed(fn) for name, fn in setup["calls"].items()}
 
     # --- TensorFlow
     tf_result: dict[str, Any] = {"status": "not requested"}
     tf_process: TFMirroredProcess | None = None
     tf_default: TFMirroredProcess | None = None
-    meter = _CpuMeter()
+    meter = CpuMeter()
     tmp = tempfile.TemporaryDirectory()
     times: dict[str, list[float]] = {}
     foreign: list[float] = []
@@ -755,30 +689,12 @@ def run(rounds: int | None = None, quick: bool = False, calls: int | None = None
 
         # --- timing, interleaved
         names = [name for name in ORDER if name in variants]
-        for name in names:
-            variants[name](max(calls // 2, 2))  # warm-up
-        times = {name: [] for name in names}
-        load_start = _loadavg()
-        waited = _wait_quiet(meter, wait_s)
-        deadline = time.perf_counter() + budget_s
-        index = 0
-        while sum(share <= QUIET for share in foreign) < rounds and index < max(max_rounds, rounds) and (
-                index < rounds or time.perf_counter() < deadline):
-            order = names if index % 2 == 0 else names[::-1]
-            worst = 0.0
-            for name in order:
-                time.sleep(SETTLE)
-                mark = meter.start()
-                times[name].append(variants[name](calls))
-                share = meter.foreign(mark)
-                worst = max(worst, share if share is not None else 0.0)
-            foreign.append(worst)
-            logger.debug("round %d (other processes %.0f%%): %s", index, 100 * worst,
-                         ", ".join(f"{n} {times[n][-1]:.0f}" for n in names))
-            index += 1
-            if worst > QUIET and patience and index < max_rounds and time.perf_counter() < deadline:
-                _wait_quiet(meter, patience)
-        load_end = _loadavg()
+        timing = quiet_rounds(variants, names, meter, calls=calls, rounds=rounds, max_rounds=max_rounds,
+                              budget_s=budget_s, wait_s=wait_s, patience=patience, settle=SETTLE, foreign=foreign,
+                              quiet_window=1.0)
+        times, waited = timing["times"], timing["waited"]
+        load_start, load_end = [round(v, 2) for v in timing["load_start"] or []] or None, \
+            [round(v, 2) for v in timing["load_end"] or []] or None
     finally:
         for process in (tf_process, tf_default):
             if process is not None:
@@ -787,7 +703,7 @@ def run(rounds: int | None = None, quick: bool = False, calls: int | None = None
 
     parts = None
     if breakdown:
-        _wait_quiet(_CpuMeter(), 0.0 if quick else 20.0)
+        wait_quiet(CpuMeter(), 0.0 if quick else 20.0, 1.0)
         parts = _breakdown(setup, steps=calls, rounds=max(3, min(rounds, 7)))
         parts["threads"] = _thread_accounting(setup, steps=calls, rounds=max(2, min(rounds, 6)))
 
@@ -898,7 +814,7 @@ def tf_scan(rounds: int = 9, calls: int = 20, tf_venv: Path = TF_VENV,
     return {"rounds": rounds, "calls": calls, "us": {label: median(v) for label, v in times.items()},
             "us_min": {label: min(v) for label, v in times.items()}, "cross_device_ops": chosen,
             "vs_first": {label: median([a / b for a, b in zip(v, times[first])]) for label, v in times.items()},
-            "first": first, "loadavg": _loadavg(), "date": time.strftime("%Y-%m-%d")}
+            "first": first, "loadavg": loadavg(2), "date": time.strftime("%Y-%m-%d")}
 
 
 # ------------------------------------------------------------------------------ reports

@@ -69,6 +69,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import machine_info, median, update_section
+from benchmarks.quiet import QUIET, CpuMeter, quiet_rounds, timed
 
 __all__ = [
     "NAME", "SIZES", "BATCH", "LEARNING_RATE", "QUIET", "MIN_QUIET", "TF_VENV", "TF_SCRIPT",
@@ -88,7 +89,6 @@ CALLS = 20
 #: with no pause, 1.6x after 50 ms, unaffected after 100 ms or more).
 SETTLE = 0.25
 #: A round is disturbed when other processes used more than this share of the machine's CPU time.
-QUIET = 0.10
 #: Fewer quiet rounds than this: medians over all rounds instead.
 MIN_QUIET = 5
 #: After a disturbed round, seconds to wait at most for the machine to become quiet again.
@@ -183,69 +183,6 @@ class NumpyTrainStep:
 
 
 # ------------------------------------------------------------------------ CPU accounting
-class _CpuMeter:
-    """Share of the machine's CPU time used by processes other than ours (Linux ``/proc``)."""
-
-    def __init__(self) -> None:
-        self.pids = [os.getpid()]
-        self.available = Path("/proc/stat").exists()
-        self.cpus = os.cpu_count() or 1
-        self.tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-    @staticmethod
-    def _busy() -> int:
-        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        return sum(fields[:8]) - fields[3] - fields[4]  # minus idle and iowait
-
-    def _own(self) -> int:
-        total = 0
-        for pid in self.pids:
-            try:
-                stat = Path(f"/proc/{pid}/stat").read_text()
-            except OSError:
-                continue
-            fields = stat.rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-        return total
-
-    def start(self) -> tuple[float, int, int] | None:
-        if not self.available:
-            return None
-        return time.perf_counter(), self._busy(), self._own()
-
-    def foreign(self, mark: tuple[float, int, int] | None) -> float | None:
-        """Other processes' share of all CPUs' time since ``mark``."""
-        if mark is None:
-            return None
-        wall, busy, own = mark
-        elapsed = (time.perf_counter() - wall) * self.tick * self.cpus
-        return max(self._busy() - busy - (self._own() - own), 0) / max(elapsed, 1e-9)
-
-
-def _wait_quiet(meter: _CpuMeter, timeout: float, window: float = 2.0) -> float:
-    """Waits (at most ``timeout`` s) for a ``window`` in which other processes stay under :data:`QUIET`.
-
-    Returns:
-        Seconds waited.
-    """
-    start = time.perf_counter()
-    while time.perf_counter() - start < timeout:
-        mark = meter.start()
-        if mark is None:
-            break
-        time.sleep(window)
-        if (meter.foreign(mark) or 0.0) <= QUIET:
-            break
-    return time.perf_counter() - start
-
-
-def _loadavg() -> list[float] | None:
-    try:
-        return [float(v) for v in os.getloadavg()]
-    except (AttributeError, OSError):
-        return None
-
-
 # --------------------------------------------------------------------------- TensorFlow
 def tf_python(venv: Path = TF_VENV) -> Path:
     """The TensorFlow environment's interpreter (may not exist)."""
@@ -354,15 +291,6 @@ def _blas_info(threads: int) -> tuple[dict[str, Any], Any]:
     return info, threadpoolctl.threadpool_limits(limits=threads, user_api="blas")
 
 
-def _timed(fn: Callable[[], Any]) -> Callable[[int], float]:
-    def block(calls: int) -> float:
-        clock = time.perf_counter_ns
-        start = clock()
-        for _ in range(calls):
-            fn()
-        return (clock() - start) / calls / 1e3
-
-    return block
 
 
 def _ort_profile(model: Any, feeds: dict[str, np.ndarray], threads: int, calls: int) -> dict[str, Any]:
@@ -487,18 +415,18 @@ def run(rounds: int | None = None, quick: bool = False, calls: int | None = None
 
     blas, limit = _blas_info(threads)
     variants: dict[str, Callable[[int], float]] = {
-        _GD: _timed(lambda: strategy.run(step, args=(x, labels))),
-        _NP: _timed(lambda: numpy_step(x, labels)),
+        _GD: timed(lambda: strategy.run(step, args=(x, labels))),
+        _NP: timed(lambda: numpy_step(x, labels)),
     }
     if feeds:
         session = executable.session
-        variants[_ORT] = _timed(lambda: session.run(None, feeds))
-    variants[_NPMM] = _timed(lambda: numpy_step.matmuls_only(x))
+        variants[_ORT] = timed(lambda: session.run(None, feeds))
+    variants[_NPMM] = timed(lambda: numpy_step.matmuls_only(x))
 
     # --- TensorFlow
     tf_result: dict[str, Any] = {"status": "not requested"}
     tf_process: TFProcess | None = None
-    meter = _CpuMeter()
+    meter = CpuMeter()
     tmp = tempfile.TemporaryDirectory()
     try:
         python = tf_python(tf_venv)
@@ -530,33 +458,12 @@ def run(rounds: int | None = None, quick: bool = False, calls: int | None = None
 
         # --- timing, interleaved
         with limit:
-            for block in variants.values():
-                block(max(calls // 2, 2))  # warm-up
-            times: dict[str, list[float]] = {name: [] for name in variants}
             foreign: list[float] = []
-            names = list(variants)
-            load_start = _loadavg()
-            waited = _wait_quiet(meter, wait_s)
-            deadline = time.perf_counter() + budget_s
-            index = 0
-            # Rounds go on until `rounds` of them were quiet, or max_rounds or the time budget are used up.
-            while sum(share <= QUIET for share in foreign) < rounds and index < max(max_rounds, rounds) and (
-                    index < rounds or time.perf_counter() < deadline):
-                order = names if index % 2 == 0 else names[::-1]
-                worst = 0.0
-                for name in order:
-                    time.sleep(SETTLE)
-                    mark = meter.start()
-                    times[name].append(variants[name](calls))
-                    share = meter.foreign(mark)
-                    worst = max(worst, share if share is not None else 0.0)
-                foreign.append(worst)
-                logger.debug("round %d (other processes %.0f%%): %s", index, 100 * worst,
-                             ", ".join(f"{n} {times[n][-1]:.0f}" for n in names))
-                index += 1
-                if worst > QUIET and patience and index < max_rounds and time.perf_counter() < deadline:
-                    _wait_quiet(meter, patience)  # let a burst of other work pass before the next round
-            load_end = _loadavg()
+            timing = quiet_rounds(variants, list(variants), meter, calls=calls, rounds=rounds, max_rounds=max_rounds,
+                                  budget_s=budget_s, wait_s=wait_s, patience=patience, settle=SETTLE,
+                                  foreign=foreign)
+            times, waited = timing["times"], timing["waited"]
+            load_start, load_end = timing["load_start"], timing["load_end"]
     finally:
         if tf_process is not None:
             tf_process.close()
