@@ -97,57 +97,6 @@ def test_assign_in_replica_of_an_all_reduced_value(strategy) -> None:
             np.testing.assert_array_equal(got, expected * k)
 
 
-# ------------------------------------------------------------ seeds' examples
-def test_run_constant_input(strategy) -> None:
-    result = strategy.run(lambda x: x * 2.0, args=(np.float32(3.0),))
-    assert isinstance(result, gd.PerReplica)
-    assert [float(v) for v in result.values] == [6.0] * strategy.num_replicas_in_sync
-
-
-def test_value_fn_examples(strategy) -> None:
-    n = strategy.num_replicas_in_sync
-    one = strategy.experimental_distribute_values_from_function(lambda ctx: np.float32(1.0))
-    assert strategy.experimental_local_results(one) == (np.float32(1.0),) * n
-    array_value = np.array([3.0, 2.0, 1.0, 0.0])
-    by_id = strategy.experimental_distribute_values_from_function(lambda ctx: array_value[ctx.replica_id_in_sync_group])
-    assert strategy.experimental_local_results(by_id) == tuple(array_value[:n])
-
-
-def test_reduce_of_replica_ids(strategy) -> None:
-    def step_fn():
-        return gd.get_replica_context().replica_id_in_sync_group
-
-    per_replica_result = strategy.run(step_fn)
-    n = strategy.num_replicas_in_sync
-    assert strategy.reduce("SUM", per_replica_result, axis=None) == sum(range(n))
-    assert strategy.reduce("MAX", per_replica_result, axis=None) == n - 1
-
-
-def test_all_reduce_in_function(strategy) -> None:
-    @gd.function
-    def run():
-        def value_fn(value_context):
-            return np.int32(value_context.replica_id_in_sync_group)
-
-        distributed_values = strategy.experimental_distribute_values_from_function(value_fn)
-        return strategy.run(lambda v: gd.get_replica_context().all_reduce("sum", v), args=(distributed_values,))
-
-    n = strategy.num_replicas_in_sync
-    assert [int(v) for v in run().values] == [sum(range(n))] * n
-
-
-@pytest.mark.parametrize("axis", [0, 1, 2])
-def test_gather_every_axis(strategy, axis: int) -> None:
-    single_tensor = np.arange(6).reshape(1, 2, 3)
-    values = strategy.experimental_distribute_values_from_function(lambda _: single_tensor)
-
-    @gd.function
-    def run(axis):
-        return strategy.gather(values, axis=axis)
-
-    expected = np.concatenate([single_tensor] * strategy.num_replicas_in_sync, axis=axis)
-    np.testing.assert_array_equal(run(axis), expected)
-    np.testing.assert_array_equal(strategy.gather(values, axis=axis), expected)
 
 
 def test_distributed_dataset_example() -> None:

@@ -1,5 +1,6 @@
-"""MirroredStrategy: the seeds' examples with 2 and 4 logical devices, and training
-equivalence with one device on the same global batch."""
+"""MirroredStrategy: variables, the seeds' dataset examples, and training equivalence with
+one device on the same global batch (the strategy-api examples on every strategy are in
+test_seed_examples.py)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,6 @@ from models.mlp import MLP
 
 def _devices(n: int) -> list[str]:
     return [f"cpu:{i}" for i in range(n)]
-
-
-@pytest.fixture(params=[2, 4], ids=["2dev", "4dev"])
-def strategy(request) -> gd.MirroredStrategy:
-    return gd.MirroredStrategy(_devices(request.param))
 
 
 def test_mirrored_variable_repr_and_access() -> None:
@@ -37,70 +33,6 @@ def test_mirrored_variable_repr_and_access() -> None:
     assert strategy.extended.variable_created_in_scope(mirrored_variable)
 
 
-def test_run_constant_input(strategy) -> None:
-    result = strategy.run(lambda x: x * 2.0, args=(np.float32(3.0),))
-    assert isinstance(result, gd.PerReplica)
-    assert [float(v) for v in result.values] == [6.0] * strategy.num_replicas_in_sync
-
-
-def test_value_fn_examples(strategy) -> None:
-    n = strategy.num_replicas_in_sync
-    one = strategy.experimental_distribute_values_from_function(lambda ctx: np.float32(1.0))
-    assert strategy.experimental_local_results(one) == (np.float32(1.0),) * n
-    array_value = np.array([3.0, 2.0, 1.0, 0.0])
-    by_id = strategy.experimental_distribute_values_from_function(lambda ctx: array_value[ctx.replica_id_in_sync_group])
-    assert strategy.experimental_local_results(by_id) == tuple(array_value[:n])
-    count = strategy.experimental_distribute_values_from_function(lambda ctx: ctx.num_replicas_in_sync)
-    assert strategy.experimental_local_results(count) == (n,) * n
-
-
-def test_reduce_of_replica_ids(strategy) -> None:
-    def step_fn():
-        return gd.get_replica_context().replica_id_in_sync_group
-
-    per_replica_result = strategy.run(step_fn)
-    n = strategy.num_replicas_in_sync
-    assert strategy.reduce("SUM", per_replica_result, axis=None) == sum(range(n))
-
-
-def test_all_reduce_in_function(strategy) -> None:
-    @gd.function
-    def run():
-        def value_fn(value_context):
-            return np.int32(value_context.replica_id_in_sync_group)
-
-        distributed_values = strategy.experimental_distribute_values_from_function(value_fn)
-        return strategy.run(lambda v: gd.get_replica_context().all_reduce("sum", v), args=(distributed_values,))
-
-    n = strategy.num_replicas_in_sync
-    result = run()
-    assert [int(v) for v in result.values] == [sum(range(n))] * n
-    assert "AllReduce" in run.get_concrete_function().plan.summary()
-
-
-def test_run_in_function_with_distributed_values(strategy) -> None:
-    @gd.function
-    def run():
-        values = strategy.experimental_distribute_values_from_function(lambda ctx: ctx.num_replicas_in_sync)
-        return strategy.run(lambda v: v * 2, args=(values,))
-
-    n = strategy.num_replicas_in_sync
-    assert [int(v) for v in run().values] == [2 * n] * n
-
-
-@pytest.mark.parametrize("axis", [0, 1, 2])
-def test_gather_every_axis(strategy, axis: int) -> None:
-    single_tensor = np.arange(6).reshape(1, 2, 3)
-    values = strategy.experimental_distribute_values_from_function(lambda _: single_tensor)
-
-    @gd.function
-    def run(axis):
-        return strategy.gather(values, axis=axis)
-
-    n = strategy.num_replicas_in_sync
-    expected = np.concatenate([single_tensor] * n, axis=axis)
-    np.testing.assert_array_equal(run(axis), expected)
-    np.testing.assert_array_equal(strategy.gather(values, axis=axis), expected)
 
 
 def test_distributed_dataset_example() -> None:
