@@ -1,0 +1,174 @@
+"""Metrics of ``gd.keras`` (``metrics=["accuracy"]``) that aggregate correctly across replicas.
+
+A metric is a running ``total / count``. Inside a compiled step each replica
+computes its batch's partial sums (:meth:`Metric.batch_totals`, traced); the
+step reduces them with ``strategy.reduce("SUM")`` over the replicas and the
+host adds the global sums into the metric (:meth:`Metric.merge`), in float64.
+The result over an epoch is therefore exactly the metric of all the epoch's
+examples, whatever the replica count and however a partial last batch was
+split. Eagerly, :meth:`Metric.update_state` / :meth:`Metric.result` /
+:meth:`Metric.reset_state` work as in Keras.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from graphdist.errors import InvalidArgumentError
+from graphdist.keras import losses as losses_lib
+
+__all__ = ["Metric", "Mean", "SparseCategoricalAccuracy", "Accuracy", "MeanSquaredError", "MeanAbsoluteError",
+           "get", "serialize", "deserialize"]
+
+
+class Metric:
+    """A running ``total / count``.
+
+    Args:
+        name: The name used in ``fit`` logs and ``History``.
+    """
+
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name or type(self).__name__
+        self.reset_state()
+
+    def batch_totals(self, y_true: Any, y_pred: Any) -> tuple[Any, Any]:
+        """``(total, count)`` of one batch (traced or eager numpy)."""
+        raise NotImplementedError
+
+    def merge(self, total: float, count: float) -> None:
+        """Adds reduced partial sums."""
+        self._total += float(total)
+        self._count += float(count)
+
+    def update_state(self, y_true: Any, y_pred: Any) -> None:
+        """Adds a batch eagerly."""
+        total, count = self.batch_totals(np.asarray(y_true), np.asarray(y_pred))
+        self.merge(total, count)
+
+    def result(self) -> float:
+        """``total / count`` (0 before any update)."""
+        return self._total / self._count if self._count else 0.0
+
+    def reset_state(self) -> None:
+        """Forgets every update."""
+        self._total = 0.0
+        self._count = 0.0
+
+    def get_config(self) -> dict[str, Any]:
+        """Constructor arguments (JSON-able)."""
+        return {"name": self.name}
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}={self.result():.4g}>"
+
+
+def _count(y: Any) -> Any:
+    return np.asarray(int(y.shape[0]), dtype=np.float32)
+
+
+class Mean(Metric):
+    """The mean of the values given (``update_state(values)``; in a step, of ``y_pred``)."""
+
+    def batch_totals(self, y_true: Any, y_pred: Any) -> tuple[Any, Any]:
+        values = y_pred
+        size = int(np.prod(values.shape, dtype=np.int64))
+        return np.sum(values).astype(np.float32), np.asarray(size, dtype=np.float32)
+
+    def update_state(self, values: Any, y_pred: Any = None) -> None:  # type: ignore[override]
+        """Adds values (one argument, as Keras' ``Mean.update_state(values)``)."""
+        values = np.asarray(values if y_pred is None else y_pred, dtype=np.float64)
+        self.merge(values.sum(), values.size)
+
+
+class SparseCategoricalAccuracy(Metric):
+    """Fraction of examples whose arg-max prediction is the integer label."""
+
+    def __init__(self, name: str | None = None) -> None:
+        super().__init__(name or "sparse_categorical_accuracy")
+
+    def batch_totals(self, y_true: Any, y_pred: Any) -> tuple[Any, Any]:
+        labels = losses_lib.sparse_labels(y_true)
+        predicted = np.argmax(y_pred, axis=-1)
+        correct = (predicted == labels.astype(predicted.dtype)).astype(np.float32)
+        return np.sum(correct), _count(y_pred)
+
+
+class Accuracy(Metric):
+    """Fraction of predictions equal to the targets (elementwise)."""
+
+    def __init__(self, name: str | None = None) -> None:
+        super().__init__(name or "accuracy")
+
+    def batch_totals(self, y_true: Any, y_pred: Any) -> tuple[Any, Any]:
+        y_true = np.reshape(y_true, tuple(y_pred.shape)) if len(y_true.shape) < len(y_pred.shape) else y_true
+        equal = (y_pred == y_true.astype(y_pred.dtype)).astype(np.float32)
+        return np.sum(equal), np.asarray(int(np.prod(y_pred.shape, dtype=np.int64)), dtype=np.float32)
+
+
+class MeanSquaredError(Metric):
+    """Mean over examples of the per-example mean squared error."""
+
+    def __init__(self, name: str | None = None) -> None:
+        super().__init__(name or "mean_squared_error")
+
+    def batch_totals(self, y_true: Any, y_pred: Any) -> tuple[Any, Any]:
+        return np.sum(losses_lib.MeanSquaredError().per_example(y_true, y_pred)).astype(np.float32), _count(y_pred)
+
+
+class MeanAbsoluteError(Metric):
+    """Mean over examples of the per-example mean absolute error."""
+
+    def __init__(self, name: str | None = None) -> None:
+        super().__init__(name or "mean_absolute_error")
+
+    def batch_totals(self, y_true: Any, y_pred: Any) -> tuple[Any, Any]:
+        return np.sum(losses_lib.MeanAbsoluteError().per_example(y_true, y_pred)).astype(np.float32), _count(y_pred)
+
+
+_CLASSES = {cls.__name__: cls for cls in (Mean, SparseCategoricalAccuracy, Accuracy, MeanSquaredError,
+                                          MeanAbsoluteError)}
+
+
+def get(identifier: Any, loss: Any) -> Metric:
+    """A metric from a name or object. ``"accuracy"``/``"acc"`` follow the loss, as in Keras:
+    sparse class labels give :class:`SparseCategoricalAccuracy` (named ``"accuracy"``).
+
+    Raises:
+        InvalidArgumentError: Unknown name or value.
+    """
+    if isinstance(identifier, Metric):
+        return identifier
+    if not isinstance(identifier, str):
+        raise InvalidArgumentError(f"compile: a metric must be a name or a gd.keras.metrics.Metric, got "
+                                   f"{type(identifier).__name__}")
+    name = identifier.lower()
+    if name in ("accuracy", "acc"):
+        if isinstance(loss, losses_lib.SparseCategoricalCrossentropy):
+            return SparseCategoricalAccuracy(name=identifier)
+        return Accuracy(name=identifier)
+    simple = {"sparse_categorical_accuracy": SparseCategoricalAccuracy, "mse": MeanSquaredError,
+              "mean_squared_error": MeanSquaredError, "mae": MeanAbsoluteError,
+              "mean_absolute_error": MeanAbsoluteError}
+    cls = simple.get(name)
+    if cls is None:
+        raise InvalidArgumentError(f"compile: unknown metric {identifier!r}; use one of "
+                                   f"{sorted(['accuracy', *simple])} or a gd.keras.metrics object")
+    return cls(name=identifier)
+
+
+def serialize(metric: Metric) -> dict[str, Any]:
+    """``{"class_name", "config"}`` of a built-in metric."""
+    if type(metric).__name__ not in _CLASSES:
+        raise InvalidArgumentError(f"a custom metric ({type(metric).__name__}) cannot be saved in a model config")
+    return {"class_name": type(metric).__name__, "config": metric.get_config()}
+
+
+def deserialize(data: dict[str, Any]) -> Metric:
+    """The metric :func:`serialize` described."""
+    cls = _CLASSES.get(data.get("class_name"))
+    if cls is None:
+        raise InvalidArgumentError(f"unknown metric class {data.get('class_name')!r} in a saved model")
+    return cls(**data.get("config", {}))

@@ -1,0 +1,417 @@
+"""``gd.keras.Model`` (subclass form) and ``gd.keras.Sequential``.
+
+A model remembers the strategy that was current when it was created (like
+Keras under ``strategy.scope()``); its layers' weights are created through
+that strategy, and ``compile``/``fit``/``evaluate``/``predict``/``save`` run
+under it wherever they are called (inside or outside the scope). Calling a
+model (``model(x, training=True)``) is plain traced code, so a model also
+serves custom training loops inside ``strategy.run``.
+
+Subclass form::
+
+    class MyModel(gd.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.hidden = gd.keras.layers.Dense(64, activation="relu")
+            self.out = gd.keras.layers.Dense(10)
+
+        def call(self, x, training=False):
+            return self.out(self.hidden(x))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from graphdist import nest
+from graphdist import optimizers as optimizers_lib
+from graphdist.distribute.strategy import get_strategy
+from graphdist.distribute.variables import Variable
+from graphdist.errors import InvalidArgumentError
+from graphdist.keras import callbacks as callbacks_lib
+from graphdist.keras import initializers
+from graphdist.keras import losses as losses_lib
+from graphdist.keras import metrics as metrics_lib
+from graphdist.keras.data_adapter import make_source
+from graphdist.keras.layers import Layer, get_layer_class
+from graphdist.keras.progress import Progress
+from graphdist.keras.training import Engine, NotCompiledError, check_strategy
+
+__all__ = ["Model", "Sequential"]
+
+_OPTIMIZERS = {"sgd": optimizers_lib.SGD, "adam": optimizers_lib.Adam}
+
+
+def _optimizer(identifier: Any) -> Any:
+    if isinstance(identifier, optimizers_lib.Optimizer):
+        return identifier
+    if isinstance(identifier, str) and identifier.lower() in _OPTIMIZERS:
+        return _OPTIMIZERS[identifier.lower()]()
+    raise InvalidArgumentError(f"compile: optimizer must be 'sgd', 'adam' or a gd.optimizers optimizer, got "
+                               f"{identifier!r}")
+
+
+class Model(Layer):
+    """A trainable model: layers plus ``compile``/``fit``/``evaluate``/``predict``/``save``.
+
+    Subclass it and define :meth:`call`; layers assigned as attributes (or in
+    lists) are tracked in assignment order.
+
+    Args:
+        name: Model name (default ``"model"``, made unique).
+        **kwargs: :class:`~graphdist.keras.layers.Layer` arguments.
+    """
+
+    def __init__(self, name: str | None = None, **kwargs: Any) -> None:
+        object.__setattr__(self, "_layers", [])
+        if "input_shape" in kwargs:
+            raise InvalidArgumentError(f"{type(self).__name__}: give input_shape to the first layer, not to the model")
+        super().__init__(name=name, **kwargs)
+        self.optimizer: Any = None
+        self.loss: Any = None
+        self.compiled_metrics: list[metrics_lib.Metric] = []
+        self.history: callbacks_lib.History | None = None
+        self.stop_training = False
+        self._engine: Engine | None = None
+        self._output_shape: tuple[int, ...] | None = None
+        self._shuffle_seed = int(initializers.generator().integers(2**31))
+        self._resume: tuple[int, dict[str, list[float]], int] | None = None
+        self._predict_engine: Engine | None = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        candidates = value if isinstance(value, (list, tuple)) else (value,)
+        for item in candidates:
+            if isinstance(item, Layer) and item is not self and all(item is not known for known in self._layers):
+                self._layers.append(item)
+        object.__setattr__(self, name, value)
+
+    # -------------------------------------------------------------- structure
+    @property
+    def layers(self) -> list[Layer]:
+        """The tracked layers, in order."""
+        return list(self._layers)
+
+    @property
+    def distribute_strategy(self) -> Any:
+        """The strategy the model was created under (it trains, evaluates and predicts under it)."""
+        return self._strategy
+
+    def _all_weights(self) -> list[Variable]:
+        seen: dict[int, Variable] = {}
+        for _, variable in self._named_weights():
+            seen.setdefault(id(variable), variable)
+        return list(seen.values())
+
+    def _named_weights(self) -> Iterator[tuple[str, Variable]]:
+        yield from zip(self._weight_names, self._weights)
+        for index, layer in enumerate(self._layers):
+            for name, variable in layer._named_weights():
+                yield f"layer{index}/{name}", variable
+
+    def _checkpoint_variables(self) -> dict[str, Variable]:
+        """Checkpoint keys by position (``layer0/kernel``...): stable when the model is rebuilt."""
+        return dict(self._named_weights())
+
+    def _restore_pending(self, values: dict[str, np.ndarray]) -> None:
+        """Nothing waits for values: every model variable exists once the model is built."""
+
+    @contextlib.contextmanager
+    def _scope(self) -> Iterator[None]:
+        strategy = self._strategy
+        with contextlib.nullcontext() if get_strategy() is strategy else strategy.scope():
+            yield
+
+    def build(self, input_shape: Sequence[int | None]) -> None:
+        """Creates every weight by running the model once, eagerly, on one example of ``input_shape``."""
+        shape = tuple(1 if d is None else int(d) for d in input_shape)
+        if len(shape) < 1:
+            raise InvalidArgumentError(f"{self.name}: input_shape must include the batch axis, got {input_shape}")
+        self._record_output(np.zeros((1, *shape[1:]), self.dtype))
+
+    def _record_output(self, example: Any) -> None:
+        """Runs the model eagerly on ``example`` (one row) to build it and learn its output shape."""
+        with self._scope():
+            output = self(example, training=False)
+        self._output_shape = tuple(np.shape(nest.flatten(output)[0][0]))
+
+    def __call__(self, inputs: Any, training: bool = False) -> Any:
+        if self._build_input_shape is None:
+            first = nest.flatten(inputs)[0][0]
+            self._build_input_shape = (None, *tuple(first.shape)[1:])
+        self.built = True
+        return self.call(inputs, training=training)
+
+    def count_params(self) -> int:
+        return sum(int(np.prod(v.shape, dtype=np.int64)) for v in self.variables)
+
+    def get_weights(self) -> list[np.ndarray]:
+        """Copies of every weight's value (trainable first)."""
+        return [np.array(v.numpy(), copy=True) for v in self.weights]
+
+    def set_weights(self, weights: Sequence[Any]) -> None:
+        """Assigns values in :meth:`get_weights`' order.
+
+        Raises:
+            InvalidArgumentError: Wrong number of arrays or a shape mismatch.
+        """
+        variables = self.weights
+        if len(weights) != len(variables):
+            raise InvalidArgumentError(f"set_weights: the model has {len(variables)} weights, got {len(weights)} arrays")
+        for variable, value in zip(variables, weights):
+            variable.assign(np.asarray(value, dtype=variable.dtype))
+
+    def summary(self, print_fn: Any = print) -> str:
+        """A table of layers, output shapes and parameter counts (printed with ``print_fn``, returned)."""
+        rows = [("layer (type)", "params")]
+        rows += [(f"{layer.name} ({type(layer).__name__})", f"{layer.count_params():,}") for layer in self._layers]
+        width = max(len(r[0]) for r in rows) + 2
+        lines = [f'Model: "{self.name}" on {self._strategy!r}', *(f"{a:<{width}}{b:>12}" for a, b in rows),
+                 f"Total params: {self.count_params():,}"]
+        if self._output_shape is not None:
+            lines.append(f"Output shape: {(None, *self._output_shape[1:])}")
+        text = "\n".join(lines)
+        if print_fn is not None:
+            print_fn(text)
+        return text
+
+    # ---------------------------------------------------------------- compile
+    def compile(self, optimizer: Any = "sgd", loss: Any = None, metrics: Sequence[Any] | None = None) -> None:
+        """Sets the optimizer, loss and metrics (strings or objects; see ``gd.keras.losses`` / ``metrics``).
+
+        String optimizers (``"sgd"``: ``SGD(0.01)``, ``"adam"``: ``Adam(0.001)``)
+        are created in the model's strategy scope.
+
+        Raises:
+            InvalidArgumentError: Unknown optimizer, loss or metric, or an
+                optimizer created under another strategy.
+        """
+        if loss is None:
+            raise InvalidArgumentError("compile: loss is required, e.g. loss='mse' or "
+                                       "gd.keras.losses.SparseCategoricalCrossentropy(from_logits=True)")
+        with self._scope():
+            optimizer = _optimizer(optimizer)
+        loss = losses_lib.get(loss)
+        if metrics is not None and not isinstance(metrics, (list, tuple)):
+            raise InvalidArgumentError(f"compile: metrics must be a list, got {type(metrics).__name__}")
+        metric_objects = [metrics_lib.get(m, loss) for m in metrics or ()]
+        names = [m.name for m in metric_objects]
+        if len(set(names)) != len(names) or "loss" in names:
+            raise InvalidArgumentError(f"compile: metric names must be unique and not 'loss', got {names}")
+        self.optimizer, self.loss, self.compiled_metrics = optimizer, loss, metric_objects
+        check_strategy(self, "compile")
+        self._engine = Engine(self, optimizer, loss, metric_objects)
+
+    @property
+    def metrics_names(self) -> list[str]:
+        """``["loss", *metric names]``."""
+        return ["loss", *(m.name for m in self.compiled_metrics)]
+
+    def _compiled_engine(self, what: str) -> Engine:
+        if self._engine is None:
+            raise NotCompiledError(f"{what}: the model must be compiled first: call model.compile(optimizer=..., "
+                                   f"loss=..., metrics=[...]) before {what}")
+        check_strategy(self, what)
+        return self._engine
+
+    def _prepare(self, source: Any, what: str) -> None:
+        """Builds the model from the first batch's shape and learns its output shape."""
+        first = next(iter(source.epoch(0)), None)
+        if first is None:
+            raise InvalidArgumentError(f"{what}: the input has no batches; give at least one example")
+        x = first[0] if source.has_targets else first
+        self._record_output(nest.map_structure(lambda leaf: np.asarray(leaf)[:1], x))
+
+    # -------------------------------------------------------------------- fit
+    def fit(self, x: Any = None, y: Any = None, batch_size: int | None = None, epochs: int = 1,
+            verbose: Any = "auto", callbacks: Sequence[callbacks_lib.Callback] | None = None,
+            validation_data: Any = None, shuffle: bool = True, initial_epoch: int = 0,
+            steps_per_epoch: int | None = None) -> callbacks_lib.History:
+        """Trains for ``epochs`` epochs under the model's strategy; returns the :class:`History`.
+
+        Each global batch (``batch_size`` rows of the arrays, default 32, or
+        one element of a dataset) is split among the replicas; the loss is the
+        mean over the global batch (per-example losses summed and divided by
+        its size), so every strategy trains the same weights as one device.
+
+        Raises:
+            NotCompiledError: ``compile`` was not called.
+            InvalidArgumentError: Bad input (lengths, targets out of range for
+                the loss, dataset with ``y`` or ``batch_size``...), or the model
+                belongs to another strategy than the current scope's.
+        """
+        engine = self._compiled_engine("fit")
+        if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)) or epochs < 0:
+            raise InvalidArgumentError(f"fit: epochs must be a non-negative int, got {epochs!r}")
+        source = make_source(x, y, batch_size, shuffle, self._shuffle_seed, self.dtype, "fit", True,
+                             steps=steps_per_epoch)
+        self._prepare(source, "fit")
+        validation = self._validation_source(validation_data, batch_size)
+        history = callbacks_lib.History()
+        callback_list = callbacks_lib.CallbackList([history, *(callbacks or [])], self,
+                                                   {"epochs": epochs, "steps": source.steps, "verbose": verbose})
+        self.history, self.stop_training, self._resume = history, False, None
+        progress = Progress(verbose, "Epoch")
+        callback_list.on_train_begin()
+        epoch = int(initial_epoch)
+        if self._resume is not None:
+            epoch, previous, seed = self._resume
+            if seed != self._shuffle_seed:
+                self._shuffle_seed = seed
+                source = make_source(x, y, batch_size, shuffle, seed, self.dtype, "fit", True, steps=steps_per_epoch)
+            history.history = {k: list(v) for k, v in previous.items()}
+            history.epoch = list(range(epoch))
+        logs: dict[str, float] = {}
+        try:
+            while epoch < epochs and not self.stop_training:
+                callback_list.on_epoch_begin(epoch)
+                logs = engine.run_epoch(source.epoch(epoch), True, progress, f"{epoch + 1}/{epochs}", source.steps,
+                                        callback_list.on_train_batch_end, after=self._validator(engine, validation))
+                callback_list.on_epoch_end(epoch, logs)
+                epoch += 1
+        finally:
+            progress.close()
+        callback_list.on_train_end(logs)
+        # The next fit call shuffles in new orders (a restarted run restores this seed from its backup).
+        self._shuffle_seed = int(np.random.default_rng([self._shuffle_seed, 1]).integers(2**31))
+        return history
+
+    @staticmethod
+    def _validator(engine: Engine, validation: Any) -> Any:
+        """A function adding ``val_*`` logs to an epoch's logs (``None`` without validation data)."""
+        if validation is None:
+            return None
+
+        def add_validation(logs: dict[str, float]) -> dict[str, float]:
+            val_logs = engine.run_epoch(validation.epoch(0), False, Progress(0), "", validation.steps)
+            return {**logs, **{f"val_{k}": v for k, v in val_logs.items()}}
+
+        return add_validation
+
+    def _resume_from(self, epoch: int, history: dict[str, list[float]], shuffle_seed: int) -> None:
+        """Called by ``BackupAndRestore``: continue ``fit`` at ``epoch`` with the backed-up history and order."""
+        self._resume = (epoch, history, shuffle_seed)
+
+    def _validation_source(self, validation_data: Any, batch_size: int | None) -> Any:
+        if validation_data is None:
+            return None
+        if isinstance(validation_data, tuple):
+            if len(validation_data) != 2:
+                raise InvalidArgumentError(f"fit: validation_data must be (x_val, y_val) or a dataset, got a tuple "
+                                           f"of {len(validation_data)}")
+            return make_source(*validation_data, batch_size, False, 0, self.dtype, "fit: validation_data", True)
+        return make_source(validation_data, None, None, False, 0, self.dtype, "fit: validation_data", True)
+
+    # ---------------------------------------------------------- evaluate/predict
+    def evaluate(self, x: Any = None, y: Any = None, batch_size: int | None = None, verbose: Any = "auto",
+                 steps: int | None = None, return_dict: bool = False) -> Any:
+        """Loss (and metrics) over all of ``x``, as Keras returns them: the loss alone
+        without metrics, ``[loss, *metrics]`` with them (or a dict with ``return_dict``).
+
+        Raises:
+            NotCompiledError: ``compile`` was not called.
+            InvalidArgumentError: Bad input (see :meth:`fit`).
+        """
+        engine = self._compiled_engine("evaluate")
+        source = make_source(x, y, batch_size, False, 0, self.dtype, "evaluate", True, steps=steps)
+        self._prepare(source, "evaluate")
+        progress = Progress(verbose, "Evaluate")
+        try:
+            logs = engine.run_epoch(source.epoch(0), False, progress, "", source.steps)
+        finally:
+            progress.close()
+        if return_dict:
+            return logs
+        values = [logs[name] for name in self.metrics_names]
+        return values[0] if len(values) == 1 else values
+
+    def predict(self, x: Any, batch_size: int | None = None, verbose: Any = 0, steps: int | None = None) -> Any:
+        """The model's outputs for every example of ``x``, in input order (partial last batch included)."""
+        check_strategy(self, "predict")
+        source = make_source(x, None, batch_size, False, 0, self.dtype, "predict", False, steps=steps)
+        self._prepare(source, "predict")
+        if self._engine is None and self._predict_engine is None:
+            self._predict_engine = Engine(self, None, None, [])
+        engine = self._engine or self._predict_engine
+        progress = Progress(verbose, "Predict")
+        try:
+            return engine.predict(source.epoch(0), progress, source.steps)
+        finally:
+            progress.close()
+
+    def train_plan(self) -> Any:
+        """The compiled :class:`~graphdist.compile.plan.Plan` of the train step (full batch)."""
+        return self._compiled_engine("train_plan").train_concrete_function().plan
+
+    # ------------------------------------------------------------------ saving
+    def save(self, filepath: str | os.PathLike[str], overwrite: bool = True) -> str:
+        """Writes the model to directory ``filepath`` (see :mod:`graphdist.keras.saving`); returns its path."""
+        from graphdist.keras.saving import save_model
+
+        return save_model(self, filepath, overwrite=overwrite)
+
+    def save_weights(self, filepath: str | os.PathLike[str]) -> str:
+        """Writes every weight to one ``.npz`` checkpoint (atomically); returns the path."""
+        from graphdist.checkpoint import Checkpoint
+
+        return Checkpoint(model=self).save(filepath)
+
+    def load_weights(self, filepath: str | os.PathLike[str]) -> None:
+        """Restores weights written by :meth:`save_weights` (the model must be built the same way)."""
+        from graphdist.checkpoint import Checkpoint
+
+        Checkpoint(model=self).restore(filepath)
+
+    def get_config(self) -> dict[str, Any]:
+        return {"name": self.name}
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} layers={len(self._layers)} strategy={self._strategy!r}>"
+
+
+class Sequential(Model):
+    """A plain stack of layers.
+
+    Args:
+        layers: Layers, applied in order. If the first has ``input_shape``,
+            the whole model is built at once (its weights created in the
+            current strategy's scope).
+        name: Model name.
+    """
+
+    def __init__(self, layers: Sequence[Layer] | None = None, name: str | None = None) -> None:
+        super().__init__(name=name or None)
+        for layer in layers or ():
+            self.add(layer)
+
+    def add(self, layer: Layer) -> None:
+        """Appends a layer (built right away when the input shape is known)."""
+        if not isinstance(layer, Layer):
+            raise InvalidArgumentError(f"Sequential.add: expected a gd.keras.layers layer, got {type(layer).__name__}")
+        self._layers.append(layer)
+        first = self._layers[0]
+        if first._input_shape_arg is not None:
+            self.build((None, *first._input_shape_arg))
+        elif first._build_input_shape is not None:
+            self.build(first._build_input_shape)
+
+    def call(self, inputs: Any, training: bool = False) -> Any:
+        if not self._layers:
+            raise InvalidArgumentError(f"{self.name}: the Sequential model has no layers; add some first")
+        x = inputs
+        for layer in self._layers:
+            x = layer(x, training=training)
+        return x
+
+    def get_config(self) -> dict[str, Any]:
+        return {"name": self.name,
+                "layers": [{"class_name": type(layer).__name__, "config": layer.get_config()} for layer in self._layers]}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Sequential:
+        layers = [get_layer_class(entry["class_name"]).from_config(entry["config"]) for entry in config["layers"]]
+        return cls(layers, name=config.get("name"))

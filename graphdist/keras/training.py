@@ -1,0 +1,257 @@
+"""The engine behind ``model.fit``, ``evaluate`` and ``predict``.
+
+A compiled model gets three ``gd.function`` steps, each traced once per input
+shape (the full global batch, and the partial last one) into one graph and
+one plan:
+
+* train: ``strategy.run`` of the replica step (forward with
+  ``training=True``, per-example losses summed and divided by the *global*
+  batch size, ``gd.GradientTape`` gradients, ``optimizer.apply_gradients``,
+  which sums them over the replicas) followed by ``strategy.reduce("SUM")`` of
+  the replicas' loss and metric sums;
+* test: the same without gradients (``training=False``);
+* predict: ``strategy.run`` of the forward pass and ``strategy.gather`` of
+  the replicas' outputs along the batch axis, i.e. in input order.
+
+Each epoch's global batches go through ``strategy.experimental_distribute_dataset``
+(split among the replicas, prefetched in a background thread). Targets are
+checked on the host against the loss (shape, class range) before a batch is
+used. Loss and metric sums are accumulated in float64 on the host, so the
+epoch's numbers are those of all its examples, partial last batch included.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from graphdist import nest
+from graphdist.compile.function import function as gd_function
+from graphdist.data.dataset import Dataset
+from graphdist.distribute.strategy import DefaultStrategy, get_strategy, has_strategy
+from graphdist.distribute.values import DistributedValues
+from graphdist.errors import GraphdistError, InvalidArgumentError
+from graphdist.keras import metrics as metrics_lib
+from graphdist.keras.progress import Progress
+from graphdist.trace.tape import GradientTape
+
+__all__ = ["NotCompiledError", "Engine", "check_strategy", "global_batch_size"]
+
+logger = logging.getLogger(__name__)
+
+
+class NotCompiledError(GraphdistError, RuntimeError):
+    """``fit``/``evaluate`` was called on a model that was not compiled."""
+
+
+def _is_distributed(value: Any) -> bool:
+    return isinstance(value, DistributedValues)
+
+
+def global_batch_size(strategy: Any, x: Any) -> int:
+    """Examples in one step's global batch, from the (static) shapes of the replicas' inputs."""
+    leaves, _ = nest.flatten(x, is_leaf=_is_distributed)
+    leaf = leaves[0]
+    parts = leaf.values if _is_distributed(leaf) else (leaf,)
+    local = sum(int(part.shape[0]) for part in parts)
+    return local * max(strategy.num_replicas_in_sync // len(parts), 1)  # other workers hold the same share
+
+
+def _strategy_name(strategy: Any) -> str:
+    return "no strategy (the default strategy)" if isinstance(strategy, DefaultStrategy) else repr(strategy)
+
+
+def check_strategy(model: Any, what: str) -> None:
+    """Raises when ``what`` is called under another strategy than the model's, or when the
+    model's (or optimizer's) variables belong to another strategy.
+    """
+    strategy = model.distribute_strategy
+    current = get_strategy()
+    fix = ("create the model, its optimizer and metrics inside `with strategy.scope():` of the strategy that "
+           "trains it (fit, evaluate and predict then enter that scope themselves)")
+    if has_strategy() and current is not strategy:
+        raise InvalidArgumentError(f"{what}: the model {model.name!r} was created under {_strategy_name(strategy)} but "
+                                   f"{what} was called inside the scope of {current!r}; {fix}")
+    expected = None if isinstance(strategy, DefaultStrategy) else strategy
+    owners = [(v, "model") for v in model.variables]
+    if model.optimizer is not None:
+        owners += [(v, "optimizer") for v in model.optimizer.variables()]
+    for variable, owner in owners:
+        if getattr(variable, "_strategy", None) is not expected:
+            other = variable._strategy or "no strategy (outside any scope)"
+            raise InvalidArgumentError(
+                f"{what}: the {owner}'s variable {variable.name} was created under {other}, but the model "
+                f"{model.name!r} belongs to {_strategy_name(strategy)}; {fix}")
+
+
+class _Totals:
+    """Host-side float64 sums of one epoch (loss and every metric)."""
+
+    def __init__(self, metrics: list[metrics_lib.Metric]) -> None:
+        self.metrics = metrics
+        for metric in metrics:
+            metric.reset_state()
+        self.loss = 0.0
+        self.samples = 0
+
+    def add(self, reduced: Any, samples: int) -> None:
+        loss_total, metric_totals = reduced
+        self.loss += float(loss_total)
+        self.samples += samples
+        for metric, (total, count) in zip(self.metrics, metric_totals):
+            metric.merge(total, count)
+
+    def logs(self) -> dict[str, float]:
+        logs = {"loss": self.loss / self.samples if self.samples else 0.0}
+        logs.update({metric.name: float(metric.result()) for metric in self.metrics})
+        return logs
+
+
+class Engine:
+    """The compiled steps of one compiled model and the loops that drive them.
+
+    Args:
+        model: The model (built or not).
+        optimizer: A ``gd.optimizers`` optimizer (``None``: evaluate/predict only).
+        loss: A :class:`graphdist.keras.losses.Loss`.
+        metrics: :class:`graphdist.keras.metrics.Metric` objects.
+    """
+
+    def __init__(self, model: Any, optimizer: Any, loss: Any, metrics: list[metrics_lib.Metric]) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.loss = loss
+        self.metrics = metrics
+        self.strategy = model.distribute_strategy
+        self.train_function = gd_function(self._train_step, name=f"{model.name}_train_step")
+        self.test_function = gd_function(self._test_step, name=f"{model.name}_test_step")
+        self.predict_function = gd_function(self._predict_step, name=f"{model.name}_predict_step")
+        self._seen: set[Any] = set()
+        self.train_steps: list[Any] = []  # concrete train steps, in compile order
+
+    # ------------------------------------------------------------------ steps
+    def _statistics(self, per_example: Any, y: Any, y_pred: Any) -> Any:
+        totals = tuple(metric.batch_totals(y, y_pred) for metric in self.metrics)
+        return np.sum(per_example), totals
+
+    def _replica_train(self, x: Any, y: Any, global_batch: int) -> Any:
+        model = self.model
+        variables = model.trainable_variables
+        with GradientTape() as tape:
+            y_pred = model(x, training=True)
+            per_example = self.loss.per_example(y, y_pred)
+            # The seeds' loss scaling: sum / global batch, so replicas' summed gradients are the global mean's.
+            loss = np.sum(per_example) / np.asarray(global_batch, dtype=per_example.dtype)
+        grads = tape.gradient(loss, variables)
+        self.optimizer.apply_gradients(zip(grads, variables))
+        return self._statistics(per_example, y, y_pred)
+
+    def _replica_test(self, x: Any, y: Any) -> Any:
+        y_pred = self.model(x, training=False)
+        return self._statistics(self.loss.per_example(y, y_pred), y, y_pred)
+
+    def _train_step(self, x: Any, y: Any) -> Any:
+        batch = global_batch_size(self.strategy, x)
+        per_replica = self.strategy.run(self._replica_train, args=(x, y, batch))
+        return self.strategy.reduce("SUM", per_replica, axis=None)
+
+    def _test_step(self, x: Any, y: Any) -> Any:
+        return self.strategy.reduce("SUM", self.strategy.run(self._replica_test, args=(x, y)), axis=None)
+
+    def _predict_step(self, x: Any) -> Any:
+        outputs = self.strategy.run(self._forward, args=(x,))
+        leaves, treedef = nest.flatten(outputs, is_leaf=_is_distributed)
+        return nest.unflatten(treedef, [self.strategy.gather(leaf, axis=0) for leaf in leaves])
+
+    def _forward(self, x: Any) -> Any:
+        return self.model(x, training=False)
+
+    # ------------------------------------------------------------------ loops
+    def _checked_batches(self, dataset: Dataset, what: str, with_targets: bool) -> Dataset:
+        """``dataset`` with every batch's targets validated (in the prefetch thread)."""
+        output_shape = self.model._output_shape
+        loss = self.loss
+
+        def batches() -> Iterator[Any]:
+            for index, element in enumerate(dataset):
+                if with_targets:
+                    for leaf in nest.flatten(element[1])[0]:
+                        loss.check_targets(np.asarray(leaf), output_shape, f"{what}: batch {index}")
+                    _check_same_batch(element, what, index)
+                yield element
+
+        return Dataset(batches, dataset.cardinality(), repr(dataset), batch_size=dataset._batch_size)
+
+    def _call(self, function: Any, args: tuple, progress: Progress, what: str) -> Any:
+        """Calls a step, showing compilation progress the first time a batch shape is seen."""
+        leaves, _ = nest.flatten(args, is_leaf=_is_distributed)
+        key = (id(function), tuple(tuple(tuple(np.shape(v)) for v in leaf.values) if _is_distributed(leaf)
+                                   else tuple(np.shape(leaf)) for leaf in leaves))
+        if key in self._seen:
+            return function(*args)
+        with progress.compiling(what):
+            result = function(*args)
+        self._seen.add(key)
+        if function is self.train_function:
+            self.train_steps.append(function.get_concrete_function(*args))  # cached: no new trace
+        return result
+
+    def run_epoch(self, dataset: Dataset, train: bool, progress: Progress, label: str, steps: int | None,
+                  on_batch_end: Callable[[int, dict[str, float]], None] | None = None,
+                  after: Callable[[dict[str, float]], dict[str, float]] | None = None) -> dict[str, float]:
+        """One pass of the train or test step over ``dataset``; returns the epoch's logs
+        (passed through ``after``, e.g. to add validation logs, before they are shown).
+        """
+        what = "fit" if train else "evaluate"
+        function = self.train_function if train else self.test_function
+        totals = _Totals(self.metrics)
+        distributed = self.strategy.experimental_distribute_dataset(self._checked_batches(dataset, what, True))
+        progress.begin(label, steps)
+        count = 0
+        with self.model._scope():
+            for count, (x, y) in enumerate(distributed, start=1):
+                reduced = self._call(function, (x, y), progress, f"the {'train' if train else 'test'} step")
+                totals.add(reduced, global_batch_size(self.strategy, x))
+                logs = totals.logs()
+                progress.update(count, totals.samples, logs)
+                if on_batch_end is not None:
+                    on_batch_end(count - 1, logs)
+        if count == 0:
+            raise InvalidArgumentError(f"{what}: the input has no batches; give at least one example")
+        logs = totals.logs()
+        if after is not None:
+            logs = after(logs)
+        progress.end(count, totals.samples, logs)
+        return logs
+
+    def predict(self, dataset: Dataset, progress: Progress, steps: int | None) -> Any:
+        """Outputs for every example, in input order (the gathered replicas' outputs, batch by batch)."""
+        distributed = self.strategy.experimental_distribute_dataset(dataset)
+        outputs: list[Any] = []
+        progress.begin("", steps)
+        samples = 0
+        with self.model._scope():
+            for count, x in enumerate(distributed, start=1):
+                outputs.append(self._call(self.predict_function, (x,), progress, "the predict step"))
+                samples += global_batch_size(self.strategy, x)
+                progress.update(count, samples, {})
+        if not outputs:
+            raise InvalidArgumentError("predict: the input has no batches; give at least one example")
+        progress.end(len(outputs), samples, {})
+        return nest.map_structure(lambda *parts: np.concatenate([np.asarray(p) for p in parts], axis=0), *outputs)
+
+    def train_concrete_function(self) -> Any:
+        """The concrete train step of the most common (full) batch shape compiled so far."""
+        if not self.train_steps:
+            raise InvalidArgumentError("no train step has been compiled yet; call fit first")
+        return self.train_steps[0]
+
+
+def _check_same_batch(element: Any, what: str, index: int) -> None:
+    sizes = {int(np.shape(leaf)[0]) for leaf in nest.flatten(element)[0] if np.ndim(leaf)}
+    if len(sizes) > 1:
+        raise InvalidArgumentError(f"{what}: batch {index} has x and y of different lengths {sorted(sizes)}; each "
+                                   "(x, y) batch needs one target row per example")
