@@ -12,11 +12,9 @@ Two kinds of input, as in Keras:
   batches ``(x, y)`` (or ``x`` for ``predict``); ``y`` and ``batch_size``
   must not be given.
 
-:meth:`DataSource.epoch` returns one epoch's batches as a ``gd.data.Dataset``
-(its full batch size known), which the trainer hands to
-``strategy.experimental_distribute_dataset``: each global batch is split
-among the replicas exactly as the seeds describe (a partial last batch fills
-the first replicas) and prefetched in a background thread.
+:meth:`DataSource.epoch` returns one epoch's global batches as a
+``gd.data.Dataset``; the trainer (:mod:`graphdist.keras.training`) splits
+each among the replicas.
 """
 
 from __future__ import annotations

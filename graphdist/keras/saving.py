@@ -35,7 +35,6 @@ import numpy as np
 from graphdist import optimizers as optimizers_lib
 from graphdist.checkpoint import Checkpoint
 from graphdist.compile.export import write_plan_directory
-from graphdist.data.dataset import Dataset
 from graphdist.errors import CheckpointError, InvalidArgumentError
 from graphdist.keras import losses as losses_lib
 from graphdist.keras import metrics as metrics_lib
@@ -114,12 +113,11 @@ def save_model(model: Any, filepath: str | os.PathLike[str], overwrite: bool = T
 
 def _export_serving(model: Any, directory: Path, batch: int) -> None:
     """Exports the predict step for global batches of ``batch`` rows."""
-    from graphdist.keras.training import Engine
+    from graphdist.keras.training import Engine, split_global_batch
 
     engine = model._engine or model._predict_engine or Engine(model, None, None, [])
     example = np.zeros((batch, *model._build_input_shape[1:]), model.dtype)
-    strategy = model.distribute_strategy
-    distributed = next(iter(strategy.experimental_distribute_dataset(Dataset.from_tensors(example))))
+    distributed = split_global_batch(model.distribute_strategy, example)
     with model._scope():
         concrete = engine.predict_function.get_concrete_function(distributed)
     concrete.export(directory)

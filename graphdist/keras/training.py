@@ -13,8 +13,12 @@ one plan:
 * predict: ``strategy.run`` of the forward pass and ``strategy.gather`` of
   the replicas' outputs along the batch axis, i.e. in input order.
 
-Each epoch's global batches go through ``strategy.experimental_distribute_dataset``
-(split among the replicas, prefetched in a background thread). Targets are
+Each global batch is divided among the replicas as evenly as possible
+(sizes differ by at most one, replica 0 first, so a partial last batch of
+3 on 2 replicas is 2 + 1), through
+``strategy.experimental_distribute_values_from_function``, and the batches
+are produced and split ahead of the steps in a background thread
+(``Dataset.prefetch``). Targets are
 checked on the host against the loss (shape, class range) before a batch is
 used. Loss and metric sums are accumulated in float64 on the host, so the
 epoch's numbers are those of all its examples, partial last batch included.
@@ -38,7 +42,7 @@ from graphdist.keras import metrics as metrics_lib
 from graphdist.keras.progress import Progress
 from graphdist.trace.tape import GradientTape
 
-__all__ = ["NotCompiledError", "Engine", "check_strategy", "global_batch_size"]
+__all__ = ["NotCompiledError", "Engine", "check_strategy", "global_batch_size", "split_global_batch"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +62,36 @@ def global_batch_size(strategy: Any, x: Any) -> int:
     parts = leaf.values if _is_distributed(leaf) else (leaf,)
     local = sum(int(part.shape[0]) for part in parts)
     return local * max(strategy.num_replicas_in_sync // len(parts), 1)  # other workers hold the same share
+
+
+def split_global_batch(strategy: Any, element: Any) -> Any:
+    """``element`` (a nest of arrays sharing their first axis) with a per-replica value at every leaf.
+
+    Replica ``i`` gets rows ``[start_i, start_i + size_i)``, the sizes as equal as
+    possible and in replica order, so gathering the replicas' outputs restores
+    the input order.
+    """
+    leaves, treedef = nest.flatten(element)
+    count = strategy.num_replicas_in_sync
+    base, extra = divmod(int(np.shape(leaves[0])[0]), count)
+    bounds = [0]
+    for replica in range(count):
+        bounds.append(bounds[-1] + base + (1 if replica < extra else 0))
+
+    def per_replica(leaf: Any) -> Any:
+        return strategy.experimental_distribute_values_from_function(
+            lambda ctx: leaf[bounds[ctx.replica_id_in_sync_group]:bounds[ctx.replica_id_in_sync_group + 1]])
+
+    return nest.unflatten(treedef, [per_replica(leaf) for leaf in leaves])
+
+
+def _distributed(strategy: Any, dataset: Dataset) -> Dataset:
+    """``dataset``'s global batches split among the replicas, two batches ahead in a background thread."""
+    def split_all() -> Iterator[Any]:
+        for element in dataset:
+            yield split_global_batch(strategy, element)
+
+    return Dataset(split_all, dataset.cardinality(), repr(dataset)).prefetch(2)
 
 
 def _strategy_name(strategy: Any) -> str:
@@ -208,7 +242,7 @@ class Engine:
         what = "fit" if train else "evaluate"
         function = self.train_function if train else self.test_function
         totals = _Totals(self.metrics)
-        distributed = self.strategy.experimental_distribute_dataset(self._checked_batches(dataset, what, True))
+        distributed = _distributed(self.strategy, self._checked_batches(dataset, what, True))
         progress.begin(label, steps)
         count = 0
         with self.model._scope():
@@ -229,7 +263,7 @@ class Engine:
 
     def predict(self, dataset: Dataset, progress: Progress, steps: int | None) -> Any:
         """Outputs for every example, in input order (the gathered replicas' outputs, batch by batch)."""
-        distributed = self.strategy.experimental_distribute_dataset(dataset)
+        distributed = _distributed(self.strategy, dataset)
         outputs: list[Any] = []
         progress.begin("", steps)
         samples = 0
