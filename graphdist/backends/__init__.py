@@ -1,8 +1,9 @@
 """Backends: compile ONNX segments into executables for a device.
 
 ``get_backend(name)`` returns a registered backend: ``"ort"`` (ONNX Runtime,
-the default, or ``$GRAPHDIST_BACKEND``) or ``"reference"`` (``onnx.reference``,
-slow, a correctness oracle). Compile through a :class:`CompileCache`
+the default, or ``$GRAPHDIST_BACKEND``), ``"reference"`` (``onnx.reference``,
+slow, a correctness oracle) or ``"tvm"`` (Apache TVM: llvm, cuda, simulated
+tpu). Compile through a :class:`CompileCache`
 (``default_cache()``) so a segment is compiled once per process and its
 artefacts are reused from disk by later processes::
 
@@ -25,6 +26,7 @@ from graphdist.backends.base import (
 from graphdist.backends.ort import OrtBackend
 from graphdist.backends.reference import ReferenceBackend
 from graphdist.backends.reference_ops import graphdist_reference_ops
+from graphdist.backends.tvm import TvmBackend
 
 __all__ = [
     "Backend",
@@ -32,6 +34,7 @@ __all__ = [
     "Executable",
     "OrtBackend",
     "ReferenceBackend",
+    "TvmBackend",
     "available_backends",
     "cache_dir",
     "default_cache",
@@ -42,3 +45,4 @@ __all__ = [
 
 register_backend(OrtBackend())
 register_backend(ReferenceBackend(custom_ops=graphdist_reference_ops()))
+register_backend(TvmBackend())

@@ -1,0 +1,543 @@
+"""Apache TVM backend (``"tvm"``): ONNX segment -> Relax -> target code -> Relax VM.
+
+Pipeline (TVM 0.27, pinned in ``pyproject.toml``; its API changes between
+releases):
+
+1. The segment is prepared for TVM's ONNX frontend
+   (:func:`graphdist.backends.tvm_onnx.prepare_for_tvm`): transposed matmuls
+   become one ``Einsum``, and the ops where TVM's semantics differ from
+   numpy's (NaN in ``Max``/``Min``/``Clip``, boolean ``Equal``, integer
+   ``Pow``) are rewritten.
+2. ``tvm.relax.frontend.onnx.from_onnx(model, keep_params_in_input=False)``:
+   initializers become constants (the shapes and axes the frontend must see
+   statically), graph inputs stay function parameters in ONNX order.
+3. Target pipeline:
+
+   * ``cpu:N`` -> ``llvm`` for the host CPU (``-mcpu`` from LLVM's host
+     detection): legalize, fuse (``FuseOps``/``FuseTIR``), then the
+     hand-written schedules of :mod:`graphdist.backends.tvm_schedules`
+     (register-tiled vectorized matmul, parallel elementwise, reductions).
+     With ``GRAPHDIST_TVM_TUNE=<trials>`` MetaSchedule tunes the segment
+     instead (``tune_relax`` with that trial budget, database in
+     ``<cache dir>/tvm-tuning``, shared by all segments and reused by later
+     runs), and the tuned records are applied by ``compile_relax``; any
+     function tuning did not cover keeps the hand-written schedule.
+   * ``cuda:N`` -> ``cuda`` with dlight's default GPU rules. Code generation
+     needs no GPU (:func:`build` + :meth:`BuiltModule.export` work anywhere);
+     running needs one.
+   * ``tpu:N`` -> the TPU-like target. No TPU-like hardware exists on this
+     machine: its cores are simulated on the host. A tpu segment is a whole
+     replica step (TPUStrategy compiles whole steps), built for ``llvm`` with
+     the CPU schedules, and each simulated core runs it with its share of the
+     host's threads.
+
+4. ``tvm.compile`` -> ``relax.VirtualMachine`` on the host (or CUDA) device.
+
+Disk cache: the built module is exported with ``export_library`` to
+``module.so`` in the segment's cache directory (temporary name, then an
+atomic rename), with its SHA-256 in ``module.so.sha256``. A later process
+with the same cache key (segment bytes, target, TVM version, schedule version)
+loads it with ``tvm.runtime.load_module`` instead of compiling
+(``disk_cache_hits`` instead of ``compiles`` in :mod:`graphdist.stats`). A
+missing checksum, a mismatch or a library that does not load is discarded and
+the segment is compiled again.
+
+Threads: TVM's parallel loops run on a thread pool that belongs to the
+calling thread. An executable sizes the pool of the thread that runs it to its
+thread budget (``runtime.config_threadpool``) so that logical devices running
+side by side share the cores instead of oversubscribing them.
+
+Errors of TVM never reach the user unwrapped: an op the frontend cannot
+convert, or a failed build, raises :class:`BackendError` naming the segment
+and the op.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import re
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from graphdist import stats
+from graphdist.backends.base import atomic_write_bytes, cache_dir
+from graphdist.backends.tvm_onnx import prepare_for_tvm
+from graphdist.errors import BackendError
+from graphdist.runtime.devices import Device, check_available, host_cores, parse_device
+
+if TYPE_CHECKING:
+    import onnx
+
+__all__ = [
+    "MODULE_FILE",
+    "SCHEDULE_VERSION",
+    "BuiltModule",
+    "TvmBackend",
+    "TvmExecutable",
+    "build",
+    "tune_trials",
+]
+
+logger = logging.getLogger(__name__)
+
+#: File name of the exported module in a segment's cache directory.
+MODULE_FILE = "module.so"
+#: Bumped by hand when TVM's pipeline changes what is generated; the source of this module and of the
+#: schedules and rewrites it uses is hashed into the cache key as well (:func:`_code_version`).
+SCHEDULE_VERSION = "2"
+#: Default CUDA architecture when no GPU is present to ask (Ampere; any ``sm_XX`` can be given).
+DEFAULT_CUDA_ARCH = "sm_80"
+_CHECKSUM_SUFFIX = ".sha256"
+_CONVERT_ERROR = re.compile(r"Error converting operator (\w+)")
+
+
+def _tvm() -> Any:
+    """Imports tvm on first use (about a second; most processes never need it)."""
+    import tvm
+    from tvm import relax  # noqa: F401 - registers the relax namespace on the tvm module
+
+    return tvm
+
+
+@functools.cache
+def _code_version() -> str:
+    """Short hash of the modules that decide the generated code (a changed schedule invalidates the cache)."""
+    from graphdist.backends import tvm_onnx, tvm_schedules
+
+    digest = hashlib.sha256()
+    for module in (sys.modules[__name__], tvm_onnx, tvm_schedules):
+        digest.update(Path(module.__file__).read_bytes())
+    return digest.hexdigest()[:10]
+
+
+def tune_trials() -> int:
+    """Returns the MetaSchedule trial budget from ``GRAPHDIST_TVM_TUNE`` (0: hand-written schedules).
+
+    Raises:
+        BackendError: The variable is not a non-negative integer.
+    """
+    text = os.environ.get("GRAPHDIST_TVM_TUNE", "").strip()
+    if not text:
+        return 0
+    try:
+        trials = int(text)
+    except ValueError:
+        trials = -1
+    if trials < 0:
+        raise BackendError(
+            f"GRAPHDIST_TVM_TUNE={text!r} is not a trial count; set it to a non-negative integer "
+            "(e.g. GRAPHDIST_TVM_TUNE=64) or unset it to use the hand-written schedules"
+        )
+    return trials
+
+
+# ---------------------------------------------------------------------------- targets
+
+
+def _host_cpu() -> str:
+    """LLVM's name for the host CPU (``skylake-avx512``, ``znver3``...), or ``""`` when unknown."""
+    tvm = _tvm()
+    get = tvm.get_global_func("target.llvm_get_system_cpu", allow_missing=True)
+    try:
+        return str(get()) if get is not None else ""
+    except Exception:  # noqa: BLE001 - unknown host CPU: generic code
+        return ""
+
+
+def _llvm_target(threads: int | None = None) -> Any:
+    tvm = _tvm()
+    spec: dict[str, Any] = {"kind": "llvm", "num-cores": threads or host_cores()}
+    cpu = _host_cpu()
+    if cpu and cpu != "generic":
+        spec["mcpu"] = cpu
+    return tvm.target.Target(spec)
+
+
+def _cuda_target(arch: str | None = None) -> Any:
+    tvm = _tvm()
+    if arch is None:
+        arch = DEFAULT_CUDA_ARCH
+        device = tvm.cuda(0)
+        if device.exist:
+            arch = "sm_" + device.compute_version.replace(".", "")
+    return tvm.target.Target({"kind": "cuda", "arch": arch}, host=_llvm_target())
+
+
+def _target_for(kind: str, threads: int | None = None, cuda_arch: str | None = None) -> Any:
+    if kind == "cuda":
+        return _cuda_target(cuda_arch)
+    return _llvm_target(threads)
+
+
+# ---------------------------------------------------------------------------- building
+
+
+@dataclass
+class BuiltModule:
+    """A segment compiled by TVM (not yet loaded on a device).
+
+    Attributes:
+        executable: TVM's relax executable.
+        kind: Device kind it was built for (``cpu``, ``cuda``, ``tpu``).
+        target: The TVM target.
+        seconds: Build time (tuning included).
+        tuned_trials: MetaSchedule trials used (0: hand-written schedules).
+    """
+
+    executable: Any
+    kind: str
+    target: Any
+    seconds: float
+    tuned_trials: int = 0
+
+    def export(self, path: str | Path) -> Path:
+        """Writes the module as a shared library (``export_library``), atomically.
+
+        Returns:
+            The written path.
+
+        Raises:
+            BackendError: TVM could not link or write the library.
+        """
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{uuid.uuid4().hex}.tmp{path.suffix}")
+        try:
+            self.executable.export_library(str(tmp))
+            tmp.replace(path)
+        except Exception as err:
+            tmp.unlink(missing_ok=True)
+            raise BackendError(f"TVM could not export the {self.kind} module to {path}: {_first_line(err)}") from err
+        return path
+
+
+def build(model: onnx.ModelProto, device: Device | str = "cpu:0", *, threads: int | None = None,
+          cuda_arch: str | None = None, tune: int | None = None) -> BuiltModule:
+    """Compiles ``model`` with TVM for ``device``'s kind without needing the device.
+
+    Args:
+        model: The ONNX segment (not modified).
+        device: ``cpu:N``, ``cuda:N`` or ``tpu:N``; only its kind matters.
+        threads: Thread count the CPU code is built for.
+        cuda_arch: CUDA architecture (``"sm_90"``); default: the GPU's, else ``sm_80``.
+        tune: MetaSchedule trials for CPU targets; ``None`` reads ``GRAPHDIST_TVM_TUNE``.
+
+    Raises:
+        BackendError: The frontend cannot convert an op, or TVM fails to build.
+    """
+    device = parse_device(device)
+    tvm = _tvm()
+    name = model.graph.name or "<unnamed>"
+    trials = tune_trials() if tune is None else tune
+    start = time.perf_counter()
+    mod = _import_onnx(model, name)
+    target = _target_for(device.kind, threads, cuda_arch)
+    try:
+        if device.kind == "cuda":
+            executable = _build_cuda(tvm, mod, target)
+            trials = 0
+        elif trials > 0:
+            executable = _build_tuned(tvm, mod, target, trials, name)
+        else:
+            executable = _build_cpu(tvm, mod, target)
+    except BackendError:
+        raise
+    except Exception as err:
+        raise BackendError(
+            f"TVM could not build segment {name!r} for {device.kind} ({target.kind.name}): {_first_line(err)}. "
+            "Use backend 'ort' for this segment, or report the op pattern."
+        ) from err
+    return BuiltModule(executable, device.kind, target, time.perf_counter() - start, trials)
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    return lines[-1] if lines else type(err).__name__
+
+
+def _import_onnx(model: onnx.ModelProto, name: str) -> Any:
+    from tvm.relax.frontend.onnx import from_onnx
+
+    prepared = prepare_for_tvm(model)
+    try:
+        return from_onnx(prepared, keep_params_in_input=False)
+    except Exception as err:
+        match = _CONVERT_ERROR.search(str(err)) or _CONVERT_ERROR.search(_stderr_hint(err))
+        op = f" op {match.group(1)!r}" if match else ""
+        raise BackendError(
+            f"TVM's ONNX frontend cannot convert segment {name!r}{op}: {_first_line(err)}. "
+            "Use backend 'ort' or 'reference' for this function."
+        ) from err
+
+
+def _stderr_hint(err: BaseException) -> str:
+    notes = getattr(err, "__notes__", None) or []
+    return " ".join(str(n) for n in notes)
+
+
+def _cpu_passes(tvm: Any) -> Any:
+    relax = tvm.relax
+    return tvm.transform.Sequential([
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+        relax.transform.DeadCodeElimination(),
+    ])
+
+
+def _build_cpu(tvm: Any, mod: Any, target: Any) -> Any:
+    from tvm.s_tir import dlight
+
+    from graphdist.backends.tvm_schedules import cpu_rules
+
+    with target:
+        mod = _cpu_passes(tvm)(mod)
+        mod = dlight.ApplyDefaultSchedule(*cpu_rules())(mod)
+    return tvm.compile(mod, target)
+
+
+def _build_cuda(tvm: Any, mod: Any, target: Any) -> Any:
+    from tvm.s_tir import dlight
+
+    gpu = dlight.gpu
+    with target:
+        mod = tvm.relax.get_pipeline("zero")(mod)
+        mod = dlight.ApplyDefaultSchedule(gpu.Matmul(), gpu.GEMV(), gpu.Reduction(), gpu.GeneralReduction(),
+                                          gpu.Fallback())(mod)
+    return tvm.compile(mod, target)
+
+
+def _tuning_dir() -> Path:
+    return cache_dir() / "tvm-tuning"
+
+
+def _build_tuned(tvm: Any, mod: Any, target: Any, trials: int, name: str) -> Any:
+    """MetaSchedule: tune the fused module, then compile the original module with the database.
+
+    As measured (PLATFORM-NOTES), ``compile_relax`` must get the module as the
+    frontend produced it: given the already fused module it silently applies
+    nothing.
+    """
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.dlight import ApplyDefaultSchedule
+
+    from graphdist.backends.tvm_schedules import cpu_rules
+
+    work_dir = _tuning_dir()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    with target:
+        fused = _cpu_passes(tvm)(mod)
+    logger.info("tuning segment %r with MetaSchedule: %d trials (database %s)", name, trials, work_dir)
+    start = time.perf_counter()
+    database = ms.relax_integration.tune_relax(
+        mod=fused, params={}, target=target, work_dir=str(work_dir), max_trials_global=trials,
+    )
+    logger.info("tuned segment %r in %.1f s", name, time.perf_counter() - start)
+    stats.increment("tvm_tuning_runs")
+    with target, database, tvm.transform.PassContext(opt_level=3, config={"relax.backend.use_cuda_graph": False}):
+        applied = _cpu_passes(tvm)(mod)
+        applied = tvm.relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(applied)
+        applied = ApplyDefaultSchedule(*cpu_rules())(applied)
+    return tvm.compile(applied, target)
+
+
+# ---------------------------------------------------------------------------- executables
+
+_thread_pool_size = threading.local()
+
+
+def _size_thread_pool(threads: int) -> None:
+    """Sizes the calling thread's TVM worker pool (TVM keeps one pool per calling thread)."""
+    if getattr(_thread_pool_size, "value", None) == threads:
+        return
+    configure = _tvm().get_global_func("runtime.config_threadpool", allow_missing=True)
+    if configure is not None:
+        configure(0, threads)  # 0: no core pinning (big/little agnostic)
+    _thread_pool_size.value = threads
+
+
+class TvmExecutable:
+    """A segment loaded on the Relax VM.
+
+    Attributes:
+        name: The segment's graph name.
+        device: The device it runs on.
+        input_names: Graph input names, in order (the Relax function's parameters).
+        output_names: Graph output names, in order.
+        input_types: ``(dtype, shape)`` expected per input.
+        library: The loaded runtime module (exposed for tests and benchmarks).
+    """
+
+    def __init__(self, library: Any, model: onnx.ModelProto, device: Device, threads: int) -> None:
+        tvm = _tvm()
+        self.library = library
+        self.name = model.graph.name or "<unnamed>"
+        self.device = device
+        self.threads = threads
+        initializers = {init.name for init in model.graph.initializer}
+        graph_inputs = [value for value in model.graph.input if value.name not in initializers]
+        self.input_names = [value.name for value in graph_inputs]
+        self.output_names = [value.name for value in model.graph.output]
+        self.input_types = {value.name: _value_type(value) for value in graph_inputs}
+        self._tvm_device = tvm.cuda(device.index) if device.kind == "cuda" else tvm.cpu(0)
+        self._vm = tvm.relax.VirtualMachine(library, self._tvm_device)
+        self._main = self._vm["main"]
+        self._lock = threading.Lock()  # one VM: calls on it are serialized
+
+    def __repr__(self) -> str:
+        return f"TvmExecutable({self.name!r}, device={str(self.device)!r})"
+
+    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """Runs the segment on ``feeds`` (one array per input name).
+
+        Raises:
+            BackendError: A feed is missing, has the wrong dtype or shape, or TVM failed.
+        """
+        args = [self._tensor(self._feed(name, feeds)) for name in self.input_names]
+        with self._lock:
+            _size_thread_pool(self.threads)
+            try:
+                result = self._main(*args)
+            except Exception as err:
+                raise BackendError(f"TVM failed running segment {self.name!r} on {self.device}: "
+                                   f"{_first_line(err)}") from err
+        outputs = [result] if hasattr(result, "numpy") else list(result)
+        return [np.asarray(out.numpy()) for out in outputs]
+
+    def _tensor(self, value: np.ndarray) -> Any:
+        return _tvm().runtime.tensor(value, self._tvm_device)
+
+    def _feed(self, name: str, feeds: dict[str, np.ndarray]) -> np.ndarray:
+        if name not in feeds:
+            expected = ", ".join(f"{n}: {d}{list(s)}" for n, (d, s) in self.input_types.items())
+            raise BackendError(f"segment {self.name!r} on {self.device}: missing feed {name!r}. "
+                               f"Inputs expected: {expected}.")
+        value = np.asarray(feeds[name])
+        dtype, shape = self.input_types[name]
+        if value.dtype != dtype or tuple(value.shape) != shape:
+            raise BackendError(
+                f"segment {self.name!r} on {self.device}: feed {name!r} is {value.dtype}{list(value.shape)}, "
+                f"expected {dtype}{list(shape)}; pass an array of that dtype and shape"
+            )
+        # Not np.ascontiguousarray: it turns 0-d arrays into shape (1,).
+        return value if value.flags.c_contiguous else value.copy(order="C")
+
+
+def _value_type(value: Any) -> tuple[np.dtype, tuple[int, ...]]:
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    tensor = value.type.tensor_type
+    shape = tuple(int(d.dim_value) for d in tensor.shape.dim)
+    return np.dtype(tensor_dtype_to_np_dtype(tensor.elem_type)), shape
+
+
+class TvmBackend:
+    """Compiles segments with Apache TVM (see the module docstring).
+
+    Attributes:
+        name: ``"tvm"``.
+    """
+
+    name = "tvm"
+
+    def __repr__(self) -> str:
+        return "TvmBackend()"
+
+    @property
+    def version(self) -> str:
+        """``"tvm-<version>-s<schedule version>[-tuned<trials>]"`` (part of the cache key)."""
+        trials = tune_trials()
+        tuned = f"-tuned{trials}" if trials else ""
+        return f"tvm-{_tvm().__version__}-s{SCHEDULE_VERSION}.{_code_version()}{tuned}"
+
+    def target(self, device: Device | str) -> str:
+        """``"llvm"`` for ``cpu:N``, ``"cuda:N"`` for GPUs, ``"tpu"`` for the simulated TPU-like cores."""
+        device = parse_device(device)
+        if device.kind == "cpu":
+            return "llvm"
+        return "tpu" if device.kind == "tpu" else str(device)
+
+    def compile(self, model: onnx.ModelProto, device: Device | str, *, threads: int | None = None,
+                cache_dir: Path | None = None) -> TvmExecutable:
+        """Builds (or loads from ``cache_dir``) ``model`` for ``device`` and loads it on the VM.
+
+        Raises:
+            BackendError: TVM cannot convert or build the segment.
+            DeviceError: The device is a GPU this machine does not have (use :func:`build` to
+                generate its code anyway).
+        """
+        device = parse_device(device)
+        if device.kind == "cuda":
+            check_available(device)
+        threads = threads or host_cores()
+        name = model.graph.name or "<unnamed>"
+        if cache_dir is not None:
+            library = _load_cached(cache_dir, name)
+            if library is not None:
+                stats.increment("disk_cache_hits")
+                return TvmExecutable(library, model, device, threads)
+        built = build(model, device, threads=threads)
+        stats.increment("compiles")
+        logger.debug("built segment %r for %s in %.2f s", name, device, built.seconds)
+        library = built.executable
+        if cache_dir is not None:
+            library = _store(built, cache_dir, name) or library
+        return TvmExecutable(library, model, device, threads)
+
+
+def _store(built: BuiltModule, directory: Path, name: str) -> Any:
+    """Exports ``built`` into the disk cache and returns the loaded library (``None`` on failure)."""
+    path = directory / MODULE_FILE
+    try:
+        built.export(path)
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        atomic_write_bytes(path.with_name(path.name + _CHECKSUM_SUFFIX), digest.encode())
+        return _tvm().runtime.load_module(str(path))
+    except (OSError, BackendError) as err:
+        logger.warning("cannot write the TVM disk cache for segment %r in %s: %s", name, directory, err)
+        return None
+
+
+def _load_cached(directory: Path, name: str) -> Any:
+    """Returns the cached library when its checksum matches, else ``None`` (discarding bad files)."""
+    path = directory / MODULE_FILE
+    checksum = path.with_name(path.name + _CHECKSUM_SUFFIX)
+    try:
+        data = path.read_bytes()
+        expected = checksum.read_text().strip()
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        logger.warning("cannot read cached TVM module %s (%s); recompiling", path, err)
+        return None
+    if hashlib.sha256(data).hexdigest() != expected:
+        logger.warning("cached TVM module %s is corrupt (checksum mismatch); recompiling", path)
+        _discard(path, checksum)
+        return None
+    try:
+        return _tvm().runtime.load_module(str(path))
+    except Exception as err:  # noqa: BLE001 - any load failure: compile again
+        logger.warning("cached TVM module %s cannot be loaded (%s); recompiling", path, _first_line(err))
+        _discard(path, checksum)
+        return None
+
+
+def _discard(*paths: Path) -> None:
+    for path in paths:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as err:
+            logger.debug("cannot remove %s: %s", path, err)
+

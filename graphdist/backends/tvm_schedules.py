@@ -1,0 +1,322 @@
+"""Hand-written TIR schedules for the tvm backend's CPU (llvm) target.
+
+TVM's legalized operators compile to plain loop nests; without a schedule
+they run serially and unvectorized (the 784-512-512-10 MLP forward takes
+~400 ms, ONNX Runtime 2.2 ms). ``dlight`` ships schedule rules for GPUs but,
+in TVM 0.27, only GEMV and reduction rules for CPUs. This module adds the
+rules the model zoo needs, in dlight's :class:`ScheduleRule` form, applied by
+``dlight.ApplyDefaultSchedule`` in the order of :func:`cpu_rules`:
+
+* :class:`CPUMatmul`: any function whose one reduction block is a
+  (batched) matrix multiply, in any operand layout (``MatMul``, transposed
+  operands written as ``Einsum`` by the backend), with fused elementwise
+  producers and consumers (bias add, ReLU mask, the SGD update). The block
+  is normalised to ``C[s, i, j] += A[s, i, k] * B[s, j, k]`` (dlight's
+  reindexing), padded to the register tile, and tiled as a BLIS-style
+  micro-kernel: an ``MR x NR`` accumulator tile kept in registers (``NR``
+  vector lanes wide, unrolled), the reduction axis innermost but one, the
+  column-panel loop parallel. ``B`` is packed into contiguous ``K x NR``
+  panels when its rows are not already contiguous along ``j`` (a transposed
+  weight in the backward pass); otherwise it is read in place.
+* :class:`CPUElementwise`: spatial-only functions (elementwise chains,
+  transposes, broadcasts): producers inlined, loops fused, split into a
+  parallel outer and a vectorized inner loop.
+* dlight's CPU ``Reduction`` and ``GEMV`` rules for the rest (softmax sums,
+  bias gradients). Every rule is wrapped by :class:`SafeRule`, so a rule
+  that rejects a function by raising (dlight's GEMV asserts on some shapes)
+  leaves it to the next rule instead of failing the compile.
+
+A function no rule accepts keeps TVM's default (serial) code: correct, slow.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+__all__ = ["CPUElementwise", "CPUMatmul", "CPUOuterReduction", "SafeRule", "cpu_rules", "vector_lanes"]
+
+logger = logging.getLogger(__name__)
+
+# Imported lazily: importing tvm takes ~1 s and most processes never use this backend.
+_tvm: dict[str, Any] = {}
+
+
+def _mods() -> dict[str, Any]:
+    if not _tvm:
+        from tvm import s_tir, tirx
+        from tvm.s_tir import dlight
+        from tvm.s_tir.dlight.analysis import get_root_block
+        from tvm.s_tir.dlight.gpu.matmul import (
+            auto_inline_consumer_chain,
+            auto_inline_producers,
+            get_index_map,
+            get_reduction_blocks,
+        )
+
+        _tvm.update(
+            s_tir=s_tir, tirx=tirx, dlight=dlight, get_root_block=get_root_block,
+            auto_inline_consumer_chain=auto_inline_consumer_chain,
+            auto_inline_producers=auto_inline_producers,
+            get_index_map=get_index_map, get_reduction_blocks=get_reduction_blocks,
+        )
+    return _tvm
+
+
+def vector_lanes(target: Any) -> int:
+    """Float32 lanes of the target's widest vector unit (16 with AVX-512, 8 with AVX2, else 4)."""
+    attrs = target.attrs
+    features = " ".join(str(f) for f in attrs.get("mattr", []) or [])
+    mcpu = str(attrs.get("mcpu", ""))
+    if "avx512f" in features or any(tag in mcpu for tag in ("avx512", "skylake-avx512", "icelake", "znver4",
+                                                             "sapphirerapids", "cascadelake", "cooperlake")):
+        return 16
+    if "avx2" in features or any(tag in mcpu for tag in ("haswell", "broadwell", "skylake", "znver", "alderlake")):
+        return 8
+    return 4
+
+
+def _extent(sch: Any, loop: Any) -> int | None:
+    extent = sch.get(loop).extent
+    return int(extent) if isinstance(extent, _mods()["tirx"].IntImm) else None
+
+
+def _base_rule() -> type:
+    return _mods()["dlight"].ScheduleRule
+
+
+class SafeRule:
+    """Wraps a dlight rule so that an exception means "not applicable" (logged at debug level)."""
+
+    def __init__(self, rule: Any) -> None:
+        self.rule = rule
+
+    def apply(self, func: Any, target: Any, tunable: bool) -> Any:
+        try:
+            return self.rule.apply(func, target, tunable)
+        except Exception as err:  # noqa: BLE001 - any failure means the rule does not apply
+            logger.debug("schedule rule %s skipped a function: %s", type(self.rule).__name__,
+                         str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__)
+            return None
+
+    def is_target_available(self, target: Any) -> bool:
+        return True
+
+
+class CPUMatmul:
+    """Register-tiled, parallel, vectorized matrix multiply (see the module docstring).
+
+    Args:
+        rows: ``MR``, rows of the accumulator tile.
+        vectors: Vectors per accumulator row (``NR = vectors * lanes``).
+        k_unroll: Unroll factor of the reduction loop.
+    """
+
+    def __init__(self, rows: int = 4, vectors: int = 4, k_unroll: int = 4) -> None:
+        self.rows = rows
+        self.vectors = vectors
+        self.k_unroll = k_unroll
+
+    def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
+        m = _mods()
+        if not isinstance(func, m["tirx"].PrimFunc) or target.kind.name != "llvm":
+            return None
+        sch = m["s_tir"].Schedule(func)
+        blocks = sch.get_child_blocks(m["get_root_block"](sch))
+        reductions = m["get_reduction_blocks"](sch, blocks)
+        if reductions is None or not m["get_index_map"](sch.get(reductions[0])):
+            return None
+        main = reductions[0]
+        b_contiguous = self._b_rows_contiguous(sch.get(main))
+        lanes = vector_lanes(target)
+        nr = self.vectors * lanes
+        pack = self._normalize(sch, main, nr, b_contiguous)
+        batch, i, j, k = sch.get_loops(main)
+        i_outer, i_inner = sch.split(i, [None, self.rows])
+        j_outer, j_vectors, j_lanes = sch.split(j, [None, self.vectors, lanes])
+        k_outer, k_inner = sch.split(k, [None, self.k_unroll]) if _divides(self.k_unroll, _extent(sch, k)) \
+            else (k, None)
+        order = [batch, j_outer, i_outer, k_outer] + ([k_inner] if k_inner is not None else [])
+        sch.reorder(*order, i_inner, j_vectors, j_lanes)
+        # Parallel before caching: the check for a compact dataflow needs the plain reduction block.
+        sch.parallel(sch.fuse(batch, j_outer))
+        for loop in (k_inner, i_inner, j_vectors):
+            if loop is not None:
+                sch.unroll(loop)
+        sch.vectorize(j_lanes)
+        accumulator = sch.cache_write(main, 0, "local")
+        sch.reverse_compute_at(accumulator, i_outer, preserve_unit_loops=True)
+        _inline_producers(sch, main, keep=pack)
+        m["auto_inline_consumer_chain"](sch, accumulator)
+        _vectorize_innermost(sch, accumulator, lanes)
+        init = sch.decompose_reduction(main, k_outer)
+        _vectorize_innermost(sch, init, lanes)
+        return sch
+
+    @staticmethod
+    def _b_rows_contiguous(block: Any) -> bool:
+        """True when B's last index is an output column (``j``) iterator: rows are read in place."""
+        if len(block.reads) < 2 or not block.writes:
+            return False
+        b_region = block.reads[-1].region
+        return bool(b_region) and any(b_region[-1].min.same_as(r.min) for r in block.writes[0].region)
+
+    def _normalize(self, sch: Any, main: Any, nr: int, b_contiguous: bool) -> Any:
+        """Reindexes the block to ``C[s, i, j] += A[s, i, k] * B[s, j, k]`` and pads it to the tile.
+
+        Returns:
+            B's packing block, or ``None`` when B is read in place.
+        """
+        m = _mods()
+        reindex_a = sch.reindex(main, ("read", 0))
+        reindex_b = sch.reindex(main, ("read", 1))
+        reindex_c = sch.reindex(main, ("write", 0))
+        block_map, a_map, b_map, c_map = m["get_index_map"](sch.get(main))
+        sch.transform_layout(reindex_a, ("write", 0), a_map)
+        sch.transform_layout(reindex_b, ("write", 0), b_map)
+        sch.transform_layout(reindex_c, ("read", 0), c_map)
+        sch.transform_block_layout(main, block_map)
+        sch.pad_einsum(main, [1, self.rows, nr, 1])
+        if b_contiguous:
+            return None
+        sch.transform_layout(main, ("read", 1), lambda s, j, k: (s, j // nr, k, j % nr))
+        return self._schedule_pack(sch, reindex_b)
+
+    @staticmethod
+    def _schedule_pack(sch: Any, pack: Any) -> Any:
+        """Keeps B's packing copy (its reindex block) as its own parallel loop nest: inlining it into
+        the kernel would undo the packing.
+        """
+        _inline_producers(sch, pack, keep=None)
+        loops = sch.get_loops(pack)
+        sch.parallel(sch.fuse(*loops[:2]) if len(loops) > 2 else loops[0])
+        return pack
+
+
+def _inline_producers(sch: Any, block: Any, keep: Any) -> None:
+    """Inlines every producer of ``block`` (transitively) that can be inlined, except ``keep``."""
+    # Compared by name: block statements are replaced (new objects) as the schedule changes.
+    keep_name = sch.get(keep).name_hint if keep is not None else None
+    changed = True
+    while changed:
+        changed = False
+        for producer in sch.get_producers(block):
+            if sch.get(producer).name_hint == keep_name:
+                continue
+            try:
+                sch.compute_inline(producer)
+                changed = True
+            except Exception:  # noqa: BLE001 - producers that cannot be inlined stay loop nests
+                continue
+
+
+def _divides(factor: int, extent: int | None) -> bool:
+    return extent is not None and extent % factor == 0 and extent > factor
+
+
+def _vectorize_innermost(sch: Any, block: Any, lanes: int) -> None:
+    loops = sch.get_loops(block)
+    if not loops:
+        return
+    extent = _extent(sch, loops[-1])
+    if extent is None:
+        return
+    if extent == lanes:
+        sch.vectorize(loops[-1])
+    elif extent % lanes == 0:
+        _, inner = sch.split(loops[-1], [None, lanes])
+        sch.vectorize(inner)
+
+
+class CPUElementwise:
+    """Parallel, vectorized schedule of functions whose blocks are all spatial (see the module docstring).
+
+    Args:
+        parallel_min: Fewest elements worth a parallel loop (thread start-up costs ~ microseconds).
+    """
+
+    def __init__(self, parallel_min: int = 16384) -> None:
+        self.parallel_min = parallel_min
+
+    def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
+        m = _mods()
+        if not isinstance(func, m["tirx"].PrimFunc) or target.kind.name != "llvm":
+            return None
+        sch = m["s_tir"].Schedule(func)
+        spatial = m["tirx"].IterVar.DataPar
+        blocks = sch.get_child_blocks(m["get_root_block"](sch))
+        if not blocks or any(iv.iter_type != spatial for b in blocks for iv in sch.get(b).iter_vars):
+            return None
+        for block in blocks[:-1]:
+            try:
+                sch.compute_inline(block)
+            except Exception:  # noqa: BLE001 - blocks that cannot be inlined get their own loops
+                continue
+        lanes = vector_lanes(target)
+        for block in sch.get_child_blocks(m["get_root_block"](sch)):
+            self._schedule_block(sch, block, lanes)
+        return sch
+
+    def _schedule_block(self, sch: Any, block: Any, lanes: int) -> None:
+        loops = sch.get_loops(block)
+        if not loops:
+            return
+        fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+        extent = _extent(sch, fused)
+        if extent is None or extent < lanes:
+            return
+        if extent % lanes:
+            if extent >= self.parallel_min:
+                sch.parallel(sch.split(fused, [None, lanes])[0])
+            return
+        outer, inner = sch.split(fused, [None, lanes])
+        if extent >= self.parallel_min:
+            sch.parallel(outer)
+        sch.vectorize(inner)
+
+
+class CPUOuterReduction:
+    """Reductions over an outer axis (``out[j] = sum_k x[k, j]``, the bias gradient): the output's
+    contiguous axis becomes the vector lane, the reduction loops run inside the parallel loop.
+    """
+
+    def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
+        m = _mods()
+        if not isinstance(func, m["tirx"].PrimFunc) or target.kind.name != "llvm":
+            return None
+        sch = m["s_tir"].Schedule(func)
+        blocks = sch.get_child_blocks(m["get_root_block"](sch))
+        reductions = m["get_reduction_blocks"](sch, blocks)
+        if reductions is None:
+            return None
+        block = reductions[0]
+        _inline_producers(sch, block, keep=None)
+        stmt = sch.get(block)
+        kinds = [iv.iter_type == m["tirx"].IterVar.DataPar for iv in stmt.iter_vars]
+        loops = sch.get_loops(block)
+        if len(loops) != len(kinds) or not kinds[-1] and not any(kinds):
+            return None
+        spatial = [loop for loop, is_spatial in zip(loops, kinds) if is_spatial]
+        reduce = [loop for loop, is_spatial in zip(loops, kinds) if not is_spatial]
+        last_var = stmt.iter_vars[max(i for i, k in enumerate(kinds) if k)].var
+        if not stmt.writes or not stmt.writes[0].region[-1].min.same_as(last_var):
+            return None
+        lanes = vector_lanes(target)
+        extent = _extent(sch, spatial[-1])
+        if extent is None or extent % lanes:
+            return None
+        j_outer, j_lanes = sch.split(spatial[-1], [None, lanes])
+        sch.reorder(*spatial[:-1], j_outer, *reduce, j_lanes)
+        parallel = sch.fuse(*spatial[:-1], j_outer) if spatial[:-1] else j_outer
+        sch.parallel(parallel)
+        sch.vectorize(j_lanes)
+        init = sch.decompose_reduction(block, reduce[0])
+        _vectorize_innermost(sch, init, lanes)
+        return sch
+
+
+def cpu_rules() -> list[Any]:
+    """The llvm target's schedule rules, in the order dlight tries them."""
+    dlight = _mods()["dlight"]
+    rules = [CPUMatmul(), CPUElementwise(), dlight.cpu.Reduction(), CPUOuterReduction(), dlight.cpu.GEMV()]
+    return [SafeRule(rule) for rule in rules]
