@@ -224,6 +224,7 @@ class Dense(Layer):
         self.bias = self.add_weight("bias", (self.units,), self.bias_initializer) if self.use_bias else None
 
     def call(self, inputs: Any, training: bool = False) -> Any:
+        _check_last_axis(self, inputs, self.kernel.shape[0])
         y = inputs @ self.kernel
         if self.bias is not None:
             y = y + self.bias
@@ -233,6 +234,14 @@ class Dense(Layer):
         return {**super().get_config(), "units": self.units, "activation": activations.serialize(self.activation),
                 "use_bias": self.use_bias, "kernel_initializer": _init_name(self.kernel_initializer),
                 "bias_initializer": _init_name(self.bias_initializer)}
+
+
+def _check_last_axis(layer: Layer, inputs: Any, expected: int) -> None:
+    shape = tuple(inputs.shape)
+    if not shape or shape[-1] != expected:
+        raise InvalidArgumentError(
+            f"{layer.name}: expected inputs whose last axis has {expected} values (the layer was built for "
+            f"{layer._build_input_shape}), got shape {shape}; feed data of the shape the model was built for")
 
 
 def _init_name(initializer: Any) -> str:
@@ -279,6 +288,7 @@ class Conv2D(Layer):
         self.bias = self.add_weight("bias", (self.filters,), self.bias_initializer) if self.use_bias else None
 
     def call(self, inputs: Any, training: bool = False) -> Any:
+        _check_last_axis(self, inputs, self.kernel.shape[2])
         y = nn.conv2d(inputs, self.kernel, self.bias, stride=self.strides, padding=self.padding.upper())
         return self.activation(y)
 

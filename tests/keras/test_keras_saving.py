@@ -1,0 +1,106 @@
+"""gd.keras model.save / load_model: checkpoint + plan directories, across strategies, training resumes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import graphdist as gd
+from models.datasets import digits
+
+keras = gd.keras
+
+
+def _trained(strategy: gd.Strategy) -> keras.Model:
+    keras.utils.set_random_seed(0)
+    data = digits(images=True)
+    with strategy.scope():
+        model = keras.Sequential([
+            keras.layers.Conv2D(4, 3, activation="relu", input_shape=(8, 8, 1)),
+            keras.layers.BatchNormalization(),
+            keras.layers.MaxPool2D(),
+            keras.layers.Flatten(),
+            keras.layers.Dense(10)])
+        model.compile(optimizer=gd.optimizers.Adam(0.01), metrics=["accuracy"],
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(data.x_train[:256], data.y_train[:256], batch_size=64, epochs=1, verbose=0)
+    return model
+
+
+def test_save_and_load_under_another_strategy(tmp_path) -> None:
+    data = digits(images=True)
+    model = _trained(gd.MirroredStrategy(["cpu:0", "cpu:1"]))
+    path = model.save(tmp_path / "digits")
+    names = sorted(p.name for p in (tmp_path / "digits").iterdir())
+    assert names == ["model.json", "serving", "variables.npz"]
+    config = json.loads((tmp_path / "digits" / "model.json").read_text())
+    assert config["class_name"] == "Sequential" and config["compile"]["optimizer"]["class_name"] == "Adam"
+    assert not any(p.name.startswith(".") for p in tmp_path.iterdir())   # no staging left behind
+
+    with gd.OneDeviceStrategy("cpu:0").scope():
+        loaded = keras.load_model(path)
+    assert isinstance(loaded.distribute_strategy, gd.OneDeviceStrategy)
+    for got, want in zip(loaded.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(loaded.predict(data.x_test), model.predict(data.x_test), rtol=1e-5, atol=1e-6)
+    assert loaded.evaluate(data.x_test, data.y_test, verbose=0) == pytest.approx(
+        model.evaluate(data.x_test, data.y_test, verbose=0), rel=1e-5)
+
+
+def test_loaded_model_continues_training_like_the_original(tmp_path) -> None:
+    data = digits(images=True)
+    model = _trained(gd.OneDeviceStrategy("cpu:0"))
+    model.save(tmp_path / "m")
+    loaded = keras.load_model(tmp_path / "m")
+    assert int(loaded.optimizer.iterations.numpy()) == 4
+    x, y = data.x_train[256:384], data.y_train[256:384]
+    model.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0)
+    loaded.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0)
+    for got, want in zip(loaded.get_weights(), model.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)   # Adam's moments were restored too
+
+
+def test_exported_serving_plan_runs_without_the_model(tmp_path) -> None:
+    data = digits(images=True)
+    model = _trained(gd.MirroredStrategy(["cpu:0", "cpu:1"]))
+    model.save(tmp_path / "m")
+    plan = gd.load_plan(tmp_path / "m" / "serving")
+    batch = data.x_test[:32]
+    np.testing.assert_allclose(plan(batch), model.predict(batch), rtol=1e-5, atol=1e-6)
+
+
+def test_subclassed_model_saves_and_needs_its_class_to_load(tmp_path) -> None:
+    class Small(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.hidden = keras.layers.Dense(8, activation="relu")
+            self.head = keras.layers.Dense(2)
+
+        def call(self, x, training=False):
+            return self.head(self.hidden(x))
+
+    with gd.OneDeviceStrategy("cpu:0").scope():
+        model = Small()
+    model.compile(optimizer="sgd", loss="mse")
+    model.fit(np.ones((8, 3)), np.zeros((8, 2)), epochs=1, verbose=0)
+    assert [layer.name for layer in model.layers][0].startswith("dense") and len(model.trainable_variables) == 4
+    model.save(tmp_path / "small")
+    with pytest.raises(gd.InvalidArgumentError, match="custom_objects"):
+        keras.load_model(tmp_path / "small")
+    loaded = keras.load_model(tmp_path / "small", custom_objects={"Small": Small})
+    x = np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32)
+    np.testing.assert_allclose(loaded.predict(x), model.predict(x), rtol=1e-6)
+
+
+def test_load_model_errors(tmp_path) -> None:
+    with pytest.raises(gd.CheckpointError, match="not a saved model"):
+        keras.load_model(tmp_path)
+    (tmp_path / "model.json").write_text(json.dumps({"format": "graphdist-keras-model", "version": 99}))
+    with pytest.raises(gd.CheckpointError, match="version 99"):
+        keras.load_model(tmp_path)
+    with gd.OneDeviceStrategy("cpu:0").scope():
+        unbuilt = keras.Sequential([keras.layers.Dense(1)])
+    with pytest.raises(gd.InvalidArgumentError, match="not built"):
+        unbuilt.save(tmp_path / "x")
