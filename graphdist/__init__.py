@@ -8,7 +8,16 @@ compiled through ONNX (ONNX Runtime, onnx.reference; TVM to come).
     result = strategy.run(lambda x: np.tanh(x) * 2, args=(np.ones(3, np.float32),))
 """
 
-from graphdist import config, data, nest, optimizers, stats, train
+from graphdist import (
+    cluster_resolver,
+    config,
+    data,
+    keras,
+    nest,
+    optimizers,
+    stats,
+    train,
+)
 from graphdist.compile import ConcreteFunction, Function, LoadedPlan, Plan, function, load_plan
 from graphdist.distribute import (
     CentralStorageStrategy,
@@ -32,6 +41,17 @@ from graphdist.distribute import (
     in_cross_replica_context,
 )
 from graphdist.distribute.input import InputContext
+from graphdist.distribute.multi_worker import (
+    CollectiveCommunication,
+    CommunicationImplementation,
+    MultiWorkerMirroredStrategy,
+)
+from graphdist.distribute.parameter_server import (
+    FixedShardsPartitioner,
+    MaxSizePartitioner,
+    MinSizePartitioner,
+    ParameterServerStrategy,
+)
 from graphdist.distribute.variables import MirroredVariable, Variable
 from graphdist.errors import (
     AxisError,
@@ -47,6 +67,7 @@ from graphdist.errors import (
     TracingError,
 )
 from graphdist.ir import Graph, Node, Value, verify
+from graphdist.runtime.ps_server import Server
 from graphdist.trace import Tensor, TensorSpec, nn, trace
 from graphdist.trace.tape import GradientTape, grad, stop_gradient, value_and_grad
 
@@ -71,6 +92,7 @@ __all__ = [
     "value_and_grad",
     "stop_gradient",
     "optimizers",
+    "keras",
     "nn",
     "train",
     "data",
@@ -86,6 +108,15 @@ __all__ = [
     "OneDeviceStrategy",
     "MirroredStrategy",
     "CentralStorageStrategy",
+    "MultiWorkerMirroredStrategy",
+    "CommunicationImplementation",
+    "CollectiveCommunication",
+    "cluster_resolver",
+    "ParameterServerStrategy",
+    "Server",
+    "FixedShardsPartitioner",
+    "MinSizePartitioner",
+    "MaxSizePartitioner",
     "CrossDeviceOps",
     "NcclAllReduce",
     "HierarchicalCopyAllReduce",

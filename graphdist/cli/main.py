@@ -688,6 +688,7 @@ examples:
   graphdist export models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 -o mlp_plan \\
       --save-inputs mlp_inputs.npz
   graphdist run mlp_plan --inputs mlp_inputs.npz --steps 3
+  graphdist launch --workers 2 -- python examples/digits_multi_worker.py
 
 exit status: 0 ok, 1 graphdist failed, 2 usage error
 """
@@ -835,6 +836,10 @@ def build_parser() -> argparse.ArgumentParser:
     run_cmd.add_argument("--backend", choices=BACKENDS, default=None,
                          help="backend to compile with (default: the one recorded at export)")
     run_cmd.set_defaults(handler=cmd_run)
+
+    from graphdist.cli.launch import add_launch_parser
+
+    add_launch_parser(commands, formatter)
     return parser
 
 
@@ -867,7 +872,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _configure_logging(args.verbose)
     if args.command is None:
         parser.print_help(sys.stderr)
-        return _fail("no command given; choose one of: devices, inspect, export, run", EXIT_USAGE, False)
+        return _fail("no command given; choose one of: devices, inspect, export, run, launch", EXIT_USAGE, False)
     verbose = args.verbose >= 2
     from graphdist.errors import GraphdistError
 

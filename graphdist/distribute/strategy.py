@@ -118,6 +118,10 @@ class Strategy:
         """The cluster resolver, ``None`` for single-worker strategies."""
         return None
 
+    def _num_local_replicas(self) -> int:
+        """Replicas run by this process (``num_replicas_in_sync`` counts every worker's)."""
+        return len(self._devices)
+
     def _parameter_devices(self) -> tuple[Device, ...]:
         return self._devices
 
@@ -208,7 +212,7 @@ class Strategy:
         strategies = ctx.graph.meta.setdefault("strategies", [])
         if self not in strategies:
             strategies.append(self)
-        count = self.num_replicas_in_sync
+        count = self._num_local_replicas()
         group_keys: list[str] = []
         results = []
         for replica in range(count):
@@ -309,7 +313,7 @@ class Strategy:
         if not any(isinstance(leaf, DistributedValues) for leaf in leaves):
             return (value,)
         per_replica = [[leaf.values[r] if isinstance(leaf, DistributedValues) else leaf for leaf in leaves]
-                       for r in range(self.num_replicas_in_sync)]
+                       for r in range(self._num_local_replicas())]
         return tuple(nest.unflatten(treedef, leaves_r) for leaves_r in per_replica)
 
     def experimental_distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Any:

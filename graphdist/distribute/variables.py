@@ -250,7 +250,7 @@ class MirroredVariable(Variable):
     """
 
     def _replica_components(self) -> tuple[_ReplicaCopy, ...]:
-        count = self._strategy.num_replicas_in_sync if self._strategy is not None else 1
+        count = self._strategy._num_local_replicas() if self._strategy is not None else 1
         return tuple(_ReplicaCopy(self, r) for r in range(count))
 
     @property

@@ -25,7 +25,9 @@ __all__ = ["verify", "STAGES", "CROSS_DEVICE_OPS"]
 STAGES = ("traced", "rewritten", "partitioned")
 
 #: graphdist ops allowed to read values placed on another device.
-CROSS_DEVICE_OPS = frozenset({"AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Send", "Recv", "Transfer"})
+CROSS_DEVICE_OPS = frozenset({"AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Send", "Recv", "Transfer",
+                              # between processes (graphdist.runtime.comm.mpi, graphdist.runtime.ps_server)
+                              "CrossWorkerAllReduce", "CrossWorkerAllGather", "PSPull", "PSPush"})
 
 
 def verify(graph: Graph, stage: str | None = None) -> None:

@@ -13,7 +13,7 @@ so a collective of one replica's gradients overlaps other devices' work.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +26,17 @@ from graphdist.runtime.comm import local
 if TYPE_CHECKING:
     from graphdist.compile.plan import CommTask, Plan, Segment
 
-__all__ = ["Scheduler"]
+__all__ = ["Scheduler", "register_comm_handler"]
+
+# Communication ops executed by other modules (between processes: MPI collectives, parameter servers):
+# op -> handler(op, attrs, buffers) -> one output per participant.
+CommHandler = Callable[[str, dict[str, Any], list[np.ndarray]], list[np.ndarray]]
+_COMM_HANDLERS: dict[str, CommHandler] = {}
+
+
+def register_comm_handler(op: str, handler: CommHandler) -> None:
+    """Makes plan communication tasks of ``op`` run through ``handler``."""
+    _COMM_HANDLERS[op] = handler
 
 
 class _Task:
@@ -54,6 +64,13 @@ class Scheduler:
         self._tasks += [_Task("comm", i, c.inputs, c.outputs, c.name) for i, c in enumerate(plan.comms)]
         producer = {name: t for t in self._tasks for name in t.outputs}
         self._deps = [{id(producer[n]) for n in t.inputs if n in producer} for t in self._tasks]
+        # Tasks numbered by attrs["sequence"] (collectives between processes) run in that order, so that
+        # every process issues them in the same order whatever order its devices finish in.
+        ordered = sorted((t for t in self._tasks if t.kind == "comm" and "sequence" in plan.comms[t.index].attrs),
+                         key=lambda t: int(plan.comms[t.index].attrs["sequence"]))
+        position = {id(t): i for i, t in enumerate(self._tasks)}
+        for before, after in zip(ordered, ordered[1:]):
+            self._deps[position[id(after)]].add(id(before))
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
@@ -95,6 +112,9 @@ class Scheduler:
             return local.all_gather(buffers, int(task.attrs.get("axis", 0)))
         if task.op == "Transfer":
             return buffers  # logical devices of one process share host memory
+        handler = _COMM_HANDLERS.get(task.op)
+        if handler is not None:
+            return handler(task.op, task.attrs, buffers)
         raise PlanError(f"communication op {task.op!r} ({task.name}) is not supported by the local communicator")
 
     def _run_tasks(self, env: dict[str, Any]) -> None:

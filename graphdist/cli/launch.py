@@ -1,0 +1,261 @@
+"""``graphdist launch``: start a multi-process job through ``mpiexec``.
+
+::
+
+    graphdist launch --workers 2 [--ps 1] [--chief] [--hosts h1,h2] [--devices-per-worker K]
+                     [--timeout S] -- python train.py ...
+
+Every task becomes one MPI rank, numbered chief, workers, ps (the order of
+:func:`graphdist.distribute.cluster.task_rank`). Each rank gets its role in
+``GRAPHDIST_CONFIG`` (``TF_CONFIG``'s JSON plus ``local_devices``); workers
+and the chief run the command, ps tasks run the built-in parameter server
+(``python -m graphdist.runtime.ps_server``). Tasks go to the hosts round-robin
+(default: all on this host).
+
+Each rank runs under a small wrapper (``python -m graphdist.cli.launch
+--rank-wrapper``, not an MPI process itself) that forwards the task's output
+line by line with a ``[worker 0]`` prefix and records how it ended. ``mpiexec``
+runs with ``-disable-auto-cleanup``, so when one rank dies the others are
+not killed but fail on their own, with a ``CollectiveTimeoutError`` naming
+the dead rank after ``--timeout`` seconds (``GRAPHDIST_COLLECTIVE_TIMEOUT``).
+``graphdist launch`` exits 0 when every rank succeeded; otherwise it prints
+which ranks failed (the first failure first, with its last output line) and
+exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from graphdist.errors import GraphdistError, InvalidArgumentError
+
+__all__ = ["add_launch_parser", "cmd_launch", "build_roles", "mpiexec_command", "find_mpiexec"]
+
+logger = logging.getLogger(__name__)
+
+_EPILOG = """\
+examples:
+  graphdist launch --workers 2 -- python examples/digits_multi_worker.py
+  graphdist launch --workers 2 --devices-per-worker 2 -- python train.py
+  graphdist launch --workers 2 --ps 1 -- python examples/digits_parameter_server.py
+  graphdist launch --workers 2 --timeout 30 -- python train.py   # a dead rank is reported after 30 s
+
+Each process finds its role with gd.cluster_resolver.TFConfigClusterResolver()
+(GRAPHDIST_CONFIG); the strategies use it by default."""
+
+
+def add_launch_parser(commands: Any, formatter: Any) -> None:
+    """Adds the ``launch`` subcommand to ``graphdist``'s subparsers."""
+    launch = commands.add_parser(
+        "launch", help="start a multi-process job (workers, ps tasks) through mpiexec",
+        description="Start one process per task through mpiexec, give each its role in GRAPHDIST_CONFIG, run "
+                    "ps tasks as the built-in server, prefix every output line with its task, and exit "
+                    "non-zero naming the failing tasks if any fails.",
+        epilog=_EPILOG, formatter_class=formatter)
+    launch.add_argument("--workers", type=int, required=True, metavar="N", help="number of worker tasks")
+    launch.add_argument("--ps", type=int, default=0, metavar="M", help="number of parameter server tasks")
+    launch.add_argument("--chief", action="store_true", help="add a chief task (rank 0) besides the workers")
+    launch.add_argument("--hosts", default=None, metavar="H1,H2",
+                        help="hosts to place the tasks on, round-robin (default: this host)")
+    launch.add_argument("--devices-per-worker", type=int, default=1, metavar="K",
+                        help="devices of each worker: cuda:0..K-1 with GPUs, else logical cpu:0..K-1 (default 1)")
+    launch.add_argument("--timeout", type=float, default=None, metavar="S",
+                        help="seconds a collective or ps request may wait before failing "
+                             "(GRAPHDIST_COLLECTIVE_TIMEOUT; default 300)")
+    launch.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command every worker runs")
+    launch.set_defaults(handler=cmd_launch)
+
+
+def build_roles(workers: int, ps: int = 0, chief: bool = False, hosts: Sequence[str] | None = None,
+                devices_per_worker: int = 1) -> list[dict[str, Any]]:
+    """One entry per MPI rank: ``{"name", "type", "index", "host", "config"}``.
+
+    Raises:
+        InvalidArgumentError: A count is out of range or a host name is empty.
+    """
+    for label, value, minimum in (("--workers", workers, 1), ("--ps", ps, 0),
+                                  ("--devices-per-worker", devices_per_worker, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise InvalidArgumentError(f"{label} must be an int >= {minimum}, got {value!r}")
+    hosts = [h.strip() for h in hosts] if hosts else ["localhost"]
+    if not all(hosts):
+        raise InvalidArgumentError(f"--hosts has an empty host name ({','.join(hosts)}); give host names like h1,h2")
+    tasks = [("chief", 0)] if chief else []
+    tasks += [("worker", i) for i in range(workers)] + [("ps", i) for i in range(ps)]
+    placed = [(job, index, hosts[rank % len(hosts)]) for rank, (job, index) in enumerate(tasks)]
+    cluster: dict[str, list[str]] = {}
+    for rank, (job, _, host) in enumerate(placed):
+        cluster.setdefault(job, []).append(f"{host}:{rank}")
+    from graphdist.runtime.devices import num_gpus
+
+    kind = "cuda" if num_gpus() >= devices_per_worker else "cpu"
+    local = [f"{kind}:{i}" for i in range(devices_per_worker)]
+    roles = []
+    for job, index, host in placed:
+        config: dict[str, Any] = {"cluster": cluster, "task": {"type": job, "index": index}}
+        if job != "ps":
+            config["local_devices"] = local
+        roles.append({"name": f"{job} {index}", "type": job, "index": index, "host": host,
+                      "config": json.dumps(config)})
+    return roles
+
+
+# ps tasks run the built-in server (not `-m graphdist.runtime.ps_server`: graphdist imports that module itself).
+_PS_SERVER = (sys.executable, "-c", "import sys; from graphdist.runtime.ps_server import main; sys.exit(main())")
+
+
+def find_mpiexec() -> str:
+    """``mpiexec`` next to this Python (the venv's, from the ``mpich`` wheel), else on ``PATH``."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("mpiexec")
+    if found is None:
+        raise GraphdistError("mpiexec was not found next to this Python or on PATH; install MPI with "
+                             "`pip install mpich mpi4py` (graphdist's install step does)")
+    return found
+
+
+def mpiexec_command(roles: Sequence[dict[str, Any]], command: Sequence[str], status_dir: str,
+                    timeout: float | None = None, explicit_hosts: bool = False) -> list[str]:
+    """The ``mpiexec`` MPMD command line: one ``-n 1`` section per rank, joined by ``:``."""
+    argv = [find_mpiexec(), "-disable-auto-cleanup"]
+    for rank, role in enumerate(roles):
+        if rank:
+            argv.append(":")
+        argv += ["-n", "1"]
+        if explicit_hosts:
+            argv += ["-host", role["host"]]
+        argv += ["-env", "GRAPHDIST_CONFIG", role["config"], "-env", "GRAPHDIST_LAUNCH_DIR", status_dir,
+                 "-env", "PYTHONUNBUFFERED", "1"]
+        if timeout is not None:
+            argv += ["-env", "GRAPHDIST_COLLECTIVE_TIMEOUT", repr(float(timeout))]
+        task = list(_PS_SERVER) if role["type"] == "ps" else list(command)
+        argv += [sys.executable, "-m", "graphdist.cli.launch", "--rank-wrapper", str(rank), role["name"], "--", *task]
+    return argv
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    """Runs ``graphdist launch``; returns the exit status."""
+    from graphdist.cli.main import UsageError
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UsageError("launch: give the command after --, e.g. graphdist launch --workers 2 -- python train.py")
+    if args.timeout is not None and args.timeout <= 0:
+        raise UsageError(f"launch: --timeout must be > 0 seconds, got {args.timeout}")
+    hosts = args.hosts.split(",") if args.hosts else None
+    roles = build_roles(args.workers, args.ps, args.chief, hosts, args.devices_per_worker)
+    with tempfile.TemporaryDirectory(prefix="graphdist-launch-") as status_dir:
+        argv = mpiexec_command(roles, command, status_dir, args.timeout, explicit_hosts=bool(hosts))
+        logger.info("launching %d process(es): %s", len(roles), " ".join(argv))
+        sys.stdout.flush()
+        completed = subprocess.run(argv, stdin=subprocess.DEVNULL, check=False)
+        return _report(roles, status_dir, completed.returncode)
+
+
+def _report(roles: Sequence[dict[str, Any]], status_dir: str, mpiexec_status: int) -> int:
+    failures = []
+    for rank, role in enumerate(roles):
+        path = Path(status_dir) / f"rank{rank}.json"
+        if not path.exists():
+            failures.append((float("inf"), rank, role["name"], "ended without reporting (killed with its wrapper)",
+                             ""))
+            continue
+        status = json.loads(path.read_text())
+        if status["returncode"] != 0:
+            failures.append((status["time"], rank, role["name"], _describe_exit(status["returncode"]),
+                             status.get("last_line", "")))
+    if not failures:
+        if mpiexec_status != 0:
+            print(f"graphdist launch: error: mpiexec exited with status {mpiexec_status}", file=sys.stderr)
+            return 1
+        return 0
+    failures.sort()
+    lines = []
+    for order, (_, rank, name, how, last) in enumerate(failures):
+        first = " (first to fail)" if order == 0 and len(failures) > 1 else ""
+        lines.append(f"  rank {rank} ({name}){first}: {how}" + (f": {last}" if last else ""))
+    print(f"graphdist launch: error: {len(failures)} of {len(roles)} process(es) failed:\n" + "\n".join(lines),
+          file=sys.stderr)
+    return 1
+
+
+def _describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"killed by {name}"
+    return f"exited with status {returncode}"
+
+
+# ------------------------------------------------------------------ rank wrapper
+def _forward(stream: Any, sink: Any, prefix: str, last: list[str]) -> None:
+    for raw in iter(stream.readline, b""):
+        line = raw.decode(errors="replace")
+        if line.strip():
+            last[0] = line.strip()
+        sink.write(f"{prefix}{line}" if line.endswith("\n") else f"{prefix}{line}\n")
+        sink.flush()
+
+
+def rank_wrapper(argv: Sequence[str]) -> int:
+    """Runs one task's command, forwarding its output with a prefix and recording its exit.
+
+    ``argv``: ``RANK NAME -- COMMAND...``.
+    """
+    rank, name, separator, *command = argv
+    if separator != "--" or not command:
+        print("graphdist launch --rank-wrapper: usage: RANK NAME -- COMMAND...", file=sys.stderr)
+        return 2
+    # The wrapper outlives a failed task to report it; it is not an MPI process, so MPI's
+    # failure notification (SIGUSR1 from the process manager) must not end it.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    prefix = f"[{name}] "
+    last = [""]
+    try:
+        # close_fds=False: the task inherits the process manager's PMI socket.
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=False,
+                                 stdin=subprocess.DEVNULL)
+    except OSError as err:
+        last[0] = f"cannot start {command[0]!r}: {err}"
+        print(prefix + last[0], file=sys.stderr)
+        returncode = 127
+    else:
+        threads = [threading.Thread(target=_forward, args=(child.stdout, sys.stdout, prefix, last), daemon=True),
+                   threading.Thread(target=_forward, args=(child.stderr, sys.stderr, prefix, last), daemon=True)]
+        for thread in threads:
+            thread.start()
+        returncode = child.wait()
+        for thread in threads:
+            thread.join(timeout=5)
+    status_dir = os.environ.get("GRAPHDIST_LAUNCH_DIR")
+    if status_dir:
+        path = Path(status_dir) / f"rank{rank}.json"
+        path.write_text(json.dumps({"returncode": returncode, "time": time.time(), "last_line": last[0][:300]}))
+    return 0 if returncode == 0 else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--rank-wrapper":
+        sys.exit(rank_wrapper(sys.argv[2:]))
+    from graphdist.cli.main import main
+
+    sys.exit(main(["launch", *sys.argv[1:]]))

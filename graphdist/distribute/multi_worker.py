@@ -1,0 +1,343 @@
+"""``MultiWorkerMirroredStrategy``: synchronous data parallelism across processes.
+
+Each worker (an MPI rank started by ``graphdist launch`` or ``mpiexec``)
+runs the same program on its local devices, like ``MirroredStrategy``; the
+strategy's pipeline is the synchronous one plus two passes:
+
+* :class:`passes.offset_replica_ids.OffsetReplicaIdsPass` numbers the local
+  replicas among all workers' (``replica_id_in_sync_group`` is global);
+* :class:`passes.insert_cross_worker_collectives.InsertCrossWorkerCollectivesPass`
+  follows every local all-reduce / all-gather group with a cross-worker one
+  (hierarchical reduction: the local devices first, then the workers through
+  MPI, :mod:`graphdist.runtime.comm.mpi`).
+
+Variables are :class:`~graphdist.distribute.variables.MirroredVariable` objects:
+every worker holds its own copy, initialised from worker 0's value (a
+broadcast at creation, as tf.distribute does) and updated by every worker
+with the same all-reduced gradients, so the copies stay equal.
+
+Input: ``experimental_distribute_dataset`` shards each global batch across
+workers by data: worker ``w`` of ``W`` with ``k`` replicas each gets the
+slices of replicas ``w*k .. w*k+k-1`` (non-overlapping; together the whole
+global batch). ``distribute_datasets_from_function`` passes
+``InputContext(num_input_pipelines=W, input_pipeline_id=w, ...)``.
+
+Without a cluster (no ``GRAPHDIST_CONFIG`` / ``TF_CONFIG``, not under MPI)
+it trains on the local devices alone, like TensorFlow's single-worker mode.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from graphdist import nest
+from graphdist.distribute.cluster import (
+    ClusterResolver,
+    MPIClusterResolver,
+    TFConfigClusterResolver,
+    task_rank,
+)
+from graphdist.distribute.cross_device_ops import NcclAllReduce
+from graphdist.distribute.pipelines import sync_pipeline
+from graphdist.distribute.reduce_op import ReduceOp
+from graphdist.distribute.strategy import (
+    Strategy,
+    StrategyExtended,
+    _check_axis,
+    _divide_keep_dtype,
+    _is_traced,
+)
+from graphdist.distribute.values import DistributedValues, ValueContext, regroup
+from graphdist.distribute.variables import MirroredVariable
+from graphdist.errors import ClusterConfigError, InvalidArgumentError
+from graphdist.runtime.devices import num_gpus
+
+__all__ = ["MultiWorkerMirroredStrategy", "CommunicationImplementation", "CollectiveCommunication"]
+
+logger = logging.getLogger(__name__)
+
+_groups = itertools.count()
+
+
+class CommunicationImplementation(enum.Enum):
+    """Cross-worker collective implementation.
+
+    * ``AUTO``: MPI's all-reduce (MPICH picks the algorithm by message size);
+    * ``RING``: reduce-scatter then all-gather through MPI (the ring
+      all-reduce's structure; bitwise equal results on every worker);
+    * ``NCCL``: NCCL between GPUs (needs GPUs; not implemented yet).
+    """
+
+    AUTO = "AUTO"
+    RING = "RING"
+    NCCL = "NCCL"
+
+
+CollectiveCommunication = CommunicationImplementation
+
+
+class MultiWorkerExtended(StrategyExtended):
+    """``strategy.extended`` of :class:`MultiWorkerMirroredStrategy`."""
+
+    @property
+    def should_checkpoint(self) -> bool:
+        """True on the chief (the worker that writes checkpoints)."""
+        return self._strategy._is_chief
+
+    @property
+    def should_save_summary(self) -> bool:
+        """True on the chief."""
+        return self._strategy._is_chief
+
+    @property
+    def experimental_should_init(self) -> bool:
+        """Every worker initialises its variables (from worker 0's values)."""
+        return True
+
+    def _in_multi_worker_mode(self) -> bool:
+        return self._strategy._num_workers > 1
+
+
+def default_cluster_resolver() -> ClusterResolver:
+    """``TFConfigClusterResolver`` when a config variable is set, else the MPI ranks when
+    started by ``mpiexec`` with several processes, else an empty cluster.
+    """
+    if os.environ.get("GRAPHDIST_CONFIG", "").strip() or os.environ.get("TF_CONFIG", "").strip():
+        return TFConfigClusterResolver()
+    if int(os.environ.get("PMI_SIZE", "1") or 1) > 1:
+        return MPIClusterResolver()
+    return TFConfigClusterResolver()
+
+
+class MultiWorkerMirroredStrategy(Strategy):
+    """Synchronous training on several workers, each with one or more devices.
+
+    Args:
+        communication: A :class:`CommunicationImplementation` (or its name).
+        cluster_resolver: Where the cluster and this worker's role come from;
+            default: ``GRAPHDIST_CONFIG`` / ``TF_CONFIG``, else the MPI ranks.
+        devices: This worker's devices (default: the resolver's
+            ``local_devices``, else every GPU, else ``["cpu:0"]``).
+
+    Raises:
+        ClusterConfigError: The cluster lists ps tasks (use
+            ``ParameterServerStrategy``), this task is not a chief/worker, or
+            the MPI job does not match the cluster.
+        InvalidArgumentError: ``communication`` is unknown, or ``NCCL`` without GPUs.
+        NotImplementedError: ``NCCL`` with GPUs (no NCCL communicator yet).
+    """
+
+    _extended_cls = MultiWorkerExtended
+
+    def __init__(self, communication: Any = CommunicationImplementation.AUTO,
+                 cluster_resolver: ClusterResolver | None = None, devices: Sequence[Any] | None = None,
+                 communication_options: Any = None) -> None:
+        self._communication = _communication(communication, communication_options)
+        resolver = cluster_resolver if cluster_resolver is not None else default_cluster_resolver()
+        self._resolver = resolver
+        spec = resolver.cluster_spec()
+        if "ps" in spec.jobs:
+            raise ClusterConfigError(
+                f"the cluster lists {spec.num_tasks('ps')} ps task(s), but MultiWorkerMirroredStrategy is synchronous "
+                "and has no parameter servers; remove 'ps' from the cluster or use gd.ParameterServerStrategy")
+        task_type = resolver.task_type
+        if spec and task_type is None:
+            raise ClusterConfigError("the cluster config has no 'task' (type and index of this process); add "
+                                     '"task": {"type": "worker", "index": N}')
+        workers = spec.num_tasks("chief") + spec.num_tasks("worker")
+        in_sync = task_type in (None, "chief", "worker")
+        if task_type == "evaluator":
+            logger.info("evaluator task: MultiWorkerMirroredStrategy runs on this task's devices alone")
+        self._num_workers = workers if (in_sync and workers > 1) else 1
+        self._worker_index = task_rank(spec, task_type, resolver.task_id) if self._num_workers > 1 else 0
+        self._is_chief = _is_chief(spec, task_type, resolver.task_id)
+        if devices is None:
+            devices = resolver.local_devices or [f"cuda:{i}" for i in range(num_gpus())] or ["cpu:0"]
+        super().__init__(devices)
+        self._cross_device_ops = NcclAllReduce()
+        self._group = f"multi_worker{next(_groups)}"
+        self._comm = self._connect(spec) if self._num_workers > 1 else None
+        logger.info("MultiWorkerMirroredStrategy: worker %d of %d, local devices %s, communication %s",
+                    self._worker_index, self._num_workers, self.extended.worker_devices, self._communication.name)
+
+    # ------------------------------------------------------------ cluster
+    def _connect(self, spec: Any) -> Any:
+        from graphdist.runtime.comm.mpi import MPICommunicator, register_group, world
+
+        comm = world()
+        size, rank = comm.Get_size(), comm.Get_rank()
+        if size != self._num_workers:
+            raise ClusterConfigError(
+                f"the cluster has {self._num_workers} workers (chief and worker tasks) but this MPI job has {size} "
+                f"process(es); start one process per worker: graphdist launch --workers {self._num_workers} -- ...")
+        if rank != self._worker_index:
+            raise ClusterConfigError(
+                f"this process is MPI rank {rank} but its config says {self._resolver.task_type} "
+                f"{self._resolver.task_id} (rank {self._worker_index}: chief first, then workers by index); "
+                "give each process the config of its own rank (graphdist launch does)")
+        names = [_rank_name(spec, r) for r in range(size)]
+        communicator = MPICommunicator(comm, rank_names=names)
+        register_group(self._group, lambda: communicator)
+        return communicator
+
+    @property
+    def cluster_resolver(self) -> ClusterResolver:
+        """The resolver the cluster came from."""
+        return self._resolver
+
+    @property
+    def communicator(self) -> Any:
+        """The MPI communicator between the workers (``None`` with one worker)."""
+        return self._comm
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        """Replicas over all workers."""
+        return self._num_workers * len(self._devices)
+
+    def _num_local_replicas(self) -> int:
+        return len(self._devices)
+
+    def _input_workers(self) -> tuple[int, int]:
+        return self._num_workers, self._worker_index
+
+    # ------------------------------------------------------------ variables
+    def _variable_class(self) -> type:
+        return MirroredVariable
+
+    def _create_variable(self, variable: Any) -> None:
+        super()._create_variable(variable)
+        if self._comm is not None:
+            # Every worker starts from worker 0's value (random initialisers differ per process).
+            variable._value = self._comm.broadcast(np.array(variable._value, copy=True), root=0,
+                                                   name=f"initial value of {variable._name}")
+
+    # ------------------------------------------------------------- pipeline
+    def pipeline(self) -> list[Any]:
+        """The synchronous pipeline plus global replica ids and cross-worker collectives."""
+        from passes.insert_cross_worker_collectives import InsertCrossWorkerCollectivesPass
+        from passes.lower_collectives import LowerCollectivesPass
+        from passes.materialize_replica_ids import MaterializeReplicaIdsPass
+        from passes.offset_replica_ids import OffsetReplicaIdsPass
+
+        passes = sync_pipeline(self._cross_device_ops)
+        _insert_before(passes, MaterializeReplicaIdsPass,
+                       OffsetReplicaIdsPass(self._worker_index * len(self._devices)))
+        algorithm = "ring" if self._communication is CommunicationImplementation.RING else "auto"
+        _insert_before(passes, LowerCollectivesPass,
+                       InsertCrossWorkerCollectivesPass(self._num_workers, self._group, algorithm))
+        return passes
+
+    # ------------------------------------------------------ cross-replica API
+    def experimental_distribute_values_from_function(self, value_fn: Any) -> Any:
+        """Calls ``value_fn(ValueContext(i, n))`` for this worker's replicas (global ``i``)."""
+        if not callable(value_fn):
+            raise InvalidArgumentError("value_fn must be callable with a ValueContext argument")
+        first = self._worker_index * len(self._devices)
+        return regroup([value_fn(ValueContext(first + i, self.num_replicas_in_sync))
+                        for i in range(len(self._devices))])
+
+    def reduce(self, reduce_op: Any, value: Any, axis: int | None = None) -> Any:
+        """Reduces ``value`` over every replica of every worker."""
+        if self._comm is None or _is_traced(value):
+            return super().reduce(reduce_op, value, axis)
+        op = ReduceOp.from_any(reduce_op)
+        if isinstance(value, DistributedValues):
+            return self._reduce_eager_global(op, value, axis)
+        return nest.map_structure(lambda v: self._reduce_eager_global(op, v, axis), value)
+
+    def _reduce_eager_global(self, op: ReduceOp, value: Any, axis: int | None) -> Any:
+        if op is ReduceOp.MEAN and axis is not None:
+            local_sum = super().reduce(ReduceOp.SUM, value, axis)
+            count = sum(np.shape(c)[_check_axis(c, axis)] for c in self._local(value))
+            total = self._comm.all_reduce(np.asarray(local_sum), "SUM", name="reduce")
+            counts = self._comm.all_reduce(np.array(count, np.int64), "SUM", name="reduce count")
+            return _scalar(_divide_keep_dtype(total, int(counts)))
+        local = super().reduce(op, value, axis)
+        return _scalar(self._comm.all_reduce(np.asarray(local), op.value, name="reduce"))
+
+    def _reduce_traced(self, op: ReduceOp, value: Any, axis: int | None) -> Any:
+        if self._num_workers > 1 and op is ReduceOp.MEAN and axis is not None:
+            total = super()._reduce_traced(ReduceOp.SUM, value, axis)
+            count = sum(c.shape[_check_axis(c, axis)] for c in self._local(value)) * self._num_workers
+            return _divide_keep_dtype(total, count)
+        return super()._reduce_traced(op, value, axis)
+
+    def gather(self, value: Any, axis: int) -> Any:
+        """Concatenates every replica's component of ``value`` along ``axis`` (worker-major order)."""
+        local = super().gather(value, axis)
+        if self._comm is None or _is_traced(value):
+            return local
+        return self._comm.all_gather(np.asarray(local), axis, name="gather")
+
+    def __repr__(self) -> str:
+        return (f"MultiWorkerMirroredStrategy(worker={self._worker_index}/{self._num_workers}, "
+                f"devices={list(self.extended.worker_devices)}, communication={self._communication.name})")
+
+
+def _communication(communication: Any, options: Any) -> CommunicationImplementation:
+    implementation = getattr(options, "implementation", None) or communication
+    if isinstance(implementation, str):
+        try:
+            implementation = CommunicationImplementation[implementation.upper()]
+        except KeyError:
+            implementation = None
+    if not isinstance(implementation, CommunicationImplementation):
+        raise InvalidArgumentError(f"communication must be gd.CommunicationImplementation.AUTO, RING or NCCL, got "
+                                   f"{communication!r}")
+    if implementation is CommunicationImplementation.NCCL:
+        if num_gpus() == 0:
+            raise InvalidArgumentError("communication=NCCL needs GPUs, and this machine has none; use "
+                                       "CommunicationImplementation.AUTO or RING (MPI)")
+        raise NotImplementedError("communication=NCCL between workers is not implemented yet; use "
+                                  "CommunicationImplementation.AUTO or RING (MPI)")
+    return implementation
+
+
+def _is_chief(spec: Any, task_type: str | None, task_id: int | None) -> bool:
+    if task_type is None or task_type == "chief":
+        return True
+    return task_type == "worker" and task_id == 0 and "chief" not in spec.jobs
+
+
+def _rank_name(spec: Any, rank: int) -> str:
+    from graphdist.distribute.cluster import rank_task
+
+    job, index = rank_task(spec, rank)
+    return f"{job} {index} (rank {rank})"
+
+
+def _insert_before(passes: list[Any], kind: type, new: Any) -> None:
+    for index, item in enumerate(passes):
+        if isinstance(item, kind):
+            passes.insert(index, new)
+            return
+    raise InvalidArgumentError(f"the synchronous pipeline has no {kind.__name__}; cannot place {type(new).__name__}")
+
+
+def _scalar(value: Any) -> Any:
+    return value[()] if isinstance(value, np.ndarray) and value.ndim == 0 else value
+
+
+def _run_cross_worker(op: str, attrs: dict[str, Any], buffers: list[np.ndarray]) -> list[np.ndarray]:
+    from graphdist.runtime.comm.mpi import run_comm_task
+
+    return run_comm_task(op, attrs, buffers)
+
+
+def _register() -> None:
+    import passes.insert_cross_worker_collectives  # noqa: F401  (registers the ops' shape rules)
+    from graphdist.runtime.scheduler import register_comm_handler
+
+    for op in ("CrossWorkerAllReduce", "CrossWorkerAllGather"):
+        register_comm_handler(op, _run_cross_worker)
+
+
+_register()

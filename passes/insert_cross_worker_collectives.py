@@ -1,0 +1,126 @@
+"""InsertCrossWorkerCollectivesPass: extend every collective from this worker's replicas to all workers.
+
+Invariant established: every ``graphdist.AllReduce`` / ``AllGather`` group
+of the step (this worker's local replicas) has ``group_size`` equal to its
+number of local participants and is followed, on each participant, by a
+``graphdist.CrossWorkerAllReduce`` / ``CrossWorkerAllGather`` node that
+combines the local result with the other workers' (hierarchical reduction:
+local devices first, then across workers through MPI). Every reader of the
+local result reads the cross-worker result instead. The cross-worker groups
+are numbered (``attrs["sequence"]``) in graph order, which is the same in
+every worker, so every worker issues them in the same order.
+
+Cases:
+* one worker: only ``group_size`` is set (nothing crosses processes);
+* ``AllReduce`` with ``SUM`` / ``MAX`` / ``MIN``: the same op across workers;
+  ``MEAN``: the local mean, then the mean over workers (equal replica
+  counts per worker make it the global mean);
+* ``AllGather`` along ``axis``: the local concatenation, then the workers'
+  concatenated in worker order (global replica order is worker-major);
+* a group with one local participant: its local collective becomes the
+  identity in ``LowerCollectivesPass``; the cross-worker node remains;
+* nodes already followed by a cross-worker node: unchanged (idempotent).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node
+from graphdist.ir.ops import OpDef, _unary, get_opdef, register_op
+from passes.base import PassBase, PassContext, PassResult
+
+__all__ = ["InsertCrossWorkerCollectivesPass", "register_cross_worker_ops"]
+
+
+def _reference_unavailable(*_: Any, **__: Any) -> tuple:
+    raise NotImplementedError("cross-worker collectives run in the MPI communicator between processes, not in a "
+                              "backend; run the plan with the scheduler under graphdist launch")
+
+
+def _infer_cross_gather(node: Node, _: int | None) -> Any:
+    x = node.inputs[0]
+    workers = int(node.attrs.get("num_workers", 1))
+    axis = int(node.attrs.get("axis", 0)) % max(len(x.shape), 1)
+    shape = list(x.shape)
+    dim = shape[axis]
+    shape[axis] = dim * workers if isinstance(dim, int) else f"{dim}*{workers}"
+    return [(x.dtype, tuple(shape))]
+
+
+def register_cross_worker_ops() -> None:
+    """Registers ``CrossWorkerAllReduce`` and ``CrossWorkerAllGather`` in the OpDef registry."""
+    register_op(OpDef("CrossWorkerAllReduce", GRAPHDIST_DOMAIN, _unary(), reference=_reference_unavailable,
+                      doc="Reduce a value over the workers (processes) through MPI; every worker gets the result.",
+                      attrs={"reduce_op": "SUM", "num_workers": 1}))
+    register_op(OpDef("CrossWorkerAllGather", GRAPHDIST_DOMAIN, _infer_cross_gather, reference=_reference_unavailable,
+                      doc="Concatenate a value over the workers along `axis` (worker order) through MPI.",
+                      attrs={"axis": 0, "num_workers": 1}))
+
+
+register_cross_worker_ops()
+
+_CROSS = {"AllReduce": "CrossWorkerAllReduce", "AllGather": "CrossWorkerAllGather"}
+
+
+class InsertCrossWorkerCollectivesPass(PassBase):
+    """Appends a cross-worker collective to every local collective group.
+
+    Args:
+        num_workers: Number of workers (processes) in sync.
+        comm_group: Name of the communicator the runtime uses for them
+            (see :func:`graphdist.runtime.comm.mpi.register_group`).
+        algorithm: ``"auto"`` or ``"ring"`` (see ``MPICommunicator.all_reduce``).
+    """
+
+    def __init__(self, num_workers: int, comm_group: str = "", algorithm: str = "auto") -> None:
+        self.num_workers = int(num_workers)
+        self.comm_group = comm_group
+        self.algorithm = algorithm
+
+    def call(self, graph: Graph, ctx: PassContext) -> PassResult:
+        locals_ = [n for n in graph.nodes if n.domain == GRAPHDIST_DOMAIN and n.op_type in _CROSS]
+        groups: dict[str, list[Node]] = {}
+        for node in locals_:
+            groups.setdefault(node.attrs.get("group_key", node.name), []).append(node)
+        modified = False
+        for members in groups.values():
+            for node in members:
+                if int(node.attrs.get("group_size", 1)) != len(members):
+                    node.attrs["group_size"] = len(members)
+                    modified = True
+        if self.num_workers == 1:
+            return PassResult(graph, modified)
+        sequence = sum(1 for n in graph.nodes if n.domain == GRAPHDIST_DOMAIN and n.op_type in _CROSS.values())
+        for key, members in groups.items():
+            if any(user.op_type in _CROSS.values() for m in members for user, _ in m.outputs[0].uses):
+                continue
+            for node in members:
+                self._append_cross(graph, node, key, sequence)
+            sequence += 1
+            modified = True
+        return PassResult(graph, modified)
+
+    def _append_cross(self, graph: Graph, node: Node, key: str, sequence: int) -> None:
+        local = node.outputs[0]
+        attrs: dict[str, Any] = {"num_workers": self.num_workers, "group_key": f"{key}/workers",
+                                 "group_size": int(node.attrs.get("group_size", 1)), "sequence": sequence,
+                                 "name": f"step collective {sequence}"}
+        if node.op_type == "AllReduce":
+            attrs["reduce_op"] = node.attrs.get("reduce_op", "SUM")
+            attrs["algorithm"] = self.algorithm
+        else:
+            attrs["axis"] = node.attrs.get("axis", 0)
+        if self.comm_group:
+            attrs["comm_group"] = self.comm_group
+        op_type = _CROSS[node.op_type]
+        cross = Node(op_type, [local], attrs, domain=GRAPHDIST_DOMAIN)
+        cross.name = graph.unique_name(f"{op_type.lower()}", node=True)
+        cross.device, cross.replica, cross.meta = node.device, node.replica, dict(node.meta)
+        cross.meta["side_effect"] = True
+        for dtype, shape in get_opdef(op_type, GRAPHDIST_DOMAIN).infer(cross, 1):
+            out = type(local)(graph.unique_name(cross.name), dtype, shape, producer=cross)
+            cross.outputs.append(out)
+        graph.nodes.insert(graph.nodes.index(node) + 1, cross)
+        cross.graph = graph
+        graph.replace_all_uses_with(local, cross.outputs[0], exclude=[cross])

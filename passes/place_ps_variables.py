@@ -1,0 +1,148 @@
+"""PlacePSVariablesPass: read and update parameter-server variables through their ps tasks.
+
+Invariant established: every graph input that feeds a variable stored on
+parameter servers (a variable with ``_ps_shards``) is read only through
+``graphdist.PSPull`` nodes (one per shard, concatenated along axis 0 when
+the variable is sharded), and its update output (from
+``LowerVariableUpdatesPass``) is replaced by the values the ps tasks return
+after ``graphdist.PSPush`` of the update (new value minus pulled value, one
+push per shard). ``graph.meta["variable_updates"]`` names the new outputs,
+so the worker's local copy caches what the ps holds after its push.
+
+Pulls and pushes sit on the first local device (replica 0), where the
+strategy's single update per worker is read back; partitioning inserts the
+transfers to the other local devices.
+
+Cases:
+* variable read and updated (trainable weights, the optimizer's iterations
+  and slots): pulls at step start, pushes after the update;
+* variable only read: pulls only;
+* variable only assigned (not read): the pull still happens (the update is a
+  delta against the pulled value);
+* variables without ps shards: unchanged;
+* graph already rewritten (no raw variable inputs left with readers): unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
+from graphdist.ir.ops import OpDef, get_opdef, register_op
+from passes.base import PassBase, PassContext, PassResult
+
+__all__ = ["PlacePSVariablesPass", "register_ps_ops"]
+
+
+def _infer_shard(node: Node, _: int | None) -> Any:
+    x = node.inputs[0]
+    start, stop = int(node.attrs.get("row_start", 0)), node.attrs.get("row_stop")
+    shape = list(x.shape)
+    if shape and stop is not None:
+        shape[0] = int(stop) - start
+    return [(x.dtype, tuple(shape))]
+
+
+def _reference_unavailable(*_: Any, **__: Any) -> tuple:
+    raise NotImplementedError("PSPull/PSPush talk to parameter server processes; run the plan with the scheduler "
+                              "under graphdist launch")
+
+
+def register_ps_ops() -> None:
+    """Registers ``PSPull`` and ``PSPush`` in the OpDef registry."""
+    register_op(OpDef("PSPull", GRAPHDIST_DOMAIN, _infer_shard, reference=_reference_unavailable,
+                      doc="Fetch a variable shard (rows row_start:row_stop) from its ps task.",
+                      attrs={"ps": 0, "key": ""}))
+    register_op(OpDef("PSPush", GRAPHDIST_DOMAIN, _infer_shard, reference=_reference_unavailable,
+                      doc="Add an update to a variable shard on its ps task; returns the shard's new value.",
+                      attrs={"ps": 0, "key": ""}))
+
+
+register_ps_ops()
+
+
+class PlacePSVariablesPass(PassBase):
+    """Routes reads and updates of ps variables through ``PSPull`` / ``PSPush``."""
+
+    def call(self, graph: Graph, ctx: PassContext) -> PassResult:
+        inputs = {v.name: v for v in graph.inputs}
+        updates = list(graph.meta.get("variable_updates", []))
+        update_of = {id(var): name for name, var in updates}
+        modified = False
+        for name, variable in graph.meta.get("variables", []):
+            shards = getattr(variable, "_ps_shards", None)
+            value = inputs.get(name)
+            if not shards or value is None or self._already_pulled(value):
+                continue
+            device = ctx.devices[0]
+            pulled = self._pull(graph, value, variable, shards, device)
+            update_name = update_of.get(id(variable))
+            if update_name is not None:
+                fresh = self._push(graph, update_name, pulled, variable, shards, device)
+                updates = [(fresh.name if var is variable else n, var) for n, var in updates]
+            modified = True
+        graph.meta["variable_updates"] = updates
+        return PassResult(graph, modified)
+
+    @staticmethod
+    def _already_pulled(value: Value) -> bool:
+        return bool(value.uses) and all(user.op_type == "PSPull" for user, _ in value.uses)
+
+    def _pull(self, graph: Graph, value: Value, variable: Any, shards: list[Any], device: str) -> Value:
+        readers = [user for user, _ in value.uses]
+        parts = [self._comm_node(graph, "PSPull", value, variable, shard, device) for shard in shards]
+        pulled = parts[0] if len(parts) == 1 else self._concat(graph, parts, device)
+        for user in readers:
+            for index, current in enumerate(user.inputs):
+                if current is value:
+                    user.replace_input(index, pulled)
+        return pulled
+
+    def _push(self, graph: Graph, update_name: str, pulled: Value, variable: Any, shards: list[Any],
+              device: str) -> Value:
+        position = max(i for i, v in enumerate(graph.outputs) if v.name == update_name)
+        new = graph.outputs[position]
+        delta = self._node(graph, "Sub", [new, pulled], {}, device, "ps_update").outputs[0]
+        parts = [self._comm_node(graph, "PSPush", delta, variable, shard, device) for shard in shards]
+        fresh = parts[0] if len(parts) == 1 else self._concat(graph, parts, device)
+        graph.outputs[position] = fresh
+        return fresh
+
+    def _comm_node(self, graph: Graph, op: str, source: Value, variable: Any, shard: Any, device: str) -> Value:
+        attrs = {"ps": int(shard.ps), "key": shard.key, "variable": variable._name,
+                 "group_key": graph.unique_name(f"{op.lower()}_{shard.key}", node=True)}
+        if len(variable._ps_shards) > 1:
+            attrs.update(row_start=int(shard.start), row_stop=int(shard.stop))
+        return self._node(graph, op, [source], attrs, device, op.lower(), domain=GRAPHDIST_DOMAIN).outputs[0]
+
+    def _concat(self, graph: Graph, parts: list[Value], device: str) -> Value:
+        return self._node(graph, "Concat", parts, {"axis": 0}, device, "ps_concat").outputs[0]
+
+    @staticmethod
+    def _node(graph: Graph, op: str, inputs: list[Value], attrs: dict[str, Any], device: str, hint: str,
+              domain: str = "") -> Node:
+        node = Node(op, inputs, attrs, domain=domain)
+        node.name = graph.unique_name(hint, node=True)
+        node.device, node.replica = device, 0
+        node.meta["replica"] = 0
+        if domain == GRAPHDIST_DOMAIN:
+            node.meta["side_effect"] = True
+        for index, (dtype, shape) in enumerate(get_opdef(op, domain).infer(node, None)):
+            out = Value(graph.unique_name(node.name if index == 0 else f"{node.name}_{index}"), np.dtype(dtype),
+                        shape, producer=node, index=index)
+            node.outputs.append(out)
+        _insert_after_inputs(graph, node)
+        return node
+
+
+def _insert_after_inputs(graph: Graph, node: Node) -> None:
+    """Inserts ``node`` right after the last producer of its inputs (topological order)."""
+    producers = {id(v.producer) for v in node.inputs if v is not None and v.producer is not None}
+    position = 0
+    for index, other in enumerate(graph.nodes):
+        if id(other) in producers:
+            position = index + 1
+    graph.nodes.insert(position, node)
+    node.graph = graph
