@@ -19,14 +19,17 @@ Cases:
   concatenated in worker order (global replica order is worker-major);
 * a group with one local participant: its local collective becomes the
   identity in ``LowerCollectivesPass``; the cross-worker node remains;
-* nodes already followed by a cross-worker node: unchanged (idempotent).
+* nodes already followed by a cross-worker node: unchanged (idempotent);
+* a traced value whose type does not fit the worker count (the step was
+  traced for another number of replicas in sync): ``GraphError``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node
+from graphdist.errors import GraphError
+from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
 from graphdist.ir.ops import OpDef, _unary, get_opdef, register_op
 from passes.base import PassBase, PassContext, PassResult
 
@@ -114,13 +117,27 @@ class InsertCrossWorkerCollectivesPass(PassBase):
         if self.comm_group:
             attrs["comm_group"] = self.comm_group
         op_type = _CROSS[node.op_type]
+        # The traced value (typed for all replicas in sync) becomes the cross-worker node's output, so its
+        # readers are untouched; the local collective gets a new output typed for its local participants.
+        combined = node.outputs[0]
+        (dtype, shape), = get_opdef(node.op_type, GRAPHDIST_DOMAIN).infer(node, 1)
+        local = Value(graph.unique_name(f"{node.name}_local"), dtype, shape, producer=node, index=0)
+        node.outputs[0] = local
         cross = Node(op_type, [local], attrs, domain=GRAPHDIST_DOMAIN)
         cross.name = graph.unique_name(f"{op_type.lower()}", node=True)
         cross.device, cross.replica, cross.meta = node.device, node.replica, dict(node.meta)
         cross.meta["side_effect"] = True
-        for dtype, shape in get_opdef(op_type, GRAPHDIST_DOMAIN).infer(cross, 1):
-            out = type(local)(graph.unique_name(cross.name), dtype, shape, producer=cross)
-            cross.outputs.append(out)
+        ((_, expected),) = get_opdef(op_type, GRAPHDIST_DOMAIN).infer(cross, 1)
+        if _static(expected) != _static(combined.shape):
+            raise GraphError(
+                f"{node.qualified_op} {key} produces {combined.type_str()} for {self.num_workers} worker(s), but "
+                f"{int(node.attrs.get('group_size', 1))} local participant(s) give {list(expected)} across them; "
+                "the step was traced for a different number of replicas in sync")
+        combined.producer, combined.index = cross, 0
+        cross.outputs.append(combined)
         graph.nodes.insert(graph.nodes.index(node) + 1, cross)
         cross.graph = graph
-        graph.replace_all_uses_with(local, cross.outputs[0], exclude=[cross])
+
+
+def _static(shape: Any) -> tuple:
+    return tuple(d if isinstance(d, int) else "?" for d in shape)

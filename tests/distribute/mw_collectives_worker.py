@@ -1,0 +1,52 @@
+"""One worker of the multi-process collective tests (run under ``graphdist launch``).
+
+Every replica contributes ``10 * global replica id + [0, 1]`` (rows of a
+(2, 2) batch); the worker writes what the traced all-reduce / all-gather and
+the eager ``strategy.reduce`` / ``strategy.gather`` returned to
+``--out/rank<r>.npz``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+import graphdist as gd
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    strategy = gd.MultiWorkerMirroredStrategy(gd.CommunicationImplementation.RING)
+    rank = strategy.cluster_resolver.task_id
+
+    def replica_fn(x):
+        ctx = gd.get_replica_context()
+        x = x + np.float32(10) * ctx.replica_id_in_sync_group.astype(np.float32)
+        return (ctx.all_reduce("SUM", x), ctx.all_reduce("MEAN", x), ctx.all_reduce("MAX", x),
+                ctx.all_gather(x, axis=0), x)
+
+    @gd.function
+    def step(x):
+        return strategy.run(replica_fn, args=(x,))
+
+    @gd.function
+    def mean_step(x):
+        return strategy.reduce("MEAN", strategy.run(lambda v: replica_fn(v)[-1], args=(x,)), axis=0)
+
+    batch = gd.data.Dataset.from_tensors(np.tile(np.arange(2, dtype=np.float32), (2 * strategy.num_replicas_in_sync,
+                                                                                   1)))
+    (x,) = [b for b in strategy.experimental_distribute_dataset(batch)]
+    total, mean, largest, gathered, own = step(x)
+    local = strategy.experimental_local_results
+    np.savez(Path(args.out) / f"rank{rank}.npz", sum=local(total)[0], mean=local(mean)[-1], max=local(largest)[0],
+             gathered=local(gathered)[-1], reduce_sum=strategy.reduce("SUM", own, axis=None),
+             reduce_mean_axis=strategy.reduce("MEAN", own, axis=0), gather=strategy.gather(own, axis=0),
+             traced_mean_axis=mean_step(x), replicas=strategy.num_replicas_in_sync)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""Cluster configuration: ClusterSpec, the resolvers and their validation errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import graphdist as gd
+from graphdist.distribute.cluster import parse_config, rank_task, task_rank
+
+CLUSTER = {"worker": ["host1:2222", "host2:2222", "host3:2222"], "ps": ["host4:2222", "host5:2222"]}
+
+
+def _config(task_type: str = "worker", index: int = 1, cluster: dict | None = None, **extra: object) -> str:
+    return json.dumps({"cluster": cluster or CLUSTER, "task": {"type": task_type, "index": index}, **extra})
+
+
+@pytest.fixture(autouse=True)
+def _no_cluster_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.delenv("GRAPHDIST_CONFIG", raising=False)
+
+
+def test_cluster_spec_jobs_tasks_and_dict() -> None:
+    spec = gd.cluster_resolver.ClusterSpec(CLUSTER)
+    assert spec.jobs == ["worker", "ps"]
+    assert spec.num_tasks("worker") == 3 and spec.num_tasks("ps") == 2 and spec.num_tasks("chief") == 0
+    assert spec.task_address("ps", 1) == "host5:2222"
+    assert spec.task_indices("worker") == [0, 1, 2]
+    assert spec.as_dict() == CLUSTER
+    assert spec == gd.cluster_resolver.ClusterSpec(spec)
+    assert not gd.cluster_resolver.ClusterSpec({})
+
+
+def test_cluster_spec_sparse_job() -> None:
+    spec = gd.cluster_resolver.ClusterSpec({"worker": {1: "a:1", 3: "b:1"}})
+    assert spec.task_indices("worker") == [1, 3]
+    assert spec.as_dict() == {"worker": {1: "a:1", 3: "b:1"}}
+
+
+@pytest.mark.parametrize(("cluster", "fragment"), [
+    ({"trainer": ["a:1"]}, "unknown job 'trainer'"),
+    ({"worker": "a:1"}, "must be a list of addresses"),
+    ({"worker": ["a:1", 7]}, "address must be a non-empty string"),
+    ({"chief": ["a:1", "b:1"]}, "at most one chief"),
+])
+def test_cluster_spec_rejects_bad_jobs(cluster: dict, fragment: str) -> None:
+    with pytest.raises(gd.ClusterConfigError, match=fragment):
+        gd.cluster_resolver.ClusterSpec(cluster)
+
+
+def test_tf_config_resolver_reads_tf_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TF_CONFIG", _config("worker", 1))
+    resolver = gd.cluster_resolver.TFConfigClusterResolver()
+    assert resolver.cluster_spec().as_dict() == CLUSTER
+    assert (resolver.task_type, resolver.task_id) == ("worker", 1)
+    assert resolver.master() == "host2:2222"
+    assert resolver.master("ps", 0, rpc_layer="grpc") == "grpc://host4:2222"
+    assert isinstance(resolver.num_accelerators(), dict)
+
+
+def test_graphdist_config_wins_over_tf_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TF_CONFIG", _config("worker", 1))
+    monkeypatch.setenv("GRAPHDIST_CONFIG", _config("ps", 0, local_devices=["cpu:0", "cpu:1"]))
+    resolver = gd.cluster_resolver.TFConfigClusterResolver()
+    assert (resolver.task_type, resolver.task_id) == ("ps", 0)
+    assert resolver.local_devices == ["cpu:0", "cpu:1"]
+
+
+def test_tf_config_resolver_without_config_is_empty() -> None:
+    resolver = gd.cluster_resolver.TFConfigClusterResolver()
+    assert not resolver.cluster_spec() and resolver.task_type is None and resolver.master() == ""
+
+
+def test_resolver_overrides_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TF_CONFIG", _config("worker", 1))
+    resolver = gd.cluster_resolver.TFConfigClusterResolver(task_type="ps", task_id=1)
+    assert (resolver.task_type, resolver.task_id) == ("ps", 1)
+    with pytest.raises(gd.ClusterConfigError, match="out of range"):
+        gd.cluster_resolver.TFConfigClusterResolver(task_type="ps", task_id=2)
+
+
+@pytest.mark.parametrize(("text", "fragment"), [
+    ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 0}', "not valid JSON"),
+    ("[1, 2]", "must be a JSON object"),
+    (_config("trainer", 0), "task type 'trainer' is unknown"),
+    (_config("worker", 3), "task index 3 is out of range for job 'worker', which has 3 task"),
+    (_config("worker", -1), "out of range"),
+    (_config("chief", 0), "the cluster has no 'chief' job"),
+    (_config("worker", "1"), "task index must be an int"),
+    (json.dumps({"cluster": CLUSTER, "task": {"type": "worker", "index": 0}, "tasks": {}}), "unknown key"),
+    (json.dumps({"cluster": CLUSTER, "task": "worker"}), "'task' must be an object"),
+    (_config("worker", 0, local_devices="cpu:0"), "local_devices must be a non-empty list"),
+])
+def test_bad_configs_raise_clear_errors(monkeypatch: pytest.MonkeyPatch, text: str, fragment: str) -> None:
+    monkeypatch.setenv("TF_CONFIG", text)
+    with pytest.raises(gd.ClusterConfigError, match=fragment) as info:
+        gd.cluster_resolver.TFConfigClusterResolver()
+    assert "TF_CONFIG" in str(info.value) or "job" in str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+def test_simple_cluster_resolver() -> None:
+    resolver = gd.cluster_resolver.SimpleClusterResolver(gd.cluster_resolver.ClusterSpec(CLUSTER), task_type="ps",
+                                                         task_id=1, num_accelerators={"GPU": 2})
+    assert resolver.cluster_spec().num_tasks("worker") == 3
+    assert resolver.num_accelerators() == {"GPU": 2}
+    with pytest.raises(gd.ClusterConfigError, match="unknown"):
+        gd.cluster_resolver.SimpleClusterResolver(CLUSTER, task_type="boss", task_id=0)
+
+
+def test_mpi_cluster_resolver_in_one_process() -> None:
+    resolver = gd.cluster_resolver.MPIClusterResolver()
+    assert (resolver.task_type, resolver.task_id) == ("worker", 0)
+    assert resolver.cluster_spec().num_tasks("worker") == 1
+    with pytest.raises(gd.ClusterConfigError, match="too few"):
+        gd.cluster_resolver.MPIClusterResolver(num_ps=1)
+
+
+def test_ranks_are_numbered_chief_workers_ps() -> None:
+    spec = gd.cluster_resolver.ClusterSpec({"ps": ["p:1"], "worker": ["w:1", "w:2"], "chief": ["c:1"]})
+    order = [rank_task(spec, r) for r in range(4)]
+    assert order == [("chief", 0), ("worker", 0), ("worker", 1), ("ps", 0)]
+    assert [task_rank(spec, *task) for task in order] == [0, 1, 2, 3]
+    with pytest.raises(gd.ClusterConfigError):
+        rank_task(spec, 4)
+
+
+def test_parse_config_keeps_rpc_layer() -> None:
+    spec, task_type, task_id, extra = parse_config(_config("worker", 0, rpc_layer="grpc"))
+    assert spec.num_tasks("ps") == 2 and (task_type, task_id) == ("worker", 0) and extra == {"rpc_layer": "grpc"}
+
+
+def test_multi_worker_strategy_rejects_ps_and_missing_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TF_CONFIG", _config("worker", 0))
+    with pytest.raises(gd.ClusterConfigError, match="ps task.*synchronous.*ParameterServerStrategy"):
+        gd.MultiWorkerMirroredStrategy()
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1", "b:1"]}}))
+    with pytest.raises(gd.ClusterConfigError, match="no 'task'"):
+        gd.MultiWorkerMirroredStrategy()
+
+
+def test_multi_worker_strategy_checks_the_mpi_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two workers configured, but this test process is a one-rank MPI job.
+    monkeypatch.setenv("TF_CONFIG", _config("worker", 0, cluster={"worker": ["a:1", "b:1"]}))
+    with pytest.raises(gd.ClusterConfigError, match="2 workers.*1 process.*graphdist launch --workers 2"):
+        gd.MultiWorkerMirroredStrategy()
+
+
+def test_parameter_server_strategy_needs_ps_and_a_worker_role(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(gd.ClusterConfigError, match="needs ps tasks"):
+        gd.ParameterServerStrategy()
+    monkeypatch.setenv("TF_CONFIG", _config("ps", 0))
+    with pytest.raises(gd.ClusterConfigError, match="ps tasks run the built-in server"):
+        gd.ParameterServerStrategy()
+    monkeypatch.setenv("TF_CONFIG", _config("worker", 0))
+    with pytest.raises(gd.ClusterConfigError, match="5 tasks.*1 process"):
+        gd.ParameterServerStrategy()
+
+
+def test_server_is_for_ps_tasks_only() -> None:
+    with pytest.raises(gd.ClusterConfigError, match="job_name='ps'"):
+        gd.Server(CLUSTER, job_name="worker", task_index=0)
+    with pytest.raises(gd.ClusterConfigError, match="does not match this MPI job"):
+        gd.Server(CLUSTER, job_name="ps", task_index=0)

@@ -1,0 +1,211 @@
+"""MultiWorkerMirroredStrategy: single-process behaviour, its passes, and (slow) real multi-process runs."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import graphdist as gd
+from models.datasets import digits
+from models.mlp import MLP
+from passes.base import PassContext, PassManager
+from passes.insert_cross_worker_collectives import InsertCrossWorkerCollectivesPass
+from passes.offset_replica_ids import OffsetReplicaIdsPass
+from tests.distribute import mpi_jobs
+from tests.distribute.mw_train_worker import GLOBAL_BATCH, SIZES
+
+
+@pytest.fixture(autouse=True)
+def _no_cluster_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.delenv("GRAPHDIST_CONFIG", raising=False)
+    monkeypatch.delenv("PMI_SIZE", raising=False)
+
+
+# ------------------------------------------------------------ one process
+def _train(strategy: gd.Strategy, steps: int, seed: int = 100) -> tuple[list[float], list[np.ndarray]]:
+    with strategy.scope():
+        model = MLP(SIZES, seed=seed, trainable=True)
+        optimizer = gd.optimizers.SGD(0.5)
+    train_step = model.make_train_step(optimizer, global_batch_size=GLOBAL_BATCH)
+
+    @gd.function
+    def step(x, labels):
+        return strategy.reduce("SUM", strategy.run(train_step, args=(x, labels)), axis=None)
+
+    data = digits()
+    dataset = gd.data.Dataset.from_tensor_slices((data.x_train, data.y_train)).take(GLOBAL_BATCH * steps)
+    losses = [float(step(x, y)) for x, y in strategy.experimental_distribute_dataset(dataset.batch(GLOBAL_BATCH))]
+    return losses, [np.asarray(v.numpy()) for v in model.trainable_variables]
+
+
+def test_single_worker_trains_like_mirrored() -> None:
+    strategy = gd.MultiWorkerMirroredStrategy(devices=["cpu:0", "cpu:1"])
+    assert strategy.num_replicas_in_sync == 2 and strategy.communicator is None
+    assert isinstance(strategy.cluster_resolver, gd.cluster_resolver.TFConfigClusterResolver)
+    assert strategy.extended.should_checkpoint
+    losses, values = _train(strategy, 3)
+    ref_losses, ref_values = _train(gd.MirroredStrategy(["cpu:0", "cpu:1"]), 3)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-6)
+    for value, ref in zip(values, ref_values):
+        np.testing.assert_allclose(value, ref, rtol=1e-6, atol=1e-7)
+
+
+def test_pipeline_adds_global_replica_ids_and_cross_worker_collectives() -> None:
+    names = [type(p).__name__ for p in gd.MultiWorkerMirroredStrategy().pipeline()]
+    assert names.index("OffsetReplicaIdsPass") < names.index("MaterializeReplicaIdsPass")
+    assert names.index("InsertCrossWorkerCollectivesPass") < names.index("LowerCollectivesPass")
+
+
+def test_communication_choices() -> None:
+    assert gd.CommunicationImplementation.RING.name == "RING"
+    assert gd.MultiWorkerMirroredStrategy("ring")._communication is gd.CommunicationImplementation.RING
+    assert gd.CollectiveCommunication is gd.CommunicationImplementation
+    with pytest.raises(gd.InvalidArgumentError, match="AUTO, RING or NCCL"):
+        gd.MultiWorkerMirroredStrategy("grpc")
+    if gd.runtime.devices.num_gpus() == 0:
+        with pytest.raises(gd.InvalidArgumentError, match="NCCL needs GPUs"):
+            gd.MultiWorkerMirroredStrategy(gd.CommunicationImplementation.NCCL)
+    else:
+        with pytest.raises(NotImplementedError, match="NCCL between workers"):
+            gd.MultiWorkerMirroredStrategy(gd.CommunicationImplementation.NCCL)
+
+
+def test_values_from_function_use_global_replica_ids() -> None:
+    strategy = gd.MultiWorkerMirroredStrategy(devices=["cpu:0", "cpu:1"])
+    values = strategy.experimental_distribute_values_from_function(
+        lambda ctx: np.array([ctx.replica_id_in_sync_group, ctx.num_replicas_in_sync]))
+    assert [v.tolist() for v in values.values] == [[0, 2], [1, 2]]
+
+
+def _collective_graph(workers: int = 3) -> gd.Graph:
+    # Traced as worker 0 of `workers` with two devices: collectives are typed for all replicas in sync.
+    strategy = gd.MultiWorkerMirroredStrategy(devices=["cpu:0", "cpu:1"])
+    strategy._num_workers = workers
+
+    def replica_fn(x):
+        ctx = gd.get_replica_context()
+        return ctx.all_reduce("MEAN", x * 2), ctx.all_gather(x, axis=0), ctx.replica_id_in_sync_group
+
+    def step(x):
+        return strategy.run(replica_fn, args=(x,))
+
+    x = gd.PerReplica([np.ones((2, 3), np.float32)] * 2)
+    with strategy.scope():
+        return gd.function(step).get_concrete_function(x).graph("traced")
+
+
+def test_cross_worker_pass_follows_each_local_group() -> None:
+    graph = _collective_graph()
+    result = PassManager([InsertCrossWorkerCollectivesPass(3, "group", "ring")]).run(graph.copy(), PassContext(
+        devices=("cpu:0", "cpu:1")))
+    rewritten = result.graph
+    cross = [n for n in rewritten.nodes if n.op_type.startswith("CrossWorker")]
+    assert sorted(n.op_type for n in cross) == ["CrossWorkerAllGather"] * 2 + ["CrossWorkerAllReduce"] * 2
+    for node in cross:
+        local = node.inputs[0].producer
+        assert local.op_type == node.op_type.removeprefix("CrossWorker")
+        assert [user for user, _ in local.outputs[0].uses] == [node]  # readers read the workers' result
+        assert node.attrs["num_workers"] == 3 and node.attrs["comm_group"] == "group"
+        assert node.attrs["group_size"] == 2 and node.meta["replica"] == local.meta["replica"]
+    reduce_nodes = [n for n in cross if n.op_type == "CrossWorkerAllReduce"]
+    assert {n.attrs["reduce_op"] for n in reduce_nodes} == {"MEAN"} and reduce_nodes[0].attrs["algorithm"] == "ring"
+    gather = next(n for n in cross if n.op_type == "CrossWorkerAllGather")
+    assert gather.inputs[0].shape == (4, 3) and gather.outputs[0].shape == (12, 3)  # local 2 x 2 rows, then 3 workers
+    assert sorted({n.attrs["sequence"] for n in cross}) == [0, 1]  # one number per group, in graph order
+    again = PassManager([InsertCrossWorkerCollectivesPass(3, "group")]).run(rewritten, PassContext(
+        devices=("cpu:0", "cpu:1")))
+    assert not again.modified
+
+
+def test_cross_worker_pass_with_one_worker_only_counts_local_participants() -> None:
+    graph = _collective_graph(workers=1)
+    for node in graph.nodes:
+        if node.op_type == "AllReduce":
+            node.attrs["group_size"] = 6
+    rewritten = PassManager([InsertCrossWorkerCollectivesPass(1)]).run(graph, PassContext(
+        devices=("cpu:0", "cpu:1"))).graph
+    assert not any(n.op_type.startswith("CrossWorker") for n in rewritten.nodes)
+    assert {n.attrs["group_size"] for n in rewritten.nodes if n.op_type in ("AllReduce", "AllGather")} == {2}
+
+
+def test_cross_worker_pass_rejects_a_step_traced_for_other_replica_counts() -> None:
+    graph = _collective_graph(workers=2)
+    with pytest.raises(gd.GraphError, match="traced for a different number of replicas"):
+        PassManager([InsertCrossWorkerCollectivesPass(3)]).run(graph, PassContext(devices=("cpu:0", "cpu:1")))
+
+
+def test_offset_replica_ids_number_replicas_globally() -> None:
+    graph = _collective_graph()
+    rewritten = PassManager([OffsetReplicaIdsPass(4)]).run(graph, PassContext(devices=("cpu:0", "cpu:1"))).graph
+    assert not rewritten.find_nodes("ReplicaId", "graphdist")
+    ids = sorted(int(v.const_value) for v in rewritten.initializers.values() if v.name.startswith("replica_id"))
+    assert ids == [4, 5]
+
+
+# ------------------------------------------------------------ several processes
+def _reference(steps: int) -> tuple[list[float], list[np.ndarray]]:
+    return _train(gd.OneDeviceStrategy("cpu:0"), steps)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("devices", [1, 2])
+def test_two_workers_equal_single_device_training(tmp_path, devices: int) -> None:
+    steps = 4
+    if devices == 1:  # roles from the MPI ranks (plain mpiexec)
+        job = mpi_jobs.mpiexec(2, "tests/distribute/mw_train_worker.py", "--devices", "1", "--steps", str(steps),
+                               "--out", str(tmp_path), GRAPHDIST_COLLECTIVE_TIMEOUT="60")
+    else:  # roles from GRAPHDIST_CONFIG written by graphdist launch
+        job = mpi_jobs.launch("--workers", "2", "--devices-per-worker", "2", "--timeout", "60", "--",
+                              mpi_jobs.sys.executable, "tests/distribute/mw_train_worker.py", "--devices", "2",
+                              "--steps", str(steps), "--out", str(tmp_path))
+    assert job.returncode == 0, job.stdout + job.stderr
+    results = [np.load(tmp_path / f"rank{r}.npz") for r in range(2)]
+    ref_losses, ref_values = _reference(steps)
+    for result in results:
+        np.testing.assert_allclose(result["losses"], ref_losses, rtol=1e-5)
+        for i, ref in enumerate(ref_values):
+            np.testing.assert_allclose(result[f"var{i}"], ref, rtol=1e-5, atol=1e-6)
+        assert int(result["iterations"]) == steps
+    np.testing.assert_array_equal(results[0]["var0"], results[1]["var0"])  # the copies are identical
+    seen = [set(r["seen"].tolist()) for r in results]
+    assert not seen[0] & seen[1]  # disjoint data
+    assert seen[0] | seen[1] == set(range(GLOBAL_BATCH * steps))  # together the whole global batches
+    assert len(results[0]["seen"]) == len(results[1]["seen"]) == GLOBAL_BATCH * steps // 2
+
+
+@pytest.mark.slow
+def test_dead_worker_is_named_within_the_timeout(tmp_path) -> None:
+    start = time.monotonic()
+    job = mpi_jobs.launch("--workers", "2", "--timeout", "4", "--", mpi_jobs.sys.executable,
+                          "tests/distribute/mw_train_worker.py", "--steps", "4", "--die-at-step", "2",
+                          "--out", str(tmp_path))
+    elapsed = time.monotonic() - start
+    assert job.returncode == 1, job.stdout + job.stderr
+    assert elapsed < 60
+    output = job.stdout + job.stderr
+    assert "[worker 0]" in output and "CollectiveTimeoutError" in output
+    assert "did not complete within 4 s: no answer from worker 1 (rank 1)" in output
+    assert "rank 1 (worker 1) (first to fail): killed by SIGKILL" in job.stderr
+    assert "rank 0 (worker 0): exited with status 1" in job.stderr
+
+
+@pytest.mark.slow
+def test_collectives_span_every_replica_of_every_worker(tmp_path) -> None:
+    job = mpi_jobs.launch("--workers", "2", "--devices-per-worker", "2", "--timeout", "60", "--",
+                          mpi_jobs.sys.executable, "tests/distribute/mw_collectives_worker.py", "--out", str(tmp_path))
+    assert job.returncode == 0, job.stdout + job.stderr
+    rows = np.array([[10.0 * r, 10.0 * r + 1] for r in range(4)], np.float32)  # replica r's (identical) rows
+    for rank in range(2):
+        result = np.load(tmp_path / f"rank{rank}.npz")
+        assert int(result["replicas"]) == 4
+        np.testing.assert_array_equal(result["sum"], np.tile(rows.sum(0), (2, 1)))
+        np.testing.assert_array_equal(result["mean"], np.tile(rows.mean(0), (2, 1)))
+        np.testing.assert_array_equal(result["max"], np.tile(rows.max(0), (2, 1)))
+        np.testing.assert_array_equal(result["gathered"], np.repeat(rows, 2, axis=0))  # global replica order
+        np.testing.assert_array_equal(result["reduce_sum"], np.tile(rows.sum(0), (2, 1)))
+        np.testing.assert_array_equal(result["reduce_mean_axis"], rows.mean(0))
+        np.testing.assert_array_equal(result["traced_mean_axis"], rows.mean(0))
+        np.testing.assert_array_equal(result["gather"], np.repeat(rows, 2, axis=0))
