@@ -240,7 +240,8 @@ def get(identifier: Any) -> Loss:
             raise InvalidArgumentError(f"compile: unknown loss {identifier!r}; use one of {sorted(_BY_NAME)} or a "
                                        "gd.keras.losses object")
         return cls()
-    raise InvalidArgumentError(f"compile: loss must be a name or a gd.keras.losses.Loss, got {type(identifier).__name__}")
+    raise InvalidArgumentError(
+        f"compile: loss must be a name or a gd.keras.losses.Loss, got {type(identifier).__name__}")
 
 
 def serialize(loss: Loss) -> dict[str, Any]:

@@ -161,7 +161,8 @@ class Model(Layer):
         """
         variables = self.weights
         if len(weights) != len(variables):
-            raise InvalidArgumentError(f"set_weights: the model has {len(variables)} weights, got {len(weights)} arrays")
+            raise InvalidArgumentError(
+                f"set_weights: the model has {len(variables)} weights, got {len(weights)} arrays")
         for variable, value in zip(variables, weights):
             variable.assign(np.asarray(value, dtype=variable.dtype))
 
@@ -409,7 +410,8 @@ class Sequential(Model):
 
     def get_config(self) -> dict[str, Any]:
         return {"name": self.name,
-                "layers": [{"class_name": type(layer).__name__, "config": layer.get_config()} for layer in self._layers]}
+                "layers": [{"class_name": type(layer).__name__, "config": layer.get_config()}
+                           for layer in self._layers]}
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Sequential:

@@ -124,7 +124,7 @@ def _export_serving(model: Any, directory: Path, batch: int) -> None:
 
 
 def load_model(filepath: str | os.PathLike[str], custom_objects: dict[str, type] | None = None,
-               compile: bool = True) -> Any:
+               compile: bool = True) -> Any:  # noqa: A002 - Keras' argument name
     """Rebuilds a model saved with ``model.save`` in the current strategy's scope.
 
     Args:

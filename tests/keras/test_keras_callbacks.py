@@ -11,7 +11,7 @@ from models.datasets import digits
 keras = gd.keras
 
 
-class _Killed(Exception):
+class _KilledError(Exception):
     pass
 
 
@@ -24,7 +24,7 @@ class _KillAfter(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if epoch == self.epoch:
-            raise _Killed(f"killed after epoch {epoch + 1}")
+            raise _KilledError(f"killed after epoch {epoch + 1}")
 
 
 def _model(strategy: gd.Strategy) -> keras.Model:
@@ -50,7 +50,7 @@ def test_backup_and_restore_resumes_a_killed_fit_to_the_uninterrupted_weights(tm
 
     backup = tmp_path / "backup"
     crashed = _model(strategy())
-    with pytest.raises(_Killed):
+    with pytest.raises(_KilledError):
         crashed.fit(x, y, batch_size=32, epochs=3, verbose=0,
                     callbacks=[keras.callbacks.BackupAndRestore(backup), _KillAfter(0)])
     assert (backup / "state.json").is_file()
