@@ -179,6 +179,7 @@ class MPICommunicator:
         if algorithm not in ("auto", "ring"):
             raise InvalidArgumentError(f"all_reduce: algorithm must be 'auto' or 'ring', got {algorithm!r}")
         send = _contiguous(buffer)
+        _check_mean(op, send.dtype, "all_reduce")
         result = out if out is not None else np.empty_like(send)
         if result.shape != send.shape or result.dtype != send.dtype:
             raise InvalidArgumentError(f"all_reduce: out is {result.dtype}{list(result.shape)}, the buffer is "
@@ -244,6 +245,7 @@ class MPICommunicator:
         if op not in ("SUM", "MEAN", "MAX", "MIN"):
             raise InvalidArgumentError(f"reduce_scatter: reduce_op must be SUM, MEAN, MAX or MIN, got {reduce_op!r}")
         send = _contiguous(buffer).reshape(-1)
+        _check_mean(op, send.dtype, "reduce_scatter")
         n = send.size
         counts = [(r + 1) * n // self.size - r * n // self.size for r in range(self.size)]
         result = np.empty(counts[self.rank], send.dtype)
@@ -287,8 +289,6 @@ class MPICommunicator:
     def _mpi_op(self, op: str, dtype: np.dtype) -> Any:
         mpi = self._MPI
         if dtype == np.bool_:
-            if op == "MEAN":
-                raise InvalidArgumentError("all_reduce: MEAN of booleans is undefined; cast to a number first")
             return {"SUM": mpi.LOR, "MAX": mpi.LOR, "MIN": mpi.LAND}[op]
         return {"SUM": mpi.SUM, "MEAN": mpi.SUM, "MAX": mpi.MAX, "MIN": mpi.MIN}[op]
 
@@ -398,6 +398,11 @@ def _contiguous(buffer: Any) -> np.ndarray:
     if array.dtype == object or array.dtype.kind in "USV":
         raise InvalidArgumentError(f"MPI collectives need numeric buffers, got dtype {array.dtype}")
     return array if array.flags.c_contiguous else np.ascontiguousarray(array)
+
+
+def _check_mean(op: str, dtype: np.dtype, what: str) -> None:
+    if op == "MEAN" and dtype == np.bool_:
+        raise InvalidArgumentError(f"{what}: MEAN of booleans is undefined; cast to a number first")
 
 
 def _mpi_buffer(array: np.ndarray) -> Any:

@@ -1,0 +1,89 @@
+"""``graphdist launch``: roles, the mpiexec command line, usage errors and (slow) real jobs."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+import graphdist as gd
+from graphdist.cli.launch import build_roles, mpiexec_command
+from graphdist.cli.main import main
+from graphdist.distribute.cluster import parse_config, task_rank
+from tests.distribute import mpi_jobs
+
+
+def test_roles_are_numbered_chief_workers_ps() -> None:
+    roles = build_roles(2, ps=1, chief=True, hosts=["h1", "h2"], devices_per_worker=2)
+    assert [(r["type"], r["index"], r["host"]) for r in roles] == [
+        ("chief", 0, "h1"), ("worker", 0, "h2"), ("worker", 1, "h1"), ("ps", 0, "h2")]
+    for rank, role in enumerate(roles):
+        spec, task_type, task_id, extra = parse_config(role["config"], "GRAPHDIST_CONFIG")
+        assert (task_type, task_id) == (role["type"], role["index"])
+        assert task_rank(spec, task_type, task_id) == rank  # the config's rank is the MPI rank
+        assert spec.task_address(task_type, task_id) == f"{role['host']}:{rank}"
+        if role["type"] != "ps":
+            assert extra["local_devices"] in (["cpu:0", "cpu:1"], ["cuda:0", "cuda:1"])
+        else:
+            assert "local_devices" not in extra
+
+
+@pytest.mark.parametrize(("kwargs", "fragment"), [
+    ({"workers": 0}, "--workers must be an int >= 1"),
+    ({"workers": 1, "ps": -1}, "--ps must be an int >= 0"),
+    ({"workers": 1, "devices_per_worker": 0}, "--devices-per-worker must be an int >= 1"),
+    ({"workers": 1, "hosts": ["a", ""]}, "empty host name"),
+])
+def test_bad_roles(kwargs: dict, fragment: str) -> None:
+    with pytest.raises(gd.InvalidArgumentError, match=fragment):
+        build_roles(**kwargs)
+
+
+def test_mpiexec_command_runs_each_rank_under_the_wrapper() -> None:
+    roles = build_roles(1, ps=1)
+    argv = mpiexec_command(roles, ["python", "train.py"], "/tmp/status", timeout=7, explicit_hosts=False)
+    assert argv[0].endswith("mpiexec") and argv[1] == "-disable-auto-cleanup"
+    sections = " ".join(argv[2:]).split(" : ")
+    assert len(sections) == 2
+    assert "GRAPHDIST_COLLECTIVE_TIMEOUT 7.0" in sections[0] and "-host" not in sections[0]
+    assert sections[0].endswith("--rank-wrapper 0 worker 0 -- python train.py")
+    assert "graphdist.runtime.ps_server import main" in sections[1] and "train.py" not in sections[1]
+    config = json.loads(argv[argv.index("GRAPHDIST_CONFIG") + 1])
+    assert config["task"] == {"type": "worker", "index": 0}
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["launch", "--workers", "2"], "give the command after --"),
+    (["launch", "--workers", "2", "--timeout", "0", "--", "true"], "--timeout must be > 0"),
+    (["launch", "--workers", "0", "--", "true"], "--workers must be an int >= 1"),
+])
+def test_usage_errors(args: list[str], fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(args) in (1, 2)
+    assert fragment in capsys.readouterr().err
+
+
+def test_help_shows_examples(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["launch", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--devices-per-worker" in out and "graphdist launch --workers 2 --ps 1" in out
+
+
+@pytest.mark.slow
+def test_output_is_prefixed_and_a_failing_rank_is_named() -> None:
+    script = ("import os, sys; rank = int(os.environ['PMI_RANK']); print('hello from', rank); "
+              "sys.exit(3 if rank == 1 else 0)")
+    job = mpi_jobs.launch("--workers", "2", "--", sys.executable, "-c", script)
+    assert job.returncode == 1
+    assert "[worker 0] hello from 0" in job.stdout and "[worker 1] hello from 1" in job.stdout
+    assert "graphdist launch: error: 1 of 2 process(es) failed" in job.stderr
+    assert "rank 1 (worker 1): exited with status 3: hello from 1" in job.stderr
+
+
+@pytest.mark.slow
+def test_success_and_missing_program() -> None:
+    ok = mpi_jobs.launch("--workers", "2", "--", sys.executable, "-c", "print('fine')")
+    assert ok.returncode == 0 and ok.stdout.count("fine") == 2 and ok.stderr == ""
+    missing = mpi_jobs.launch("--workers", "1", "--", "/no/such/program")
+    assert missing.returncode == 1
+    assert "rank 0 (worker 0): exited with status 127: cannot start '/no/such/program'" in missing.stderr
