@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install lint bench clean graphviz
+.PHONY: demo test install lint bench clean graphviz multi-worker-demo
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,12 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m models.demo
+
+# Digits on 2 workers (MultiWorkerMirroredStrategy), then on 2 workers + 1 ps (ParameterServerStrategy),
+# as separate processes on this host started through MPI by `graphdist launch`.
+multi-worker-demo: $(STAMP)
+	$(VENV)/bin/graphdist launch --workers 2 -- $(PY) examples/digits_multi_worker.py
+	$(VENV)/bin/graphdist launch --workers 2 --ps 1 -- $(PY) examples/digits_parameter_server.py
 
 test: $(STAMP) graphviz
 	$(PY) -m pytest -q

@@ -87,3 +87,19 @@ def test_success_and_missing_program() -> None:
     missing = mpi_jobs.launch("--workers", "1", "--", "/no/such/program")
     assert missing.returncode == 1
     assert "rank 0 (worker 0): exited with status 127: cannot start '/no/such/program'" in missing.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("launch_args", "example"), [
+    (["--workers", "2"], "examples/digits_multi_worker.py"),
+    (["--workers", "2", "--ps", "1"], "examples/digits_parameter_server.py"),
+])
+def test_examples_train_digits(tmp_path, launch_args: list[str], example: str) -> None:
+    extra = ["--checkpoint", str(tmp_path / "ckpt.npz")] if "multi_worker" in example else []
+    job = mpi_jobs.launch(*launch_args, "--timeout", "60", "--", sys.executable, example, "--epochs", "6", *extra)
+    assert job.returncode == 0, job.stdout + job.stderr
+    accuracies = [float(line.rsplit("test accuracy ", 1)[1].split()[0].rstrip(","))
+                  for line in job.stdout.splitlines() if "test accuracy" in line]
+    assert accuracies and min(accuracies) >= 0.9
+    if extra:
+        assert (tmp_path / "ckpt.npz").exists()  # written by the chief
