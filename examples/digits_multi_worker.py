@@ -1,4 +1,6 @@
-"""Digits on several workers with ``MultiWorkerMirroredStrategy`` (run it through ``graphdist launch``)::
+"""Digits on several workers with ``MultiWorkerMirroredStrategy``.
+
+Run it through ``graphdist launch``::
 
     graphdist launch --workers 2 -- python examples/digits_multi_worker.py
     graphdist launch --workers 2 --devices-per-worker 2 -- python examples/digits_multi_worker.py
@@ -29,6 +31,7 @@ TARGET_ACCURACY = 0.90
 
 
 def main() -> int:
+    """Trains and checks the accuracy; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--batch", type=int, default=64, help="global batch size (all workers together)")

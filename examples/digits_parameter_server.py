@@ -1,4 +1,6 @@
-"""Digits with ``ParameterServerStrategy``: workers train asynchronously against ps tasks::
+"""Digits with ``ParameterServerStrategy``: workers train asynchronously against ps tasks.
+
+Run it through ``graphdist launch``::
 
     graphdist launch --workers 2 --ps 1 -- python examples/digits_parameter_server.py
     graphdist launch --workers 2 --ps 2 -- python examples/digits_parameter_server.py --shards 2
@@ -27,6 +29,7 @@ TARGET_ACCURACY = 0.90
 
 
 def main() -> int:
+    """Trains and checks the accuracy; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--batch", type=int, default=32, help="batch size of each worker step")
