@@ -131,12 +131,12 @@ class _Totals:
         self.loss = 0.0
         self.samples = 0
 
-    def add(self, reduced: Any, samples: int) -> None:
-        loss_total, metric_totals = reduced
-        self.loss += float(loss_total)
+    def add(self, reduced: np.ndarray, samples: int) -> None:
+        values = reduced.tolist()  # [loss sum, metric 0 total, metric 0 count, ...] summed over replicas
+        self.loss += values[0]
         self.samples += samples
-        for metric, (total, count) in zip(self.metrics, metric_totals):
-            metric.merge(total, count)
+        for index, metric in enumerate(self.metrics):
+            metric.merge(values[1 + 2 * index], values[2 + 2 * index])
 
     def logs(self) -> dict[str, float]:
         logs = {"loss": self.loss / self.samples if self.samples else 0.0}
@@ -168,8 +168,12 @@ class Engine:
 
     # ------------------------------------------------------------------ steps
     def _statistics(self, per_example: Any, y: Any, y_pred: Any) -> Any:
-        totals = tuple(metric.batch_totals(y, y_pred) for metric in self.metrics)
-        return np.sum(per_example), totals
+        """One vector ``[loss sum, metric 0 total, metric 0 count, ...]``: a single all-reduce per step."""
+        dtype = np.float64 if per_example.dtype == np.float64 else np.float32
+        parts = [np.sum(per_example)]
+        for metric in self.metrics:
+            parts.extend(metric.batch_totals(y, y_pred))
+        return np.stack([np.reshape(p.astype(dtype), ()) for p in parts])
 
     def _replica_train(self, x: Any, y: Any, global_batch: int) -> Any:
         model = self.model
