@@ -9,8 +9,9 @@ Processes talk only through MPI (no home-made network protocol).
 Guarantees:
 
 * **no copies where MPI allows**: C-contiguous inputs are handed to MPI as
-  they are, results are written by MPI into one fresh output array (or into
-  ``out=``, or in place for ``broadcast`` of a writeable buffer); ``MEAN``
+  they are, results are written by MPI into one output array (``out=``, or
+  a large buffer reused from the local communicator's pool once nobody holds
+  it, or in place for ``broadcast`` of a writeable buffer); ``MEAN``
   divides in place; ``all_gather`` along axis 0 is a reshape of MPI's output;
 * **mismatch detection**: every collective carries a sequence number and a
   fingerprint of (kind, name, reduce op, dtype, shape). Before the payload
@@ -70,7 +71,8 @@ CROSS_WORKER_OPS = ("CrossWorkerAllReduce", "CrossWorkerAllGather")
 
 _PING, _PONG = 1, 2
 _DESCRIPTION_BYTES = 160
-_SPIN_SECONDS = 2e-4  # busy-poll this long before sleeping between tests (latency of small collectives)
+_SPIN_SECONDS = 0.01  # busy-poll this long, then yield the core between polls
+_SLEEP_AFTER_SECONDS = 1.0  # then sleep between polls (a long wait means a peer is computing)
 
 
 class CollectiveMismatchError(GraphdistError, RuntimeError):
@@ -180,7 +182,7 @@ class MPICommunicator:
             raise InvalidArgumentError(f"all_reduce: algorithm must be 'auto' or 'ring', got {algorithm!r}")
         send = _contiguous(buffer)
         _check_mean(op, send.dtype, "all_reduce")
-        result = out if out is not None else np.empty_like(send)
+        result = out if out is not None else _output(send.shape, send.dtype)
         if result.shape != send.shape or result.dtype != send.dtype:
             raise InvalidArgumentError(f"all_reduce: out is {result.dtype}{list(result.shape)}, the buffer is "
                                        f"{send.dtype}{list(send.shape)}")
@@ -323,14 +325,21 @@ class MPICommunicator:
         mpi = self._MPI
         start = time.monotonic()
         deadline = start + self.timeout
+        polls = 0
         try:
             while not request.Test():
+                polls += 1
+                if polls % 64:
+                    continue  # MPI progresses the collective only inside Test(): poll tightly
                 self._serve_pings()
                 now = time.monotonic()
                 if now > deadline:
                     self._fail(f"{kind} {name or ''}".strip(), f"did not complete within {self.timeout:g} s")
-                if now - start > _SPIN_SECONDS:
-                    time.sleep(min(1e-3, (now - start) / 50))
+                waited = now - start
+                if waited > _SLEEP_AFTER_SECONDS:
+                    time.sleep(1e-3)  # a peer is busy elsewhere: stop burning a core meanwhile
+                elif waited > _SPIN_SECONDS:
+                    os.sched_yield()  # let other processes and threads on this core run
         except mpi.Exception as err:
             self._fail(f"{kind} {name or ''}".strip(), f"failed in MPI ({err.Get_error_string().strip()})")
 
@@ -398,6 +407,15 @@ def _contiguous(buffer: Any) -> np.ndarray:
     if array.dtype == object or array.dtype.kind in "USV":
         raise InvalidArgumentError(f"MPI collectives need numeric buffers, got dtype {array.dtype}")
     return array if array.flags.c_contiguous else np.ascontiguousarray(array)
+
+
+def _output(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A result buffer: large ones come from the local communicator's pool of earlier outputs that nobody
+    holds any more (a fresh large array costs a page fault per page, about as long as the reduction).
+    """
+    from graphdist.runtime.comm import local
+
+    return local._empty(int(np.prod(shape, dtype=np.int64)), np.dtype(dtype)).reshape(shape)
 
 
 def _check_mean(op: str, dtype: np.dtype, what: str) -> None:
