@@ -10,7 +10,9 @@ Every task becomes one MPI rank, numbered chief, workers, ps (the order of
 ``GRAPHDIST_CONFIG`` (``TF_CONFIG``'s JSON plus ``local_devices``); workers
 and the chief run the command, ps tasks run the built-in parameter server
 (``python -m graphdist.runtime.ps_server``). Tasks go to the hosts round-robin
-(default: all on this host).
+(default: all on this host). On this host the chief and workers each get an
+equal share of the CPU cores (their CPU affinity, which sizes graphdist's
+thread pools), so they do not oversubscribe it; ``--no-bind`` turns that off.
 
 Each rank runs under a small wrapper (``python -m graphdist.cli.launch
 --rank-wrapper``, not an MPI process itself) that forwards the task's output
@@ -42,7 +44,7 @@ from typing import Any
 
 from graphdist.errors import GraphdistError, InvalidArgumentError
 
-__all__ = ["add_launch_parser", "cmd_launch", "build_roles", "mpiexec_command", "find_mpiexec"]
+__all__ = ["add_launch_parser", "cmd_launch", "build_roles", "core_shares", "mpiexec_command", "find_mpiexec"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +77,8 @@ def add_launch_parser(commands: Any, formatter: Any) -> None:
     launch.add_argument("--timeout", type=float, default=None, metavar="S",
                         help="seconds a collective or ps request may wait before failing "
                              "(GRAPHDIST_COLLECTIVE_TIMEOUT; default 300)")
+    launch.add_argument("--no-bind", action="store_true",
+                        help="do not give each worker on this host its own share of the CPU cores")
     launch.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command every worker runs")
     launch.set_defaults(handler=cmd_launch)
 
@@ -117,6 +121,23 @@ def build_roles(workers: int, ps: int = 0, chief: bool = False, hosts: Sequence[
 _PS_SERVER = (sys.executable, "-c", "import sys; from graphdist.runtime.ps_server import main; sys.exit(main())")
 
 
+def core_shares(roles: Sequence[dict[str, Any]], cores: Sequence[int]) -> dict[int, list[int]]:
+    """Splits ``cores`` among the chief and worker ranks (ps tasks mostly wait and are not bound).
+
+    Each worker's intra-op thread budget follows its share (graphdist sizes thread pools by the
+    CPU affinity), so workers on one host do not oversubscribe it. With fewer cores than
+    workers, workers share cores round-robin.
+    """
+    ranks = [rank for rank, role in enumerate(roles) if role["type"] != "ps"]
+    cores = sorted(cores)
+    if not ranks or not cores:
+        return {}
+    if len(cores) < len(ranks):
+        return {rank: [cores[i % len(cores)]] for i, rank in enumerate(ranks)}
+    per = len(cores) // len(ranks)
+    return {rank: cores[i * per:(i + 1) * per] for i, rank in enumerate(ranks)}
+
+
 def find_mpiexec() -> str:
     """``mpiexec`` next to this Python (the venv's, from the ``mpich`` wheel), else on ``PATH``."""
     beside = Path(sys.executable).parent / "mpiexec"
@@ -130,8 +151,11 @@ def find_mpiexec() -> str:
 
 
 def mpiexec_command(roles: Sequence[dict[str, Any]], command: Sequence[str], status_dir: str,
-                    timeout: float | None = None, explicit_hosts: bool = False) -> list[str]:
-    """The ``mpiexec`` MPMD command line: one ``-n 1`` section per rank, joined by ``:``."""
+                    timeout: float | None = None, explicit_hosts: bool = False,
+                    cpus: dict[int, list[int]] | None = None) -> list[str]:
+    """The ``mpiexec`` MPMD command line: one ``-n 1`` section per rank, joined by ``:``
+    (``cpus``: the cores each rank is bound to).
+    """
     argv = [find_mpiexec(), "-disable-auto-cleanup"]
     for rank, role in enumerate(roles):
         if rank:
@@ -143,6 +167,8 @@ def mpiexec_command(roles: Sequence[dict[str, Any]], command: Sequence[str], sta
                  "-env", "PYTHONUNBUFFERED", "1"]
         if timeout is not None:
             argv += ["-env", "GRAPHDIST_COLLECTIVE_TIMEOUT", repr(float(timeout))]
+        if cpus and rank in cpus:
+            argv += ["-env", "GRAPHDIST_LAUNCH_CPUS", ",".join(str(c) for c in cpus[rank])]
         task = list(_PS_SERVER) if role["type"] == "ps" else list(command)
         argv += [sys.executable, "-m", "graphdist.cli.launch", "--rank-wrapper", str(rank), role["name"], "--", *task]
     return argv
@@ -162,7 +188,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
     hosts = args.hosts.split(",") if args.hosts else None
     roles = build_roles(args.workers, args.ps, args.chief, hosts, args.devices_per_worker)
     with tempfile.TemporaryDirectory(prefix="graphdist-launch-") as status_dir:
-        argv = mpiexec_command(roles, command, status_dir, args.timeout, explicit_hosts=bool(hosts))
+        cpus = None if (hosts or args.no_bind) else core_shares(roles, sorted(os.sched_getaffinity(0)))
+        argv = mpiexec_command(roles, command, status_dir, args.timeout, explicit_hosts=bool(hosts), cpus=cpus)
         logger.info("launching %d process(es): %s", len(roles), " ".join(argv))
         sys.stdout.flush()
         completed = subprocess.run(argv, stdin=subprocess.DEVNULL, check=False)
@@ -230,6 +257,9 @@ def rank_wrapper(argv: Sequence[str]) -> int:
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     prefix = f"[{name}] "
     last = [""]
+    cores = os.environ.get("GRAPHDIST_LAUNCH_CPUS")
+    if cores:
+        os.sched_setaffinity(0, {int(c) for c in cores.split(",")})  # inherited by the task
     try:
         # close_fds=False: the task inherits the process manager's PMI socket.
         child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=False,

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
 
 import graphdist as gd
-from graphdist.cli.launch import build_roles, mpiexec_command
+from graphdist.cli.launch import build_roles, core_shares, mpiexec_command
 from graphdist.cli.main import main
 from graphdist.distribute.cluster import parse_config, task_rank
 from tests.distribute import mpi_jobs
@@ -53,6 +54,14 @@ def test_mpiexec_command_runs_each_rank_under_the_wrapper() -> None:
     assert config["task"] == {"type": "worker", "index": 0}
 
 
+def test_core_shares_split_the_cores_among_workers_only() -> None:
+    roles = build_roles(2, ps=1)
+    assert core_shares(roles, [0, 1, 2, 3]) == {0: [0, 1], 1: [2, 3]}  # the ps (rank 2) is not bound
+    assert core_shares(build_roles(3), [0, 1]) == {0: [0], 1: [1], 2: [0]}
+    argv = mpiexec_command(roles, ["true"], "/tmp/status", cpus={0: [0], 1: [1]})
+    assert argv.count("GRAPHDIST_LAUNCH_CPUS") == 2
+
+
 @pytest.mark.parametrize(("args", "fragment"), [
     (["launch", "--workers", "2"], "give the command after --"),
     (["launch", "--workers", "2", "--timeout", "0", "--", "true"], "--timeout must be > 0"),
@@ -72,12 +81,15 @@ def test_help_shows_examples(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.slow
 def test_output_is_prefixed_and_a_failing_rank_is_named() -> None:
     script = ("import os, sys; rank = int(os.environ['PMI_RANK']); print('hello from', rank); "
-              "sys.exit(3 if rank == 1 else 0)")
+              "print('cores', len(os.sched_getaffinity(0)), os.cpu_count()); sys.exit(3 if rank == 1 else 0)")
     job = mpi_jobs.launch("--workers", "2", "--", sys.executable, "-c", script)
     assert job.returncode == 1
     assert "[worker 0] hello from 0" in job.stdout and "[worker 1] hello from 1" in job.stdout
+    cores = os.cpu_count() or 1
+    if cores >= 2:  # each worker got its share of this host's cores
+        assert f"[worker 0] cores {cores // 2} {cores}" in job.stdout
     assert "graphdist launch: error: 1 of 2 process(es) failed" in job.stderr
-    assert "rank 1 (worker 1): exited with status 3: hello from 1" in job.stderr
+    assert "rank 1 (worker 1): exited with status 3: cores" in job.stderr
 
 
 @pytest.mark.slow
