@@ -248,6 +248,7 @@ class Model(Layer):
         engine = self._compiled_engine("fit")
         if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)) or epochs < 0:
             raise InvalidArgumentError(f"fit: epochs must be a non-negative int, got {epochs!r}")
+        self._shuffle_seed = _agreed_seed(self._strategy, self._shuffle_seed)
         source = make_source(x, y, batch_size, shuffle, self._shuffle_seed, self.dtype, "fit", True,
                              steps=steps_per_epoch)
         self._prepare(source, "fit")
@@ -372,6 +373,14 @@ class Model(Layer):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} layers={len(self._layers)} strategy={self._strategy!r}>"
+
+
+def _agreed_seed(strategy: Any, seed: int) -> int:
+    """Worker 0's shuffling seed on every worker of a multi-worker strategy (each slices the same order)."""
+    communicator = getattr(strategy, "communicator", None)
+    if communicator is None:
+        return seed
+    return int(communicator.broadcast(np.array(seed, np.int64), root=0, name="fit shuffle seed"))
 
 
 class Sequential(Model):

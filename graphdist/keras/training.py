@@ -10,8 +10,9 @@ one plan:
   which sums them over the replicas) followed by ``strategy.reduce("SUM")`` of
   the replicas' loss and metric sums;
 * test: the same without gradients (``training=False``);
-* predict: ``strategy.run`` of the forward pass and ``strategy.gather`` of
-  the replicas' outputs along the batch axis, i.e. in input order.
+* predict: ``strategy.run`` of the forward pass; the replicas' outputs are
+  concatenated on the host in replica order (with several workers, gathered
+  from every worker), i.e. in input order.
 
 Each global batch is divided among the replicas as evenly as possible
 (sizes differ by at most one, replica 0 first, so a partial last batch of
@@ -42,7 +43,7 @@ from graphdist.keras import metrics as metrics_lib
 from graphdist.keras.progress import Progress
 from graphdist.trace.tape import GradientTape
 
-__all__ = ["NotCompiledError", "Engine", "check_strategy", "global_batch_size", "split_global_batch"]
+__all__ = ["NotCompiledError", "Engine", "check_strategy", "split_global_batch"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,15 +54,6 @@ class NotCompiledError(GraphdistError, RuntimeError):
 
 def _is_distributed(value: Any) -> bool:
     return isinstance(value, DistributedValues)
-
-
-def global_batch_size(strategy: Any, x: Any) -> int:
-    """Examples in one step's global batch, from the (static) shapes of the replicas' inputs."""
-    leaves, _ = nest.flatten(x, is_leaf=_is_distributed)
-    leaf = leaves[0]
-    parts = leaf.values if _is_distributed(leaf) else (leaf,)
-    local = sum(int(part.shape[0]) for part in parts)
-    return local * max(strategy.num_replicas_in_sync // len(parts), 1)  # other workers hold the same share
 
 
 def split_global_batch(strategy: Any, element: Any) -> Any:
@@ -86,10 +78,12 @@ def split_global_batch(strategy: Any, element: Any) -> Any:
 
 
 def _distributed(strategy: Any, dataset: Dataset) -> Dataset:
-    """``dataset``'s global batches split among the replicas, two batches ahead in a background thread."""
+    """``(per-replica element, global batch size)`` for each of ``dataset``'s global batches, split among
+    the replicas two batches ahead in a background thread.
+    """
     def split_all() -> Iterator[Any]:
         for element in dataset:
-            yield split_global_batch(strategy, element)
+            yield split_global_batch(strategy, element), int(np.shape(nest.flatten(element)[0][0])[0])
 
     return Dataset(split_all, dataset.cardinality(), repr(dataset)).prefetch(2)
 
@@ -191,8 +185,7 @@ class Engine:
         y_pred = self.model(x, training=False)
         return self._statistics(self.loss.per_example(y, y_pred), y, y_pred)
 
-    def _train_step(self, x: Any, y: Any) -> Any:
-        batch = global_batch_size(self.strategy, x)
+    def _train_step(self, x: Any, y: Any, batch: int) -> Any:
         per_replica = self.strategy.run(self._replica_train, args=(x, y, batch))
         return self.strategy.reduce("SUM", per_replica, axis=None)
 
@@ -200,9 +193,7 @@ class Engine:
         return self.strategy.reduce("SUM", self.strategy.run(self._replica_test, args=(x, y)), axis=None)
 
     def _predict_step(self, x: Any) -> Any:
-        outputs = self.strategy.run(self._forward, args=(x,))
-        leaves, treedef = nest.flatten(outputs, is_leaf=_is_distributed)
-        return nest.unflatten(treedef, [self.strategy.gather(leaf, axis=0) for leaf in leaves])
+        return self.strategy.run(self._forward, args=(x,))
 
     def _forward(self, x: Any) -> Any:
         return self.model(x, training=False)
@@ -226,8 +217,7 @@ class Engine:
     def _call(self, function: Any, args: tuple, progress: Progress, what: str) -> Any:
         """Calls a step, showing compilation progress the first time a batch shape is seen."""
         leaves, _ = nest.flatten(args, is_leaf=_is_distributed)
-        key = (id(function), tuple(tuple(tuple(np.shape(v)) for v in leaf.values) if _is_distributed(leaf)
-                                   else tuple(np.shape(leaf)) for leaf in leaves))
+        key = (id(function), tuple(_shape_key(leaf) for leaf in leaves))
         if key in self._seen:
             return function(*args)
         with progress.compiling(what):
@@ -250,9 +240,10 @@ class Engine:
         progress.begin(label, steps)
         count = 0
         with self.model._scope():
-            for count, (x, y) in enumerate(distributed, start=1):
-                reduced = self._call(function, (x, y), progress, f"the {'train' if train else 'test'} step")
-                totals.add(reduced, global_batch_size(self.strategy, x))
+            for count, ((x, y), batch) in enumerate(distributed, start=1):
+                args = (x, y, batch) if train else (x, y)
+                reduced = self._call(function, args, progress, f"the {'train' if train else 'test'} step")
+                totals.add(reduced, batch)
                 logs = totals.logs()
                 progress.update(count, totals.samples, logs)
                 if on_batch_end is not None:
@@ -272,20 +263,51 @@ class Engine:
         progress.begin("", steps)
         samples = 0
         with self.model._scope():
-            for count, x in enumerate(distributed, start=1):
-                outputs.append(self._call(self.predict_function, (x,), progress, "the predict step"))
-                samples += global_batch_size(self.strategy, x)
+            for count, (x, batch) in enumerate(distributed, start=1):
+                per_replica = self._call(self.predict_function, (x,), progress, "the predict step")
+                leaves, treedef = nest.flatten(per_replica, is_leaf=_is_distributed)
+                outputs.append(nest.unflatten(treedef, [self._rows_in_order(leaf, batch) for leaf in leaves]))
+                samples += batch
                 progress.update(count, samples, {})
         if not outputs:
             raise InvalidArgumentError("predict: the input has no batches; give at least one example")
         progress.end(len(outputs), samples, {})
         return nest.map_structure(lambda *parts: np.concatenate([np.asarray(p) for p in parts], axis=0), *outputs)
 
+    def _rows_in_order(self, value: Any, batch: int) -> np.ndarray:
+        """One global batch's outputs in input order: local replicas concatenated, then (with several
+        workers) every worker's rows gathered in worker order.
+        """
+        local = np.concatenate([np.asarray(v) for v in self.strategy.experimental_local_results(value)], axis=0)
+        communicator = getattr(self.strategy, "communicator", None)
+        hook = getattr(self.strategy, "_input_workers", None)
+        workers = hook()[0] if callable(hook) else 1
+        if communicator is None or workers == 1:
+            return local
+        replicas = self.strategy.num_replicas_in_sync
+        base, extra = divmod(batch, replicas)
+        per_worker = replicas // workers
+        sizes = [sum(base + (1 if r < extra else 0) for r in range(w * per_worker, (w + 1) * per_worker))
+                 for w in range(workers)]
+        padded = np.zeros((max(sizes), *local.shape[1:]), local.dtype)
+        padded[:len(local)] = local
+        gathered = communicator.all_gather(padded, 0, name="predict outputs").reshape(workers, *padded.shape)
+        return np.concatenate([gathered[w, :size] for w, size in enumerate(sizes)], axis=0)
+
     def train_concrete_function(self) -> Any:
         """The concrete train step of the most common (full) batch shape compiled so far."""
         if not self.train_steps:
             raise InvalidArgumentError("no train step has been compiled yet; call fit first")
         return self.train_steps[0]
+
+
+def _shape_key(leaf: Any) -> Any:
+    """What decides a new trace: the replicas' shapes, or a Python constant's value."""
+    if isinstance(leaf, int):
+        return leaf
+    if _is_distributed(leaf):
+        return tuple(tuple(np.shape(v)) for v in leaf.values)
+    return tuple(np.shape(leaf))
 
 
 def _check_same_batch(element: Any, what: str, index: int) -> None:
