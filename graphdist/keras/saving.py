@@ -119,7 +119,7 @@ def _export_serving(model: Any, directory: Path, batch: int) -> None:
     example = np.zeros((batch, *model._build_input_shape[1:]), model.dtype)
     distributed = split_global_batch(model.distribute_strategy, example)
     with model._scope():
-        concrete = engine.predict_function.get_concrete_function(distributed)
+        concrete = engine.serving_function.get_concrete_function(distributed)
     concrete.export(directory)
 
 

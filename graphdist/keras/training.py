@@ -157,6 +157,7 @@ class Engine:
         self.train_function = gd_function(self._train_step, name=f"{model.name}_train_step")
         self.test_function = gd_function(self._test_step, name=f"{model.name}_test_step")
         self.predict_function = gd_function(self._predict_step, name=f"{model.name}_predict_step")
+        self.serving_function = gd_function(self._serving_step, name=f"{model.name}_serving")
         self._seen: set[Any] = set()
         self.train_steps: list[Any] = []  # concrete train steps, in compile order
 
@@ -194,6 +195,11 @@ class Engine:
 
     def _predict_step(self, x: Any) -> Any:
         return self.strategy.run(self._forward, args=(x,))
+
+    def _serving_step(self, x: Any) -> Any:
+        """The forward pass with the replicas' outputs gathered in the plan (for exported plans)."""
+        leaves, treedef = nest.flatten(self._predict_step(x), is_leaf=_is_distributed)
+        return nest.unflatten(treedef, [self.strategy.gather(leaf, axis=0) for leaf in leaves])
 
     def _forward(self, x: Any) -> Any:
         return self.model(x, training=False)
