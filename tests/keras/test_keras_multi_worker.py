@@ -43,3 +43,15 @@ def test_two_workers_fit_evaluate_predict_like_one_device(tmp_path) -> None:
             for key in ("loss", "accuracy", "eval"):
                 np.testing.assert_allclose(got[key], reference[key], rtol=1e-4, atol=1e-6, err_msg=key)
             np.testing.assert_allclose(got["predictions"], reference["predictions"], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_parameter_server_workers_fit_asynchronously(tmp_path) -> None:
+    job = mpi_jobs.launch("--workers", "2", "--ps", "1", "--timeout", "60", "--", sys.executable,
+                          "tests/keras/keras_ps_worker.py", "--out", str(tmp_path))
+    assert job.returncode == 0, job.stderr[-3000:]
+    for worker in range(2):
+        with np.load(tmp_path / f"worker{worker}.npz") as got:
+            assert got["loss"][-1] < 0.5 * got["loss"][0]
+            assert got["eval"][1] > 0.85                      # test accuracy of the shared (ps) weights
+            assert got["predictions"].shape == (359, 10)
