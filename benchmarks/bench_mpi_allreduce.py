@@ -137,8 +137,15 @@ def _quiet_rounds(variants: dict[str, Any], rounds: int, calls: int, raw: Any, m
     return kept, foreign_kept
 
 
-def run(rounds: int | None = None, quick: bool = False, sizes: Sequence[int] = SIZES) -> dict[str, Any]:
+def run(rounds: int | None = None, quick: bool = False, sizes: Sequence[int] = SIZES,
+        wait_s: float | None = None) -> dict[str, Any]:
     """Runs the two-rank measurement under ``mpiexec`` and collects rank 0's results.
+
+    Args:
+        rounds: Kept rounds per size (default 15; 3 with ``quick``).
+        quick: Few rounds and short blocks (a smoke run; noisy).
+        sizes: Buffer sizes in bytes.
+        wait_s: Seconds to wait for a quiet machine first (default 300; 60 with ``quick``).
 
     Returns:
         ``{"name", "goal", "goal_met", "worst", "machine", "rounds", "cases"}``;
@@ -148,7 +155,7 @@ def run(rounds: int | None = None, quick: bool = False, sizes: Sequence[int] = S
     rounds = rounds or (3 if quick else 15)
     block_s = BLOCK_S / 10 if quick else BLOCK_S
     mpiexec = Path(sys.executable).parent / "mpiexec"
-    waited = wait_quiet(CpuMeter(), timeout=60 if quick else 300)
+    waited = wait_quiet(CpuMeter(), timeout=wait_s if wait_s is not None else (60 if quick else 300))
     logger.info("waited %.0f s for a quiet machine", waited)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "results.json"

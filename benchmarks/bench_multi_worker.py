@@ -1,0 +1,189 @@
+"""Training throughput: MultiWorkerMirroredStrategy on 2 worker processes vs 1 worker.
+
+The MLP 784-512-512-10 training step (SGD, global batch 256, synthetic
+data) as ``strategy.reduce("SUM", strategy.run(step))`` in one
+``gd.function``, under three set-ups on this host:
+
+* **1 worker**: ``MultiWorkerMirroredStrategy`` in one process, one device,
+  all cores (no cluster: single-worker mode);
+* **2 workers**: ``graphdist launch --workers 2``: two processes, one device
+  and an equal share of the cores each (launch's binding), each computing
+  half of every global batch; gradients all-reduced through MPI;
+* **Mirrored, 1 process**: ``MirroredStrategy(["cpu:0", "cpu:1"])`` for
+  reference (the same split between two logical devices of one process).
+
+Each run times ``steps`` steps after a warm-up, in ``blocks`` blocks (median
+block); the set-ups alternate for ``repeats`` runs, and the table gives the
+median over runs. **speed-up = 1-worker step time / set-up step time**
+(same global batch, so it is the throughput ratio).
+
+    python -m benchmarks.bench_multi_worker [--repeats N] [--quick] [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks import machine_info, median, update_section
+from benchmarks.quiet import CpuMeter, loadavg, wait_quiet
+
+__all__ = ["NAME", "SETUPS", "run", "table", "markdown", "main"]
+
+logger = logging.getLogger(__name__)
+
+NAME = "multi_worker"
+SIZES = (784, 512, 512, 10)
+GLOBAL_BATCH = 256
+SETUPS = ("1 worker", "2 workers", "Mirrored, 1 process")
+_REPO = Path(__file__).resolve().parents[1]
+
+
+def _worker(kind: str, steps: int, blocks: int, out: str) -> None:
+    """Trains and times; the chief writes ``{"ms": [per-step ms per block]}``."""
+    import graphdist as gd
+    from models.mlp import MLP
+
+    strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"]) if kind == "mirrored" else gd.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        model = MLP(SIZES, seed=0, trainable=True)
+        optimizer = gd.optimizers.SGD(0.01)
+    train_step = model.make_train_step(optimizer, global_batch_size=GLOBAL_BATCH)
+
+    @gd.function
+    def step(x, labels):
+        return strategy.reduce("SUM", strategy.run(train_step, args=(x, labels)), axis=None)
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((GLOBAL_BATCH, SIZES[0]), dtype=np.float32)
+    labels = rng.integers(0, SIZES[-1], GLOBAL_BATCH).astype(np.int64)
+    (batch,) = list(strategy.experimental_distribute_dataset(gd.data.Dataset.from_tensors((x, labels))))
+    for _ in range(5):
+        step(*batch)
+    per_block = max(1, steps // blocks)
+    ms = []
+    for _ in range(blocks):
+        start = time.perf_counter()
+        for _ in range(per_block):
+            loss = step(*batch)
+        ms.append((time.perf_counter() - start) / per_block * 1e3)
+    if not np.isfinite(loss):
+        raise SystemExit("the loss is not finite")
+    if getattr(strategy.extended, "should_checkpoint", True):  # the chief reports
+        Path(out).write_text(json.dumps({"ms": ms}))
+
+
+def _run_once(setup: str, steps: int, blocks: int) -> float:
+    env = dict(os.environ, PYTHONPATH=str(_REPO))
+    env.pop("TF_CONFIG", None)
+    env.pop("GRAPHDIST_CONFIG", None)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        worker = [sys.executable, "-m", "benchmarks.bench_multi_worker", "--worker", "--steps", str(steps),
+                  "--blocks", str(blocks), "--out", str(out)]
+        if setup == "2 workers":
+            command = [sys.executable, "-m", "graphdist.cli.main", "launch", "--workers", "2", "--timeout", "120",
+                       "--", *worker, "--kind", "multi_worker"]
+        else:
+            command = [*worker, "--kind", "mirrored" if setup.startswith("Mirrored") else "multi_worker"]
+        subprocess.run(command, check=True, timeout=900, env=env, cwd=_REPO)
+        return median(json.loads(out.read_text())["ms"])
+
+
+def run(repeats: int | None = None, quick: bool = False, wait_s: float | None = None) -> dict[str, Any]:
+    """Alternates the set-ups ``repeats`` times (waiting up to ``wait_s`` for a quiet machine before each run).
+
+    Returns:
+        ``{"name", "machine", "repeats", "steps", "ms" (set-up -> median ms per step),
+        "runs" (set-up -> every run's ms), "speedup" (set-up -> 1-worker ms / its ms), "loadavg"}``.
+    """
+    info = machine_info()
+    repeats = repeats or (1 if quick else 5)
+    steps, blocks = (10, 2) if quick else (60, 6)
+    runs: dict[str, list[float]] = {setup: [] for setup in SETUPS}
+    meter = CpuMeter()
+    load_before = loadavg(2)
+    for index in range(repeats):
+        order = SETUPS if index % 2 == 0 else SETUPS[::-1]
+        for setup in order:
+            wait_quiet(meter, timeout=wait_s if wait_s is not None else (30 if quick else 120))
+            runs[setup].append(_run_once(setup, steps, blocks))
+            logger.info("%s: %.2f ms/step", setup, runs[setup][-1])
+    ms = {setup: median(values) for setup, values in runs.items()}
+    speedup = {setup: ms["1 worker"] / value for setup, value in ms.items()}
+    return {"name": NAME, "machine": info, "repeats": repeats, "steps": steps, "ms": ms, "runs": runs,
+            "speedup": speedup, "loadavg": [load_before, loadavg(2)]}
+
+
+def table(results: dict[str, Any]) -> str:
+    """A plain-text table of :func:`run`'s results."""
+    lines = [f"{'set-up':22} {'ms/step':>9} {'examples/s':>11} {'speed-up':>9}"]
+    for setup in SETUPS:
+        ms = results["ms"][setup]
+        lines.append(f"{setup:22} {ms:>9.2f} {GLOBAL_BATCH / ms * 1e3:>11.0f} {results['speedup'][setup]:>9.2f}")
+    return "\n".join(lines)
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The BENCHMARKS.md section."""
+    rows = ["| set-up | ms / step | examples / s | speed-up vs 1 worker | every run (ms) |", "|---|---:|---:|---:|---|"]
+    for setup in SETUPS:
+        ms = results["ms"][setup]
+        runs = ", ".join(f"{v:.2f}" for v in results["runs"][setup])
+        rows.append(f"| {setup} | {ms:.2f} | {GLOBAL_BATCH / ms * 1e3:,.0f} | {results['speedup'][setup]:.2f}x | "
+                    f"{runs} |")
+    return f"""## Multi-worker training throughput: 2 worker processes vs 1
+
+MLP 784-512-512-10 training step (SGD, global batch {GLOBAL_BATCH}, synthetic data) under
+`MultiWorkerMirroredStrategy`: one worker process (single-worker mode, all cores) vs two worker
+processes started by `graphdist launch --workers 2` (one device and one equal share of the cores
+each; every step all-reduces the gradients, 2.1 MB, through MPI), and `MirroredStrategy` on two
+logical devices of one process for reference. Median of {results['repeats']} alternating runs of
+{results['steps']} timed steps each (median block); speed-up = 1-worker step time / step time.
+Load average before/after: {results['loadavg'][0]} / {results['loadavg'][1]}.
+
+{chr(10).join(rows)}
+
+On a 2-core host both set-ups use both cores, so this measures the cost of splitting the step
+across processes (MPI all-reduce, per-process overhead), not added hardware. Reproduce:
+`python -m benchmarks.bench_multi_worker --write`.
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: measure, print, optionally update BENCHMARKS.md (``--worker``: one process)."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_multi_worker",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--write", action="store_true", help="update this section of BENCHMARKS.md")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--kind", default="multi_worker", help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=int, default=60, help=argparse.SUPPRESS)
+    parser.add_argument("--blocks", type=int, default=6, help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        _worker(args.kind, args.steps, args.blocks, args.out)
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    results = run(args.repeats, args.quick)
+    print(table(results))
+    if args.write:
+        update_section(NAME, markdown(results), info=results["machine"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
