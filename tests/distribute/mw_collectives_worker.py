@@ -2,8 +2,8 @@
 
 Every replica contributes ``10 * global replica id + [0, 1]`` (rows of a
 (2, 2) batch); the worker writes what the traced all-reduce / all-gather and
-the eager ``strategy.reduce`` / ``strategy.gather`` returned to
-``--out/rank<r>.npz``.
+the eager ``strategy.reduce`` / ``strategy.gather`` returned, the ``InputContext`` its
+``dataset_fn`` got and its role to ``--out/rank<r>.npz``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,12 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     strategy = gd.MultiWorkerMirroredStrategy(gd.CommunicationImplementation.RING)
-    rank = strategy.cluster_resolver.task_id
+    rank = strategy.communicator.rank
+    contexts = []
+
+    def dataset_fn(context):
+        contexts.append([context.num_input_pipelines, context.input_pipeline_id, context.num_replicas_in_sync])
+        return gd.data.Dataset.range(8).shard(context.num_input_pipelines, context.input_pipeline_id).batch(1)
 
     def replica_fn(x):
         ctx = gd.get_replica_context()
@@ -42,10 +47,13 @@ def main() -> None:
     (x,) = [b for b in strategy.experimental_distribute_dataset(batch)]
     total, mean, largest, gathered, own = step(x)
     local = strategy.experimental_local_results
+    per_replica = next(iter(strategy.distribute_datasets_from_function(dataset_fn)))
     np.savez(Path(args.out) / f"rank{rank}.npz", sum=local(total)[0], mean=local(mean)[-1], max=local(largest)[0],
              gathered=local(gathered)[-1], reduce_sum=strategy.reduce("SUM", own, axis=None),
              reduce_mean_axis=strategy.reduce("MEAN", own, axis=0), gather=strategy.gather(own, axis=0),
-             traced_mean_axis=mean_step(x), replicas=strategy.num_replicas_in_sync)
+             traced_mean_axis=mean_step(x), replicas=strategy.num_replicas_in_sync, input_context=contexts[0],
+             first_elements=[int(np.asarray(v)[0]) for v in local(per_replica)],
+             task_type=strategy.cluster_resolver.task_type, chief=strategy.extended.should_checkpoint)
 
 
 if __name__ == "__main__":

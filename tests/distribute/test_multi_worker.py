@@ -194,7 +194,8 @@ def test_dead_worker_is_named_within_the_timeout(tmp_path) -> None:
 
 @pytest.mark.slow
 def test_collectives_span_every_replica_of_every_worker(tmp_path) -> None:
-    job = mpi_jobs.launch("--workers", "2", "--devices-per-worker", "2", "--timeout", "60", "--",
+    # A chief and one worker: the chief is worker 0 of the sync group (rank 0) and the only one to checkpoint.
+    job = mpi_jobs.launch("--chief", "--workers", "1", "--devices-per-worker", "2", "--timeout", "60", "--",
                           mpi_jobs.sys.executable, "tests/distribute/mw_collectives_worker.py", "--out", str(tmp_path))
     assert job.returncode == 0, job.stdout + job.stderr
     rows = np.array([[10.0 * r, 10.0 * r + 1] for r in range(4)], np.float32)  # replica r's (identical) rows
@@ -209,3 +210,8 @@ def test_collectives_span_every_replica_of_every_worker(tmp_path) -> None:
         np.testing.assert_array_equal(result["reduce_mean_axis"], rows.mean(0))
         np.testing.assert_array_equal(result["traced_mean_axis"], rows.mean(0))
         np.testing.assert_array_equal(result["gather"], np.repeat(rows, 2, axis=0))
+        assert result["input_context"].tolist() == [2, rank, 4]  # one input pipeline per worker
+        # Worker `rank` reads elements rank, rank + 2, ... (its shard), one per local replica per step.
+        assert result["first_elements"].tolist() == [rank, rank + 2]
+        assert str(result["task_type"]) == ("chief" if rank == 0 else "worker")
+        assert bool(result["chief"]) == (rank == 0)
