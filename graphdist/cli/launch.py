@@ -10,9 +10,10 @@ Every task becomes one MPI rank, numbered chief, workers, ps (the order of
 ``GRAPHDIST_CONFIG`` (``TF_CONFIG``'s JSON plus ``local_devices``); workers
 and the chief run the command, ps tasks run the built-in parameter server
 (``python -m graphdist.runtime.ps_server``). Tasks go to the hosts round-robin
-(default: all on this host). On this host the chief and workers each get an
-equal share of the CPU cores (their CPU affinity, which sizes graphdist's
-thread pools), so they do not oversubscribe it; ``--no-bind`` turns that off.
+(default: all on this host). In jobs without ps tasks, the chief and workers
+on this host each get an equal share of its CPU cores (their CPU affinity,
+which sizes graphdist's thread pools), so they do not oversubscribe it;
+``--no-bind`` turns that off.
 
 Each rank runs under a small wrapper (``python -m graphdist.cli.launch
 --rank-wrapper``, not an MPI process itself) that forwards the task's output
@@ -78,7 +79,7 @@ def add_launch_parser(commands: Any, formatter: Any) -> None:
                         help="seconds a collective or ps request may wait before failing "
                              "(GRAPHDIST_COLLECTIVE_TIMEOUT; default 300)")
     launch.add_argument("--no-bind", action="store_true",
-                        help="do not give each worker on this host its own share of the CPU cores")
+                        help="do not give each worker on this host its own share of the CPU cores (jobs without ps)")
     launch.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command every worker runs")
     launch.set_defaults(handler=cmd_launch)
 
@@ -122,15 +123,17 @@ _PS_SERVER = (sys.executable, "-c", "import sys; from graphdist.runtime.ps_serve
 
 
 def core_shares(roles: Sequence[dict[str, Any]], cores: Sequence[int]) -> dict[int, list[int]]:
-    """Splits ``cores`` among the chief and worker ranks (ps tasks mostly wait and are not bound).
+    """Splits ``cores`` among the chief and worker ranks of a job without ps tasks.
 
     Each worker's intra-op thread budget follows its share (graphdist sizes thread pools by the
     CPU affinity), so workers on one host do not oversubscribe it. With fewer cores than
-    workers, workers share cores round-robin.
+    workers, workers share cores round-robin. Jobs with ps tasks are not bound: a ps serves
+    requests all the time, and a worker pinned to the core the ps runs on could not move to
+    a free one (measured: one worker fell far behind the other).
     """
     ranks = [rank for rank, role in enumerate(roles) if role["type"] != "ps"]
     cores = sorted(cores)
-    if not ranks or not cores:
+    if not ranks or not cores or len(ranks) < len(roles):
         return {}
     if len(cores) < len(ranks):
         return {rank: [cores[i % len(cores)]] for i, rank in enumerate(ranks)}

@@ -54,10 +54,11 @@ def test_mpiexec_command_runs_each_rank_under_the_wrapper() -> None:
     assert config["task"] == {"type": "worker", "index": 0}
 
 
-def test_core_shares_split_the_cores_among_workers_only() -> None:
-    roles = build_roles(2, ps=1)
-    assert core_shares(roles, [0, 1, 2, 3]) == {0: [0, 1], 1: [2, 3]}  # the ps (rank 2) is not bound
-    assert core_shares(build_roles(3), [0, 1]) == {0: [0], 1: [1], 2: [0]}
+def test_core_shares_split_the_cores_among_workers() -> None:
+    roles = build_roles(2)
+    assert core_shares(roles, [0, 1, 2, 3]) == {0: [0, 1], 1: [2, 3]}
+    assert core_shares(build_roles(3, chief=True), [0, 1]) == {0: [0], 1: [1], 2: [0], 3: [1]}
+    assert core_shares(build_roles(2, ps=1), [0, 1, 2, 3]) == {}  # the ps serves all the time: no pinning
     argv = mpiexec_command(roles, ["true"], "/tmp/status", cpus={0: [0], 1: [1]})
     assert argv.count("GRAPHDIST_LAUNCH_CPUS") == 2
 
