@@ -123,6 +123,10 @@ class GradBuilder:
         """Broadcasts ``grad`` to ``shape``."""
         if tuple(grad.shape) == tuple(shape):
             return grad
+        if 0 in tuple(shape):
+            # An empty result (a replica's empty slice of a partial batch). ONNX Runtime's constant
+            # folding turns Expand(x[1], [0]) into x[1], not x[0], so emit the empty constant directly.
+            return self.const(np.zeros(tuple(shape), grad.dtype), grad.dtype)
         return self.op1("Expand", [grad, self.int64s(shape)])
 
 
@@ -639,6 +643,24 @@ def _pad_spatial(b: GradBuilder, x: Value, win: _Windows, fill: float) -> Value:
     return _pad_full(b, x, [0, 0, *win.begins], [0, 0, *(win.reach(a) for a in range(win.rank))], fill)
 
 
+def _inside_mask(win: _Windows) -> np.ndarray:
+    """(1, 1, padded spatial...) booleans: True where :func:`_pad_spatial`'s result holds input."""
+    inside = np.ones((1, 1), np.bool_)
+    for a in range(win.rank):
+        axis = np.zeros(win.begins[a] + win.sizes[a] + win.reach(a), np.bool_)
+        axis[win.begins[a]:win.begins[a] + win.sizes[a]] = True
+        inside = np.logical_and.outer(inside, axis).reshape(1, 1, *inside.shape[2:], axis.size)
+    return inside
+
+
+def _mask_tap(mask: np.ndarray, win: _Windows, tap: Sequence[int]) -> np.ndarray:
+    """The (1, 1, outs...) part of ``mask`` that kernel tap ``tap`` reads (as :func:`_window_tap`)."""
+    index = [slice(None), slice(None)]
+    for i, d, o, stride in zip(tap, win.dilations, win.outs, win.strides):
+        index.append(slice(i * d, i * d + (o - 1) * stride + 1, stride))
+    return mask[tuple(index)]
+
+
 def _window_tap(b: GradBuilder, padded: Value, win: _Windows, tap: Sequence[int]) -> Value:
     """The (N, C, outs...) elements that kernel tap ``tap`` reads in each window of ``padded``."""
     starts = [i * d for i, d in zip(tap, win.dilations)]
@@ -757,8 +779,11 @@ def _max_pool(b: GradBuilder, node: Node, g: list[Value | None]) -> list[Value |
     Tie rule: the gradient of a window goes to one element, the first maximum in row-major
     window order (the element ONNX Runtime's ``Indices`` output names; TensorFlow's
     ``max_pool2d`` gradient gives the same result on tied inputs); an element that is the
-    maximum of several overlapping windows gets the sum. Padding never wins (it is filled
-    with NaN, which equals nothing); a window whose maximum is NaN passes no gradient.
+    maximum of several overlapping windows gets the sum. Padding never wins: it is filled
+    with -inf and a constant mask of the positions inside the input is and-ed into each tap's
+    hit (a NaN fill would do it alone, but TVM's simplifier folds comparisons with a NaN
+    constant wrongly once the pad is inlined into them); a window whose maximum is NaN passes
+    no gradient (NaN equals nothing).
 
     Emits Pad, Slice, Equal, And/Or/Not, Where, Reshape, Concat and Add only, so it runs for
     every dtype MaxPool does (float32 and float64 in ONNX Runtime).
@@ -767,13 +792,17 @@ def _max_pool(b: GradBuilder, node: Node, g: list[Value | None]) -> list[Value |
     if not _float(x) or g[0] is None:
         return [None]
     win = _windows(node, x, [int(k) for k in node.attrs["kernel_shape"]], y)
-    padded = _pad_spatial(b, x, win, float("nan"))
+    padded = _pad_spatial(b, x, win, float("-inf"))
+    inside = _inside_mask(win)
     zero = b.const(0, g[0].dtype)
     taken: Value | None = None
     taps = _taps(win)
     parts: dict[tuple[int, ...], Value] = {}
     for index, tap in enumerate(taps):
         hit = b.op1("Equal", [_window_tap(b, padded, win, tap), y])
+        tap_inside = _mask_tap(inside, win, tap)
+        if not tap_inside.all():
+            hit = b.op1("And", [hit, b.const(tap_inside, np.bool_)])
         first = hit if taken is None else b.op1("And", [hit, b.op1("Not", [taken])])
         if index < len(taps) - 1:
             taken = hit if taken is None else b.op1("Or", [taken, hit])

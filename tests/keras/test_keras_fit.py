@@ -203,3 +203,20 @@ def test_dataset_input_of_unknown_length_and_steps_per_epoch() -> None:
     filtered = gd.data.Dataset.range(40).map(lambda i: (np.full(1, 1.0), np.full(1, 1.0))).filter(
         lambda x, y: True).batch(8)
     assert model.evaluate(filtered, verbose=0) < history.history["loss"][0]
+
+
+@pytest.mark.parametrize("name", ["mirrored", "central"])
+def test_global_batches_smaller_than_the_replica_count_leave_a_replica_empty(name: str) -> None:
+    x = np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32)
+    y = x.sum(axis=1, keepdims=True)
+    weights = {}
+    for key in ("one", name):
+        keras.utils.set_random_seed(0)
+        with _strategies()[key].scope():
+            model = keras.Sequential([keras.layers.Dense(2, activation="tanh", input_shape=(3,)),
+                                      keras.layers.Dense(1)])
+            model.compile(optimizer=gd.optimizers.SGD(0.1), loss="mse", metrics=["mae"])
+        model.fit(x, y, batch_size=1, epochs=2, shuffle=False, verbose=0)   # every step: one row, one idle replica
+        weights[key] = model.get_weights()
+    for got, want in zip(weights[name], weights["one"]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
