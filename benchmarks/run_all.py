@@ -9,7 +9,9 @@ module name order).
 ``train_step`` (``bench_train_step``) also times TensorFlow when its own
 environment exists (``python -m benchmarks.bench_train_step --setup-tf``
 creates ``.bench-venvs/tf``); without it that part is skipped and the
-section says so.
+section says so. ``mirrored_train`` and ``keras_fit`` (``bench_keras_fit``:
+``gd.keras`` ``fit`` against TensorFlow Keras' ``fit``, both under
+MirroredStrategy on 2 logical CPUs) use the same environment.
 """
 
 from __future__ import annotations
