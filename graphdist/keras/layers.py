@@ -126,13 +126,16 @@ class Layer:
 
     @property
     def trainable_weights(self) -> list[Variable]:
-        """Weights updated by the optimizer."""
-        return [v for v in self._all_weights() if v.trainable]
+        """Weights updated by the optimizer (none while ``layer.trainable`` is false; compile again
+        after changing it, as in Keras).
+        """
+        return [v for v in self._weights if v.trainable] if self.trainable else []
 
     @property
     def non_trainable_weights(self) -> list[Variable]:
-        """Weights not updated by gradients (e.g. batch-norm moving statistics)."""
-        return [v for v in self._all_weights() if not v.trainable]
+        """Weights not updated by gradients (e.g. batch-norm moving statistics, a frozen layer's weights)."""
+        trainable = {id(v) for v in self.trainable_weights}
+        return [v for v in self._all_weights() if id(v) not in trainable]
 
     trainable_variables = trainable_weights
     non_trainable_variables = non_trainable_weights

@@ -63,7 +63,7 @@ class Model(Layer):
     lists) are tracked in assignment order.
 
     Args:
-        name: Model name (default ``"model"``, made unique).
+        name: Model name (default: the class name in snake case, made unique).
         **kwargs: :class:`~graphdist.keras.layers.Layer` arguments.
     """
 
@@ -106,6 +106,19 @@ class Model(Layer):
         for _, variable in self._named_weights():
             seen.setdefault(id(variable), variable)
         return list(seen.values())
+
+    @property
+    def trainable_weights(self) -> list[Variable]:
+        """The trainable weights of the model and of every trainable layer."""
+        if not self.trainable:
+            return []
+        seen: dict[int, Variable] = {id(v): v for v in self._weights if v.trainable}
+        for layer in self._layers:
+            for variable in layer.trainable_weights:
+                seen.setdefault(id(variable), variable)
+        return list(seen.values())
+
+    trainable_variables = trainable_weights
 
     def _named_weights(self) -> Iterator[tuple[str, Variable]]:
         yield from zip(self._weight_names, self._weights)
@@ -203,8 +216,8 @@ class Model(Layer):
         names = [m.name for m in metric_objects]
         if len(set(names)) != len(names) or "loss" in names:
             raise InvalidArgumentError(f"compile: metric names must be unique and not 'loss', got {names}")
+        check_strategy(self, "compile", optimizer)
         self.optimizer, self.loss, self.compiled_metrics = optimizer, loss, metric_objects
-        check_strategy(self, "compile")
         self._engine = Engine(self, optimizer, loss, metric_objects)
 
     @property

@@ -92,9 +92,9 @@ def _strategy_name(strategy: Any) -> str:
     return "no strategy (the default strategy)" if isinstance(strategy, DefaultStrategy) else repr(strategy)
 
 
-def check_strategy(model: Any, what: str) -> None:
+def check_strategy(model: Any, what: str, optimizer: Any = None) -> None:
     """Raises when ``what`` is called under another strategy than the model's, or when the
-    model's (or optimizer's) variables belong to another strategy.
+    model's (or the optimizer's: ``optimizer``, else the compiled one) variables belong to another strategy.
     """
     strategy = model.distribute_strategy
     current = get_strategy()
@@ -105,8 +105,9 @@ def check_strategy(model: Any, what: str) -> None:
                                    f"{what} was called inside the scope of {current!r}; {fix}")
     expected = None if isinstance(strategy, DefaultStrategy) else strategy
     owners = [(v, "model") for v in model.variables]
-    if model.optimizer is not None:
-        owners += [(v, "optimizer") for v in model.optimizer.variables()]
+    optimizer = optimizer if optimizer is not None else model.optimizer
+    if optimizer is not None:
+        owners += [(v, "optimizer") for v in optimizer.variables()]
     for variable, owner in owners:
         if getattr(variable, "_strategy", None) is not expected:
             other = variable._strategy or "no strategy (outside any scope)"

@@ -157,3 +157,16 @@ def test_progress_bar_on_a_terminal_and_lines_elsewhere(capsys) -> None:
     model.compile(optimizer="sgd", loss="mse")
     model.fit(np.ones((8, 1)), np.ones((8, 1)), epochs=1, verbose=0)
     assert capsys.readouterr().out == ""
+
+
+def test_frozen_layers_keep_their_weights() -> None:
+    with gd.MirroredStrategy(["cpu:0", "cpu:1"]).scope():
+        model = keras.Sequential([L.Dense(4, input_shape=(3,)), L.Dense(1)])
+    model.layers[0].trainable = False
+    model.compile(optimizer="sgd", loss="mse")   # compile after changing trainable, as in Keras
+    assert len(model.trainable_variables) == 2 and len(model.non_trainable_variables) == 2
+    frozen = model.layers[0].kernel.numpy()
+    head = model.layers[1].kernel.numpy()
+    model.fit(np.ones((8, 3)), np.zeros((8, 1)), epochs=1, verbose=0)
+    np.testing.assert_array_equal(model.layers[0].kernel.numpy(), frozen)
+    assert not np.array_equal(model.layers[1].kernel.numpy(), head)
