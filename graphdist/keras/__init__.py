@@ -15,6 +15,7 @@ Create the model (and optimizer) inside ``strategy.scope()``; ``fit``,
 from graphdist import optimizers
 from graphdist.keras import activations, backend, callbacks, initializers, layers, losses, metrics, utils
 from graphdist.keras.callbacks import History
+from graphdist.keras.functional import Input
 from graphdist.keras.models import Model, Sequential
 from graphdist.keras.saving import load_model
 from graphdist.keras.training import NotCompiledError
@@ -22,6 +23,7 @@ from graphdist.keras.training import NotCompiledError
 __all__ = [
     "Model",
     "Sequential",
+    "Input",
     "History",
     "NotCompiledError",
     "load_model",

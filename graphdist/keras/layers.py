@@ -45,6 +45,8 @@ __all__ = [
     "Embedding",
     "ReLU",
     "Activation",
+    "Add",
+    "Concatenate",
     "get_layer_class",
 ]
 
@@ -164,8 +166,13 @@ class Layer:
         raise NotImplementedError(f"{type(self).__name__} must define call(inputs, training=False)")
 
     def __call__(self, inputs: Any, training: bool = False) -> Any:
+        from graphdist.keras import functional
+
+        if functional.is_symbolic(inputs):
+            return functional.symbolic_call(self, inputs)
         if not self.built:
-            self._maybe_build(tuple(np.shape(inputs)) if not hasattr(inputs, "shape") else tuple(inputs.shape))
+            first = inputs[0] if isinstance(inputs, (list, tuple)) else inputs
+            self._maybe_build(tuple(first.shape) if hasattr(first, "shape") else tuple(np.shape(first)))
         return self.call(inputs, training=training)
 
     def _maybe_build(self, input_shape: tuple[int | None, ...]) -> None:
@@ -387,6 +394,42 @@ class Activation(Layer):
         return {**super().get_config(), "activation": activations.serialize(self.activation)}
 
 
+class Add(Layer):
+    """Sums a list of inputs of one shape (for functional models)."""
+
+    def call(self, inputs: Any, training: bool = False) -> Any:
+        _check_list(self, inputs)
+        total = inputs[0]
+        for value in inputs[1:]:
+            total = total + value
+        return total
+
+
+class Concatenate(Layer):
+    """Concatenates a list of inputs along ``axis`` (for functional models).
+
+    Args:
+        axis: Axis joined (default the last).
+        **kwargs: :class:`Layer` arguments.
+    """
+
+    def __init__(self, axis: int = -1, **kwargs: Any) -> None:
+        self.axis = int(axis)
+        super().__init__(**kwargs)
+
+    def call(self, inputs: Any, training: bool = False) -> Any:
+        _check_list(self, inputs)
+        return np.concatenate(list(inputs), axis=self.axis)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "axis": self.axis}
+
+
+def _check_list(layer: Layer, inputs: Any) -> None:
+    if not isinstance(inputs, (list, tuple)) or len(inputs) < 2:
+        raise InvalidArgumentError(f"{layer.name}: {type(layer).__name__} takes a list of at least two inputs")
+
+
 class Embedding(Layer):
     """Rows of an ``(input_dim, output_dim)`` table selected by integer ids.
 
@@ -544,7 +587,7 @@ class BatchNormalization(Layer):
 
 
 _LAYERS = {cls.__name__: cls for cls in (Dense, Conv2D, MaxPool2D, Flatten, Dropout, LayerNormalization,
-                                          BatchNormalization, Embedding, ReLU, Activation)}
+                                          BatchNormalization, Embedding, ReLU, Activation, Add, Concatenate)}
 
 
 def get_layer_class(name: str) -> type[Layer]:

@@ -34,7 +34,7 @@ from graphdist.distribute.strategy import get_strategy
 from graphdist.distribute.variables import Variable
 from graphdist.errors import InvalidArgumentError
 from graphdist.keras import callbacks as callbacks_lib
-from graphdist.keras import initializers
+from graphdist.keras import functional, initializers
 from graphdist.keras import losses as losses_lib
 from graphdist.keras import metrics as metrics_lib
 from graphdist.keras.data_adapter import make_source
@@ -42,7 +42,7 @@ from graphdist.keras.layers import Layer, get_layer_class
 from graphdist.keras.progress import Progress
 from graphdist.keras.training import Engine, NotCompiledError, check_strategy
 
-__all__ = ["Model", "Sequential"]
+__all__ = ["Model", "Sequential", "FunctionalModel"]
 
 _OPTIMIZERS = {"sgd": optimizers_lib.SGD, "adam": optimizers_lib.Adam}
 
@@ -66,6 +66,11 @@ class Model(Layer):
         name: Model name (default: the class name in snake case, made unique).
         **kwargs: :class:`~graphdist.keras.layers.Layer` arguments.
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Model:
+        if cls is Model and ("inputs" in kwargs or "outputs" in kwargs or len(args) >= 2):
+            return object.__new__(FunctionalModel)  # Model(inputs, outputs): the functional form
+        return object.__new__(cls)
 
     def __init__(self, name: str | None = None, **kwargs: Any) -> None:
         object.__setattr__(self, "_layers", [])
@@ -394,6 +399,32 @@ def _agreed_seed(strategy: Any, seed: int) -> int:
     if communicator is None:
         return seed
     return int(communicator.broadcast(np.array(seed, np.int64), root=0, name="fit shuffle seed"))
+
+
+class FunctionalModel(Model):
+    """A model given by its inputs and outputs (``gd.keras.Model(inputs=..., outputs=...)``).
+
+    Args:
+        inputs: A ``gd.keras.Input`` (or a list of them).
+        outputs: KerasTensors computed from ``inputs`` by calling layers.
+        name: Model name.
+    """
+
+    def __init__(self, inputs: Any, outputs: Any, name: str | None = None) -> None:
+        super().__init__(name=name)
+        self._inputs_spec, self._outputs_spec = inputs, outputs
+        self._order = functional.Functional.plan(inputs, outputs)
+        for tensor in self._order:
+            if all(tensor.layer is not known for known in self._layers):
+                self._layers.append(tensor.layer)
+        first_input = nest.flatten(inputs, is_leaf=lambda v: isinstance(v, functional.KerasTensor))[0][0]
+        self._build_input_shape = first_input.shape
+        first_output = nest.flatten(outputs, is_leaf=lambda v: isinstance(v, functional.KerasTensor))[0][0]
+        self._output_shape = (1, *first_output.shape[1:])
+        self.built = True
+
+    def call(self, inputs: Any, training: bool = False) -> Any:
+        return functional.Functional.run(self._inputs_spec, self._outputs_spec, self._order, inputs, training)
 
 
 class Sequential(Model):

@@ -170,3 +170,28 @@ def test_frozen_layers_keep_their_weights() -> None:
     model.fit(np.ones((8, 3)), np.zeros((8, 1)), epochs=1, verbose=0)
     np.testing.assert_array_equal(model.layers[0].kernel.numpy(), frozen)
     assert not np.array_equal(model.layers[1].kernel.numpy(), head)
+
+
+def test_functional_model_with_a_skip_connection_trains_alike_under_mirrored() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((40, 6)).astype(np.float32)
+    y = (x[:, :2].sum(axis=1) > 0).astype(np.int64)
+    weights = []
+    for strategy in (gd.OneDeviceStrategy("cpu:0"), gd.MirroredStrategy(["cpu:0", "cpu:1"])):
+        keras.utils.set_random_seed(2)
+        with strategy.scope():
+            inputs = keras.Input(shape=(6,))
+            hidden = L.Dense(8, activation="relu")(inputs)
+            skip = L.Dense(8)(inputs)
+            merged = L.Concatenate()([L.Add()([hidden, skip]), inputs])
+            model = keras.Model(inputs=inputs, outputs=L.Dense(2)(merged))
+        assert isinstance(model, keras.Model) and len(model.layers) == 5 and len(model.trainable_variables) == 6
+        model.compile(optimizer="adam", metrics=["accuracy"],
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0)
+        weights.append(model.get_weights())
+        np.testing.assert_allclose(model.predict(x), np.asarray(model(x)), rtol=1e-5, atol=1e-6)
+    for got, want in zip(*weights):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    with pytest.raises(gd.InvalidArgumentError, match="not in inputs"):
+        keras.Model(inputs=keras.Input((3,)), outputs=L.Dense(1)(keras.Input((3,))))
