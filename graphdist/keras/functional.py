@@ -80,7 +80,9 @@ def symbolic_call(layer: Any, inputs: Any) -> KerasTensor:
 
 
 class Functional:
-    """Mixin body of a functional model (see :func:`graphdist.keras.models.Model` with ``inputs``/``outputs``)."""
+    """Ordering and replaying the recorded layer calls of a functional model
+    (:class:`graphdist.keras.models.FunctionalModel`).
+    """
 
     @staticmethod
     def plan(inputs: Any, outputs: Any) -> list[KerasTensor]:
