@@ -20,8 +20,9 @@ server (:class:`graphdist.runtime.ps_server.Server`, started by
   ``MirroredStrategy`` (the optimizer all-reduces their gradients and one
   update per worker is pushed); ``num_replicas_in_sync`` is the number of
   local replicas. Ops that run once per step (the optimizer's
-  ``iterations``, the global step) run once per worker step, on its first
-  replica: the ps's step count is the total over all workers.
+  ``iterations``, the global step) run once per worker step (their update
+  is pushed once, from the worker's first device): the ps's step count is
+  the total over all workers.
 * **Data**: each worker iterates its own input (shard it by worker with
   ``dataset.shard(num_workers, worker_index)`` for disjoint data;
   :meth:`ParameterServerStrategy.worker_index` / ``num_workers``).
