@@ -19,7 +19,9 @@ round counts only when processes other than the two ranks used at most
 machine), up to four times the rounds asked for.
 **ratio = baseline time / variant time** per round (median over rounds);
 1.0 means graphdist costs what raw MPI costs. Goal: at least
-:data:`GOAL` (within 1.1x) from :data:`LARGE_BYTES` up.
+:data:`GOAL` (within 1.1x) from :data:`LARGE_BYTES` up, for the
+``graphdist`` variant (the same call as the baseline); the others are
+reported alongside.
 
     python -m benchmarks.bench_mpi_allreduce [--rounds N] [--quick] [--write]
 """
@@ -55,6 +57,8 @@ LARGE_BYTES = 4 << 20
 BLOCK_S = 0.05
 _BASE = "mpi4py Allreduce"
 _VARIANTS = (_BASE, "graphdist", "graphdist, new output", "graphdist ring")
+#: The variant the goal applies to: the same call as the baseline (result into a preallocated buffer).
+_GOAL_VARIANT = "graphdist"
 
 
 def _label(size: int) -> str:
@@ -164,8 +168,7 @@ def run(rounds: int | None = None, quick: bool = False, sizes: Sequence[int] = S
                    "--sizes", ",".join(str(s) for s in sizes)]
         subprocess.run(command, check=True, timeout=1800)
         cases = json.loads(out.read_text())
-    large = [(ratio, _label(c["size"]), name) for c in cases if c["size"] >= LARGE_BYTES
-             for name, ratio in c["ratio"].items() if name != "graphdist ring"]
+    large = [(c["ratio"][_GOAL_VARIANT], _label(c["size"]), _GOAL_VARIANT) for c in cases if c["size"] >= LARGE_BYTES]
     worst = min(large) if large else None
     return {"name": NAME, "goal": GOAL, "goal_met": worst is None or worst[0] >= GOAL, "worst": worst,
             "machine": info, "rounds": rounds, "cases": cases}
@@ -206,7 +209,8 @@ of the CPUs; "other CPU" is the median share they used in the kept rounds); 1.0 
 graphdist's call includes the fingerprint all-reduce that detects mismatched collectives and the
 non-blocking request polled against the timeout. "new output" allocates the result (as the
 scheduler calls it); "ring" is reduce-scatter + all-gather. Goal: ratio >= 1/1.1 from
-{_label(LARGE_BYTES)} (graphdist and new output): **{verdict}** (worst {ratio:.3f}, {name}, {label}).
+{_label(LARGE_BYTES)} for "graphdist" (the same call as the baseline): **{verdict}**
+(worst {ratio:.3f}, {name}, {label}).
 
 {chr(10).join(rows)}
 
