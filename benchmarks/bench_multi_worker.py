@@ -36,7 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import machine_info, median, update_section
+from benchmarks import machine_info, median
+from benchmarks.bench_mpi_allreduce import write_section
 from benchmarks.quiet import CpuMeter, loadavg, wait_quiet
 
 __all__ = ["NAME", "SETUPS", "run", "table", "markdown", "main"]
@@ -151,7 +152,8 @@ processes started by `graphdist launch --workers 2` (one device and one equal sh
 each; every step all-reduces the gradients, 2.1 MB, through MPI), and `MirroredStrategy` on two
 logical devices of one process for reference. Median of {results['repeats']} alternating runs of
 {results['steps']} timed steps each (median block); speed-up = 1-worker step time / step time.
-Load average before/after: {results['loadavg'][0]} / {results['loadavg'][1]}.
+Measured {results['machine']['date']}; load average before/after: {results['loadavg'][0]} /
+{results['loadavg'][1]}.
 
 {chr(10).join(rows)}
 
@@ -181,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = run(args.repeats, args.quick)
     print(table(results))
     if args.write:
-        update_section(NAME, markdown(results), info=results["machine"])
+        write_section(NAME, markdown(results))
     return 0
 
 
