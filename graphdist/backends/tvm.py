@@ -421,26 +421,32 @@ class TvmExecutable:
 
     def _feed(self, name: str, feeds: dict[str, np.ndarray]) -> np.ndarray:
         if name not in feeds:
-            expected = ", ".join(f"{n}: {d}{list(s)}" for n, (d, s) in self.input_types.items())
+            expected = ", ".join(f"{n}: {d}{_dims(s)}" for n, (d, s) in self.input_types.items())
             raise BackendError(f"segment {self.name!r} on {self.device}: missing feed {name!r}. "
                                f"Inputs expected: {expected}.")
         value = np.asarray(feeds[name])
         dtype, shape = self.input_types[name]
-        if value.dtype != dtype or tuple(value.shape) != shape:
+        if value.dtype != dtype or len(value.shape) != len(shape) or any(
+                want is not None and got != want for got, want in zip(value.shape, shape)):
             raise BackendError(
                 f"segment {self.name!r} on {self.device}: feed {name!r} is {value.dtype}{list(value.shape)}, "
-                f"expected {dtype}{list(shape)}; pass an array of that dtype and shape"
+                f"expected {dtype}{_dims(shape)}; pass an array of that dtype and shape"
             )
         # Not np.ascontiguousarray: it turns 0-d arrays into shape (1,).
         return value if value.flags.c_contiguous else value.copy(order="C")
 
 
-def _value_type(value: Any) -> tuple[np.dtype, tuple[int, ...]]:
+def _value_type(value: Any) -> tuple[np.dtype, tuple[int | None, ...]]:
+    """The dtype and shape of a graph input; symbolic dimensions are ``None``."""
     from onnx.helper import tensor_dtype_to_np_dtype
 
     tensor = value.type.tensor_type
-    shape = tuple(int(d.dim_value) for d in tensor.shape.dim)
+    shape = tuple(int(d.dim_value) if d.HasField("dim_value") else None for d in tensor.shape.dim)
     return np.dtype(tensor_dtype_to_np_dtype(tensor.elem_type)), shape
+
+
+def _dims(shape: tuple[int | None, ...]) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
 class TvmBackend:

@@ -45,8 +45,8 @@ def prepare_for_tvm(model: Any) -> Any:
     prepared = onnx.ModelProto()
     prepared.CopyFrom(prepare_model(model))
     graph = prepared.graph
-    types = _value_types(prepared)
-    rewriter = _Rewriter(graph, types)
+    types, ranks = _value_types(prepared)
+    rewriter = _Rewriter(graph, types, ranks)
     nodes = []
     for node in graph.node:
         nodes.extend(rewriter.rewrite(node))
@@ -55,8 +55,8 @@ def prepare_for_tvm(model: Any) -> Any:
     return prepared
 
 
-def _value_types(model: Any) -> dict[str, int]:
-    """Element type of every value ONNX shape inference can type."""
+def _value_types(model: Any) -> tuple[dict[str, int], dict[str, int]]:
+    """Element type and rank of every value ONNX shape inference can type."""
     import onnx
 
     try:
@@ -65,18 +65,23 @@ def _value_types(model: Any) -> dict[str, int]:
         inferred = model
     graph = inferred.graph
     types = {init.name: init.data_type for init in graph.initializer}
+    ranks = {init.name: len(init.dims) for init in graph.initializer}
     for value in [*graph.input, *graph.value_info, *graph.output]:
-        if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type:
-            types[value.name] = value.type.tensor_type.elem_type
-    return types
+        tensor = value.type.tensor_type
+        if value.type.HasField("tensor_type") and tensor.elem_type:
+            types[value.name] = tensor.elem_type
+            if tensor.HasField("shape"):
+                ranks[value.name] = len(tensor.shape.dim)
+    return types, ranks
 
 
 class _Rewriter:
     """Rewrites one node at a time into the node list TVM gets."""
 
-    def __init__(self, graph: Any, types: dict[str, int]) -> None:
+    def __init__(self, graph: Any, types: dict[str, int], ranks: dict[str, int]) -> None:
         self.graph = graph
         self.types = types
+        self.ranks = ranks
         self.producers = {out: node for node in graph.node for out in node.output}
         self.constants = {init.name: init for init in graph.initializer}
         self.counter = 0
@@ -102,8 +107,10 @@ class _Rewriter:
     def _matmul(self, node: Any) -> list[Any] | None:
         from onnx import helper
 
+        if len(node.input) != 2 or any(self.ranks.get(name) != 2 for name in node.input):
+            return None
         sources = [self._transposed_source(name) for name in node.input]
-        if len(node.input) != 2 or not any(sources):
+        if not any(sources):
             return None
         a = "ki" if sources[0] else "ik"
         b = "jk" if sources[1] else "kj"

@@ -19,8 +19,9 @@ rules the model zoo needs, in dlight's :class:`ScheduleRule` form, applied by
   panels when its rows are not already contiguous along ``j`` (a transposed
   weight in the backward pass); otherwise it is read in place.
 * :class:`CPUElementwise`: spatial-only functions (elementwise chains,
-  transposes, broadcasts): producers inlined, loops fused, split into a
-  parallel outer and a vectorized inner loop.
+  transposes, broadcasts): single-consumer producers inlined, loops fused,
+  split into a parallel outer and a vectorized inner loop (blocks of booleans
+  stay scalar: LLVM rejects TVM's vectorized ``i1`` logic).
 * dlight's CPU ``Reduction`` and ``GEMV`` rules for the rest (softmax sums,
   bias gradients). Every rule is wrapped by :class:`SafeRule`, so a rule
   that rejects a function by raising (dlight's GEMV asserts on some shapes)
@@ -233,10 +234,12 @@ class CPUElementwise:
 
     Args:
         parallel_min: Fewest elements worth a parallel loop (thread start-up costs ~ microseconds).
+        max_inline_blocks: Functions with more blocks are not inlined (compile time).
     """
 
-    def __init__(self, parallel_min: int = 16384) -> None:
+    def __init__(self, parallel_min: int = 16384, max_inline_blocks: int = 24) -> None:
         self.parallel_min = parallel_min
+        self.max_inline_blocks = max_inline_blocks
 
     def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
         m = _mods()
@@ -247,7 +250,13 @@ class CPUElementwise:
         blocks = sch.get_child_blocks(m["get_root_block"](sch))
         if not blocks or any(iv.iter_type != spatial for b in blocks for iv in sch.get(b).iter_vars):
             return None
-        for block in blocks[:-1]:
+        # Big fused functions (the unrolled taps of a pooling gradient: 70+ blocks) are left as loop nests:
+        # each compute_inline re-analyses the whole function, and compiling them took ~3x longer.
+        for block in blocks[:-1] if len(blocks) <= self.max_inline_blocks else []:
+            # Only single-consumer blocks: inlining a value used k times copies its expression k times,
+            # and chains of such copies grow exponentially (a max-pool gradient took 54 s to compile).
+            if len(sch.get_consumers(block)) != 1:
+                continue
             try:
                 sch.compute_inline(block)
             except Exception:  # noqa: BLE001 - blocks that cannot be inlined get their own loops
@@ -272,7 +281,9 @@ class CPUElementwise:
         outer, inner = sch.split(fused, [None, lanes])
         if extent >= self.parallel_min:
             sch.parallel(outer)
-        sch.vectorize(inner)
+        if not _touches_bool(sch.get(block)):
+            # LLVM rejects TVM's vectorized i1 logic (`and <16 x i8>, <16 x i1>`): bool blocks stay scalar.
+            sch.vectorize(inner)
 
 
 class CPUOuterReduction:
@@ -313,6 +324,10 @@ class CPUOuterReduction:
         init = sch.decompose_reduction(block, reduce[0])
         _vectorize_innermost(sch, init, lanes)
         return sch
+
+
+def _touches_bool(block: Any) -> bool:
+    return any(str(region.source.dtype) == "bool" for region in [*block.reads, *block.writes])
 
 
 def cpu_rules() -> list[Any]:

@@ -22,7 +22,13 @@ from graphdist.ir.ops import get_opdef, registered_ops
 from graphdist.trace.tensor import Tensor
 from graphdist.trace.tracer import current_trace
 
-BACKENDS = ("reference", "ort")
+BACKENDS = ("reference", "ort", "tvm")
+#: Sliding-window gradients are large unrolled graphs: TVM compiles each in 1-12 s, so it checks a
+#: representative set (every op and padding style once) and the other backends check them all.
+WINDOW_BACKENDS = ("reference", "ort")
+TVM_WINDOW_CASES = {"avg_pool_nchw_3x3_stride1_same", "conv_nhwc_groups2_same_bias",
+                    "conv_nchw_dilation2_valid_stride2", "max_pool_nchw_3x3_stride1_same",
+                    "max_pool_nchw_2x3_strides_1x2", "conv_explicit_asymmetric_pads"}
 EPS = 1e-6
 
 
@@ -345,7 +351,8 @@ ORT_ONLY = {"max_pool_nhwc_2x2_stride1_same"}
 @pytest.mark.parametrize("name", sorted(WINDOW_CASES))
 def test_window_op_gradient_float32(name: str) -> None:
     fn, args = WINDOW_CASES[name]
-    check_f32(fn, *args, backends=("ort",) if name in ORT_ONLY else BACKENDS)
+    backends = ("ort",) if name in ORT_ONLY else WINDOW_BACKENDS
+    check_f32(fn, *args, backends=backends + (("tvm",) if name in TVM_WINDOW_CASES else ()))
 
 
 _ONNX_EVALUATORS: dict[Any, Any] = {}
@@ -422,7 +429,7 @@ def test_raw_window_op_gradient_float32(name: str) -> None:
     np.testing.assert_allclose(forward, fn(*args), rtol=1e-5, atol=1e-5)
     # (The gradient graph of the grouped ConvTranspose has no grouped ConvTranspose left, so
     # onnx.reference runs it.)
-    check_f32(fn, *args)
+    check_f32(fn, *args, backends=WINDOW_BACKENDS)
 
 
 @pytest.mark.parametrize("attrs", [
@@ -605,3 +612,7 @@ def test_stop_gradient_blocks_the_gradient_and_round_trips_through_onnx() -> Non
     model = traced.to_onnx()
     assert [n.op_type for n in model.graph.node][0] == "Identity"  # runnable by any ONNX runtime
     assert from_onnx(model).nodes[0].qualified_op == "graphdist.StopGradient"
+
+
+def test_tvm_window_cases_exist() -> None:
+    assert TVM_WINDOW_CASES <= set(WINDOW_CASES)
