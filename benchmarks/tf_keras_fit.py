@@ -18,10 +18,11 @@ Inputs (``--data``): an ``.npz`` with ``x``, ``y``, ``sizes``, ``batch``,
 
 * ``--check OUT.npz``: one epoch without shuffling from the initial weights;
   saves ``loss``, ``accuracy`` and ``w0, b0, ...``;
-* ``--serve``: each stdin line ``fit N`` runs ``model.fit`` for ``N`` epochs and
-  answers one JSON line ``{"us_per_call": microseconds per epoch}``; ``quit``
-  ends. The first line written is ``{"ready": true, ...}`` after a warm-up fit
-  (trace and compile).
+* ``--serve``: each stdin line ``fit N [SAMPLES]`` runs ``model.fit`` for ``N``
+  epochs (on the first ``SAMPLES`` rows; default all) and answers one JSON
+  line ``{"us_per_call": microseconds per epoch}``; ``quit`` ends. The first
+  line written is ``{"ready": true, ...}`` after a warm-up fit (trace and
+  compile).
 
 This file imports only TensorFlow, numpy and the standard library::
 
@@ -109,10 +110,11 @@ def main(argv=None):
         command = line.split()
         if not command or command[0] == "quit":
             break
-        if command[0] == "fit" and len(command) == 2:
+        if command[0] == "fit" and len(command) in (2, 3):
             epochs = int(command[1])
+            rows = int(command[2]) if len(command) == 3 else len(x)
             start = time.perf_counter_ns()
-            model.fit(x, y, batch_size=batch, epochs=epochs, shuffle=True, verbose=0)
+            model.fit(x[:rows], y[:rows], batch_size=batch, epochs=epochs, shuffle=True, verbose=0)
             print(json.dumps({"us_per_call": (time.perf_counter_ns() - start) / epochs / 1e3}), flush=True)
         else:
             print(json.dumps({"error": f"unknown command {line.strip()!r}"}), flush=True)
