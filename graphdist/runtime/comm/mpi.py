@@ -71,7 +71,7 @@ CROSS_WORKER_OPS = ("CrossWorkerAllReduce", "CrossWorkerAllGather")
 
 _PING, _PONG = 1, 2
 _DESCRIPTION_BYTES = 160
-_SPIN_SECONDS = 0.01  # busy-poll this long, then yield the core between polls
+_SPIN_SECONDS = 1e-4  # busy-poll this long, then yield the core between polls (a peer may share it)
 _SLEEP_AFTER_SECONDS = 1.0  # then sleep between polls (a long wait means a peer is computing)
 
 
