@@ -13,6 +13,8 @@ from graphdist.distribute.cluster import (
     TFConfigClusterResolver,
 )
 
+# TPUClusterResolver (graphdist/distribute/tpu.py) is re-exported here too.
+
 __all__ = [
     "ClusterResolver",
     "ClusterSpec",

@@ -112,6 +112,9 @@ class Server:
         """This server's address."""
         return self._spec.task_address("ps", self.task_index)
 
+    def start(self) -> None:
+        """Accepted for compatibility: the server answers requests inside :meth:`join`."""
+
     def join(self) -> None:
         """Serves requests until every worker has sent ``stop``.
 
