@@ -13,7 +13,7 @@ from graphdist.distribute.cluster import (
     TFConfigClusterResolver,
 )
 
-# TPUClusterResolver (graphdist/distribute/tpu.py) is re-exported here too.
+# TPUClusterResolver (graphdist/distribute/tpu.py) joins this namespace with TPUStrategy.
 
 __all__ = [
     "ClusterResolver",
