@@ -277,8 +277,22 @@ class BackupAndRestore(Callback):
             raise CheckpointError(f"BackupAndRestore: {state_path} is unreadable ({err}); delete {self.backup_dir} "
                                   "to start training from scratch") from err
         self._checkpoint().restore(self.backup_dir / self._CHECKPOINT)
+        self._check_slots = True
         self.model._resume_from(epoch + 1, state.get("history", {}), int(state["shuffle_seed"]))
         logger.info("BackupAndRestore: resumed from the end of epoch %d (%s)", epoch + 1, self.backup_dir)
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, float] | None = None) -> None:
+        if not getattr(self, "_check_slots", False):
+            return
+        self._check_slots = False
+        # Restored optimizer slots wait until the first step creates their slots; keys left over mean the
+        # slots were created under other variable names (e.g. a model rebuilt in the same process).
+        unused = sorted(getattr(self.model.optimizer, "_pending", {}))
+        if unused:
+            logger.warning("BackupAndRestore: optimizer state %s from %s matched no variable (the model's layers have "
+                           "other names than when it was saved; call gd.keras.backend.clear_session() before "
+                           "rebuilding the model in the same process); those slots restarted from zero",
+                           ", ".join(unused[:3]), self.backup_dir)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, float] | None = None) -> None:
         if not is_chief(self.model.distribute_strategy):

@@ -39,7 +39,8 @@ def _model(strategy: gd.Strategy) -> keras.Model:
 
 
 @pytest.mark.parametrize("strategy_name", ["one", "mirrored"])
-def test_backup_and_restore_resumes_a_killed_fit_to_the_uninterrupted_weights(tmp_path, strategy_name) -> None:
+def test_backup_and_restore_resumes_a_killed_fit_to_the_uninterrupted_weights(tmp_path, strategy_name,
+                                                                             caplog) -> None:
     def strategy() -> gd.Strategy:
         return gd.OneDeviceStrategy("cpu:0") if strategy_name == "one" else gd.MirroredStrategy(["cpu:0", "cpu:1"])
 
@@ -66,6 +67,7 @@ def test_backup_and_restore_resumes_a_killed_fit_to_the_uninterrupted_weights(tm
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(history.history["loss"], full.history["loss"], rtol=1e-5)
     assert not backup.exists()  # deleted once training completed
+    assert "matched no variable" not in caplog.text   # Adam's moments went back into their slots
 
 
 def test_without_backup_a_second_fit_continues_from_the_current_weights(tmp_path) -> None:
@@ -137,3 +139,21 @@ def test_only_the_chief_writes(tmp_path, monkeypatch) -> None:
     saver = keras.callbacks.ModelCheckpoint(str(tmp_path / "m.npz"), save_weights_only=True)
     model.fit(np.zeros((4, 64)), np.zeros(4, np.int64), epochs=1, verbose=0, callbacks=[saver])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_backup_restored_into_differently_named_layers_warns(tmp_path, caplog) -> None:
+    data = digits()
+    backup = tmp_path / "backup"
+    with pytest.raises(_KilledError):
+        _model(gd.OneDeviceStrategy("cpu:0")).fit(data.x_train[:64], data.y_train[:64], batch_size=32, epochs=2,
+                                                  verbose=0, callbacks=[keras.callbacks.BackupAndRestore(backup),
+                                                                        _KillAfter(0)])
+    keras.utils.set_random_seed(7)
+    with gd.OneDeviceStrategy("cpu:0").scope():   # no clear_session: the layers get new names
+        model = keras.Sequential([keras.layers.Dense(16, activation="relu", input_shape=(64,)),
+                                  keras.layers.Dense(10)])
+        model.compile(optimizer=gd.optimizers.Adam(0.01),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(data.x_train[:64], data.y_train[:64], batch_size=32, epochs=2, verbose=0,
+              callbacks=[keras.callbacks.BackupAndRestore(backup)])
+    assert "matched no variable" in caplog.text and "clear_session" in caplog.text
