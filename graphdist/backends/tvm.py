@@ -341,8 +341,12 @@ def _build_tuned(tvm: Any, mod: Any, target: Any, trials: int, name: str) -> Any
         fused = _cpu_passes(tvm)(mod)
     logger.info("tuning segment %r with MetaSchedule: %d trials (database %s)", name, trials, work_dir)
     start = time.perf_counter()
+    # A smaller population than MetaSchedule's default (512): on 2 cores the default spends minutes
+    # evolving candidates before the first measurement of a small budget.
+    search = ms.search_strategy.EvolutionarySearch(population_size=64, init_min_unmeasured=16, genetic_num_iters=2)
     database = ms.relax_integration.tune_relax(
         mod=fused, params={}, target=target, work_dir=str(work_dir), max_trials_global=trials,
+        num_trials_per_iter=min(64, trials), strategy=search,
     )
     logger.info("tuned segment %r in %.1f s", name, time.perf_counter() - start)
     stats.increment("tvm_tuning_runs")
@@ -497,23 +501,24 @@ class TvmBackend:
         built = build(model, device, threads=threads)
         stats.increment("compiles")
         logger.debug("built segment %r for %s in %.2f s", name, device, built.seconds)
-        library = built.executable
         if cache_dir is not None:
-            library = _store(built, cache_dir, name) or library
-        return TvmExecutable(library, model, device, threads)
+            _store(built, cache_dir, name)
+        return TvmExecutable(built.executable, model, device, threads)
 
 
-def _store(built: BuiltModule, directory: Path, name: str) -> Any:
-    """Exports ``built`` into the disk cache and returns the loaded library (``None`` on failure)."""
+def _store(built: BuiltModule, directory: Path, name: str) -> None:
+    """Exports ``built`` into the disk cache (a failure is logged: the compile goes on uncached).
+
+    The caller keeps running the in-memory module: loading the file just written would be
+    redundant, and the dynamic loader returns an already opened library for a path it has seen.
+    """
     path = directory / MODULE_FILE
     try:
         built.export(path)
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
         atomic_write_bytes(path.with_name(path.name + _CHECKSUM_SUFFIX), digest.encode())
-        return _tvm().runtime.load_module(str(path))
     except (OSError, BackendError) as err:
         logger.warning("cannot write the TVM disk cache for segment %r in %s: %s", name, directory, err)
-        return None
 
 
 def _load_cached(directory: Path, name: str) -> Any:

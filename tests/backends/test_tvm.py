@@ -1,0 +1,247 @@
+"""The tvm backend: models against numpy/ONNX Runtime, training equivalence under Mirrored,
+the disk cache across processes, CUDA code generation without a GPU, MetaSchedule tuning,
+and its errors. (Every traced numpy op and gradient rule also runs on tvm in tests/trace.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import graphdist as gd
+from graphdist import stats
+from graphdist.backends import CompileCache, get_backend
+from graphdist.backends.tvm import MODULE_FILE, TvmBackend, build, tune_trials
+from graphdist.backends.tvm_onnx import prepare_for_tvm
+from graphdist.runtime.devices import Device, num_gpus
+from models.convnet import ConvNet
+from models.mlp import MLP
+from models.transformer import TransformerBlock
+
+REPO = Path(__file__).resolve().parents[2]
+RNG = np.random.default_rng(5)
+CPU0 = Device("cpu", 0)
+
+
+def dense_model(rows: int = 6, inner: int = 40, cols: int = 24) -> tuple[onnx.ModelProto, np.ndarray, np.ndarray]:
+    """relu(x @ W + b) with W and b as initializers; returns the model, W and b."""
+    w = RNG.standard_normal((inner, cols)).astype(np.float32)
+    b = RNG.standard_normal(cols).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["m"]), helper.make_node("Add", ["m", "b"], ["a"]),
+         helper.make_node("Relu", ["a"], ["y"])],
+        "dense", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, inner])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, cols])],
+        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    return model, w, b
+
+
+def test_targets() -> None:
+    backend = TvmBackend()
+    assert [backend.target(d) for d in ("cpu:0", "cpu:3", "tpu:2", "cuda:1")] == ["llvm", "llvm", "tpu", "cuda:1"]
+    assert backend.version.startswith("tvm-0.27")
+    assert get_backend("tvm").name == "tvm"
+
+
+@pytest.mark.parametrize("shape", [(256, 784, 512), (7, 33, 10), (64, 16, 130)])
+def test_matmul_schedule_matches_numpy_on_awkward_shapes(shape: tuple[int, int, int]) -> None:
+    """The register-tiled matmul pads to its tile: sizes that are not multiples of it stay exact."""
+    rows, inner, cols = shape
+    model, w, b = dense_model(rows, inner, cols)
+    x = RNG.standard_normal((rows, inner)).astype(np.float32)
+    (y,) = TvmBackend().compile(model, CPU0).run({"x": x})
+    np.testing.assert_allclose(y, np.maximum(x @ w + b, 0), rtol=1e-4, atol=1e-4)
+
+
+def test_transposed_matmuls_become_einsum_and_stay_exact() -> None:
+    a = RNG.standard_normal((12, 9)).astype(np.float32)
+    b = RNG.standard_normal((12, 20)).astype(np.float32)
+    c = RNG.standard_normal((9, 20)).astype(np.float32)
+    fn = gd.function(lambda a, b, c: (a.T @ b, b @ c.T @ c), backend="tvm")
+    model = fn.get_concrete_function(a, b, c).plan.segments[0].model
+    ops = [n.op_type for n in prepare_for_tvm(model).graph.node]
+    assert ops.count("Einsum") == 2 and "MatMul" in ops  # two transposed operands folded, one plain matmul left
+    got = fn(a, b, c)
+    np.testing.assert_allclose(got[0], a.T @ b, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got[1], b @ c.T @ c, rtol=1e-4, atol=1e-3)
+
+
+def test_nan_propagation_rewrite_skips_nan_free_constants() -> None:
+    fn = gd.function(lambda x: np.maximum(x, 0.0), backend="tvm")
+    x = np.array([[1.0, np.nan, -2.0]], np.float32)
+    model = fn.get_concrete_function(x).plan.segments[0].model
+    ops = [n.op_type for n in prepare_for_tvm(model).graph.node]
+    assert ops.count("IsNaN") == 1  # only the traced input can be NaN, not the constant 0
+    np.testing.assert_array_equal(fn(x), np.maximum(x, 0.0))
+
+
+MODELS = {
+    "mlp": (lambda: MLP((64, 32, 10), seed=0, trainable=True), lambda n: (
+        np.random.default_rng(0).standard_normal((n, 64)).astype(np.float32),
+        np.random.default_rng(1).integers(0, 10, n))),
+    "convnet": (lambda: ConvNet(seed=0), lambda n: ConvNet.example_data(n=n)),
+    "transformer": (lambda: TransformerBlock(seed=0), lambda n: TransformerBlock.example_data(n=n)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_model_forward_matches_ort(name: str) -> None:
+    make, data = MODELS[name]
+    model = make()
+    x, _ = data(16)
+    expected = gd.function(model.forward, backend="ort")(x)
+    got = gd.function(model.forward, backend="tvm")(x)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    if hasattr(model, "reference_forward"):
+        np.testing.assert_allclose(got, model.reference_forward(x), rtol=1e-4, atol=1e-5)
+
+
+def _train(strategy: gd.Strategy, name: str, steps: int = 3, batch: int = 16) -> list[np.ndarray]:
+    make, data = MODELS[name]
+    with strategy.scope():
+        model = make()
+        optimizer = gd.optimizers.SGD(0.05, momentum=0.9)
+    step = model.make_train_step(optimizer, batch) if name != "mlp" else model.make_train_step(optimizer)
+    x_all, y_all = data(batch * steps)
+    dataset = gd.data.Dataset.from_tensor_slices((x_all, y_all)).batch(batch)
+    for x, y in strategy.experimental_distribute_dataset(dataset):
+        strategy.run(step, args=(x, y))
+    return [v.numpy() for v in model.trainable_variables]
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_mirrored_training_on_tvm_equals_one_device(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The multi-device oracle with every segment compiled by TVM: Mirrored(2) == OneDevice, and both
+    equal the same training on ONNX Runtime."""
+    monkeypatch.setenv("GRAPHDIST_BACKEND", "ort")
+    ort_one = _train(gd.OneDeviceStrategy("cpu:0"), name)
+    monkeypatch.setenv("GRAPHDIST_BACKEND", "tvm")
+    before = stats.snapshot()
+    one = _train(gd.OneDeviceStrategy("cpu:0"), name)
+    mirrored = _train(gd.MirroredStrategy(["cpu:0", "cpu:1"]), name)
+    assert stats.delta(before)["compiles"] > 0  # really compiled by TVM, not served by ORT
+    for got, want, ort in zip(mirrored, one, ort_one):
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
+        np.testing.assert_allclose(want, ort, rtol=2e-4, atol=2e-5)
+
+
+CHILD = """
+import json, sys
+import numpy as np
+import onnx
+from graphdist import stats
+from graphdist.backends import default_cache, get_backend
+from graphdist.runtime.devices import parse_device
+
+model = onnx.load(sys.argv[1])
+exe = default_cache().get_or_compile(get_backend("tvm"), model, parse_device("cpu:0"), threads=1)
+np.save(sys.argv[3], exe.run({"x": np.load(sys.argv[2])})[0])
+print(json.dumps(stats.snapshot()))
+"""
+
+
+def _run_child(tmp_path: Path, tag: str) -> tuple[dict[str, int], np.ndarray]:
+    env = dict(os.environ, GRAPHDIST_CACHE_DIR=str(tmp_path / "cache"))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
+    out = tmp_path / f"{tag}.npy"
+    done = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "m.onnx"), str(tmp_path / "x.npy"), str(out)],
+                          check=False, env=env, cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1]), np.load(out)
+
+
+def test_second_process_loads_the_compiled_module(tmp_path: Path) -> None:
+    model, w, b = dense_model()
+    onnx.save(model, tmp_path / "m.onnx")
+    x = RNG.standard_normal((6, 40)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    first, y1 = _run_child(tmp_path, "first")
+    assert (first["compiles"], first["disk_cache_hits"]) == (1, 0)
+    assert list((tmp_path / "cache" / "tvm").glob(f"*/{MODULE_FILE}"))
+    second, y2 = _run_child(tmp_path, "second")
+    assert (second["compiles"], second["disk_cache_hits"]) == (0, 1)
+    np.testing.assert_allclose(y1, np.maximum(x @ w + b, 0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(y1, y2)
+
+
+def test_corrupt_cached_module_is_rebuilt(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    model, w, b = dense_model()
+    CompileCache(tmp_path).get_or_compile(TvmBackend(), model, CPU0)
+    (library,) = tmp_path.glob(f"tvm/*/{MODULE_FILE}")
+    damaged = library.with_suffix(".damaged")
+    damaged.write_bytes(library.read_bytes()[:100])
+    damaged.replace(library)  # a new file: never rewrite a shared library some process may have mapped
+    before = stats.snapshot()
+    exe = CompileCache(tmp_path).get_or_compile(TvmBackend(), model, CPU0)
+    assert stats.delta(before)["compiles"] == 1
+    assert "corrupt" in caplog.text
+    x = RNG.standard_normal((6, 40)).astype(np.float32)
+    np.testing.assert_allclose(exe.run({"x": x})[0], np.maximum(x @ w + b, 0), rtol=1e-5, atol=1e-5)
+
+
+def test_cuda_code_is_generated_and_exported_without_a_gpu(tmp_path: Path) -> None:
+    model, _, _ = dense_model(64, 128, 32)
+    built = build(model, "cuda:0", cuda_arch="sm_80")
+    assert built.kind == "cuda" and built.target.kind.name == "cuda"
+    path = built.export(tmp_path / "dense_cuda.so")
+    assert path.stat().st_size > 0
+    source = "\n".join(m.inspect_source() for m in _modules(built.executable.mod) if m.kind == "cuda")
+    assert "__global__" in source  # real CUDA kernels, compiled for sm_80
+    if num_gpus() == 0:
+        with pytest.raises(gd.DeviceError, match="no GPU"):
+            TvmBackend().compile(model, "cuda:0")
+
+
+def _modules(module):
+    yield module
+    for imported in module.imports:
+        yield from _modules(imported)
+
+
+def test_feed_errors_name_the_input() -> None:
+    model, _, _ = dense_model()
+    exe = TvmBackend().compile(model, CPU0)
+    with pytest.raises(gd.BackendError, match="missing feed 'x'"):
+        exe.run({})
+    with pytest.raises(gd.BackendError, match=r"feed 'x' is float64\[6, 40\], expected float32\[6, 40\]"):
+        exe.run({"x": np.zeros((6, 40))})
+
+
+def test_unconvertible_op_is_a_backend_error() -> None:
+    graph = helper.make_graph([helper.make_node("Det", ["x"], ["y"])], "det",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(gd.BackendError, match="segment 'det'"):
+        build(model)
+
+
+def test_tune_budget_must_be_an_integer(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GRAPHDIST_TVM_TUNE", "lots")
+    with pytest.raises(gd.BackendError, match="GRAPHDIST_TVM_TUNE='lots'"):
+        tune_trials()
+    monkeypatch.setenv("GRAPHDIST_TVM_TUNE", "8")
+    assert tune_trials() == 8 and TvmBackend().version.endswith("-tuned8")
+
+
+@pytest.mark.slow
+def test_metaschedule_tuning_persists_its_database(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GRAPHDIST_CACHE_DIR", str(tmp_path))
+    model, w, b = dense_model(32, 64, 48)
+    built = build(model, tune=2)  # MetaSchedule's builder/runner pools take most of the time on 2 cores
+    assert built.tuned_trials == 2
+    records = list((tmp_path / "tvm-tuning").glob("*.json"))
+    assert records and any(p.stat().st_size > 0 for p in records)
+    vm = __import__("tvm").relax.VirtualMachine(built.executable, __import__("tvm").cpu())
+    x = RNG.standard_normal((32, 64)).astype(np.float32)
+    y = vm["main"](__import__("tvm").runtime.tensor(x)).numpy()
+    np.testing.assert_allclose(y, np.maximum(x @ w + b, 0), rtol=1e-4, atol=1e-4)
