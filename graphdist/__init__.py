@@ -1,5 +1,5 @@
 """graphdist: the tf.distribute programming model for numpy-style Python,
-compiled through ONNX (ONNX Runtime, onnx.reference; TVM to come).
+compiled through ONNX (ONNX Runtime, Apache TVM, onnx.reference).
 
     import numpy as np
     import graphdist as gd
@@ -12,10 +12,12 @@ from graphdist import (
     cluster_resolver,
     config,
     data,
+    experimental,
     keras,
     nest,
     optimizers,
     stats,
+    tpu,
     train,
 )
 from graphdist.compile import ConcreteFunction, Function, LoadedPlan, Plan, function, load_plan
@@ -52,6 +54,7 @@ from graphdist.distribute.parameter_server import (
     MinSizePartitioner,
     ParameterServerStrategy,
 )
+from graphdist.distribute.tpu import TPUStrategy
 from graphdist.distribute.variables import MirroredVariable, Variable
 from graphdist.errors import (
     AxisError,
@@ -76,6 +79,8 @@ __version__ = "0.1.0"
 __all__ = [
     "__version__",
     "config",
+    "experimental",
+    "tpu",
     "nest",
     "stats",
     "function",
@@ -107,6 +112,7 @@ __all__ = [
     "StrategyExtended",
     "OneDeviceStrategy",
     "MirroredStrategy",
+    "TPUStrategy",
     "CentralStorageStrategy",
     "MultiWorkerMirroredStrategy",
     "CommunicationImplementation",

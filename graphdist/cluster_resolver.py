@@ -2,7 +2,8 @@
 
 ``TFConfigClusterResolver`` (``GRAPHDIST_CONFIG`` / ``TF_CONFIG``),
 ``SimpleClusterResolver``, ``MPIClusterResolver`` and ``ClusterSpec`` (see
-:mod:`graphdist.distribute.cluster`).
+:mod:`graphdist.distribute.cluster`); ``TPUClusterResolver`` (TPU-like cores,
+see :mod:`graphdist.distribute.tpu`).
 """
 
 from graphdist.distribute.cluster import (
@@ -12,8 +13,7 @@ from graphdist.distribute.cluster import (
     SimpleClusterResolver,
     TFConfigClusterResolver,
 )
-
-# TPUClusterResolver (graphdist/distribute/tpu.py) joins this namespace with TPUStrategy.
+from graphdist.distribute.tpu import TPUClusterResolver
 
 __all__ = [
     "ClusterResolver",
@@ -21,4 +21,5 @@ __all__ = [
     "TFConfigClusterResolver",
     "SimpleClusterResolver",
     "MPIClusterResolver",
+    "TPUClusterResolver",
 ]

@@ -239,7 +239,7 @@ class Function:
         ctx = PassContext(devices=tuple(strategy.extended.worker_devices))
         rewritten = PassManager(strategy.pipeline()).run(traced.copy(), ctx).graph
         partitioned = PassManager([PartitionPass()]).run(rewritten.copy(), ctx).graph
-        plan = Plan.from_graph(partitioned).compile(get_backend(self._backend))
+        plan = Plan.from_graph(partitioned).compile(get_backend(self._backend or strategy._preferred_backend()))
         graphs = {"traced": traced, "rewritten": rewritten, "partitioned": partitioned}
         concrete = ConcreteFunction(self._name, graphs, plan, strategy, input_names, output_spec)
         concrete._signature = key

@@ -140,6 +140,12 @@ class Strategy:
         variable._strategy = self
         variable._device = str(self._parameter_devices()[0])
 
+    def _preferred_backend(self) -> str | None:
+        """Backend this strategy's steps compile with when ``gd.function`` names none (``None``: the
+        default, ``$GRAPHDIST_BACKEND`` or ``"ort"``). TPU-like cores need ``"tvm"``.
+        """
+        return None
+
     def pipeline(self) -> list[Any]:
         """The passes that rewrite a traced step for this strategy."""
         raise NotImplementedError(f"{type(self).__name__} does not define a pass pipeline")

@@ -2,6 +2,7 @@
 
 from graphdist.ir import (
     gradients,  # noqa: F401,E402 - attaches gradient rules to the OpDefs
+    placement_ops,  # noqa: F401,E402 - registers TPUStrategy's logical-device annotations
     state_ops,  # noqa: F401,E402 - registers AssignVariable and Gradient
 )
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Node, Value
