@@ -220,3 +220,25 @@ def test_global_batches_smaller_than_the_replica_count_leave_a_replica_empty(nam
         weights[key] = model.get_weights()
     for got, want in zip(weights[name], weights["one"]):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_fit_under_tpu_strategy_equals_one_device() -> None:
+    if not hasattr(gd, "TPUStrategy"):
+        pytest.skip("TPUStrategy is not part of this build yet")
+    strategy = gd.TPUStrategy(gd.cluster_resolver.TPUClusterResolver(tpu="local[2]"))
+    x = np.random.default_rng(0).standard_normal((40, 4)).astype(np.float32)
+    y = x.sum(axis=1, keepdims=True)
+    results = []
+    for current in (gd.OneDeviceStrategy("cpu:0"), strategy):
+        keras.utils.set_random_seed(0)
+        with current.scope():
+            model = keras.Sequential([keras.layers.Dense(8, activation="relu", input_shape=(4,)),
+                                      keras.layers.Dense(1)])
+            model.compile(optimizer="sgd", loss="mse")
+        history = model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+        results.append((model.get_weights(), history.history["loss"], model.predict(x)))
+    (one_weights, one_loss, one_out), (tpu_weights, tpu_loss, tpu_out) = results
+    np.testing.assert_allclose(tpu_loss, one_loss, rtol=1e-5)
+    for got, want in zip(tpu_weights, one_weights):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(tpu_out, one_out, rtol=1e-5, atol=1e-6)
