@@ -17,7 +17,8 @@ releases):
      detection): legalize, fuse (``FuseOps``/``FuseTIR``), then the
      hand-written schedules of :mod:`graphdist.backends.tvm_schedules`
      (register-tiled vectorized matmul, parallel elementwise, reductions).
-     With ``GRAPHDIST_TVM_TUNE=<trials>`` MetaSchedule tunes the segment
+     ``GRAPHDIST_TVM_SCHEDULES=none`` leaves TVM's default code (slow; for
+     comparisons). With ``GRAPHDIST_TVM_TUNE=<trials>`` MetaSchedule tunes the segment
      instead (``tune_relax`` with that trial budget, database in
      ``<cache dir>/tvm-tuning``, shared by all segments and reused by later
      runs), and the tuned records are applied by ``compile_relax``; any
@@ -85,6 +86,7 @@ __all__ = [
     "TvmBackend",
     "TvmExecutable",
     "build",
+    "hand_schedules_enabled",
     "tune_trials",
 ]
 
@@ -98,6 +100,8 @@ SCHEDULE_VERSION = "2"
 #: Default CUDA architecture when no GPU is present to ask (Ampere; any ``sm_XX`` can be given).
 DEFAULT_CUDA_ARCH = "sm_80"
 _CHECKSUM_SUFFIX = ".sha256"
+#: Byte alignment TVM requires of a buffer it reads without copying.
+_TVM_ALIGNMENT = 64
 _CONVERT_ERROR = re.compile(r"Error converting operator (\w+)")
 
 
@@ -297,6 +301,13 @@ def _cpu_passes(tvm: Any) -> Any:
     ])
 
 
+def hand_schedules_enabled() -> bool:
+    """False when ``GRAPHDIST_TVM_SCHEDULES=none``: TVM's default (serial, unvectorized) CPU code, for
+    benchmarks and for telling a schedule bug from a TVM bug.
+    """
+    return os.environ.get("GRAPHDIST_TVM_SCHEDULES", "").strip().lower() not in ("none", "0", "off")
+
+
 def _build_cpu(tvm: Any, mod: Any, target: Any) -> Any:
     from tvm.s_tir import dlight
 
@@ -304,7 +315,8 @@ def _build_cpu(tvm: Any, mod: Any, target: Any) -> Any:
 
     with target:
         mod = _cpu_passes(tvm)(mod)
-        mod = dlight.ApplyDefaultSchedule(*cpu_rules())(mod)
+        if hand_schedules_enabled():
+            mod = dlight.ApplyDefaultSchedule(*cpu_rules())(mod)
     return tvm.compile(mod, target)
 
 
@@ -399,6 +411,7 @@ class TvmExecutable:
         self._vm = tvm.relax.VirtualMachine(library, self._tvm_device)
         self._main = self._vm["main"]
         self._lock = threading.Lock()  # one VM: calls on it are serialized
+        self._zero_copy = device.kind != "cuda"  # host memory: numpy and TVM can share buffers
 
     def __repr__(self) -> str:
         return f"TvmExecutable({self.name!r}, device={str(self.device)!r})"
@@ -418,10 +431,19 @@ class TvmExecutable:
                 raise BackendError(f"TVM failed running segment {self.name!r} on {self.device}: "
                                    f"{_first_line(err)}") from err
         outputs = [result] if hasattr(result, "numpy") else list(result)
+        if self._zero_copy:
+            # The arrays keep TVM's buffers alive (DLPack), so the VM cannot hand them out again.
+            return [np.from_dlpack(out) for out in outputs]
         return [np.asarray(out.numpy()) for out in outputs]
 
     def _tensor(self, value: np.ndarray) -> Any:
-        return _tvm().runtime.tensor(value, self._tvm_device)
+        runtime = _tvm().runtime
+        if (self._zero_copy and value.ctypes.data % _TVM_ALIGNMENT == 0 and value.flags.c_contiguous
+                and value.flags.writeable):  # DLPack cannot mark a read-only export
+            # No copy: TVM reads numpy's buffer (it must be 64-byte aligned; TVM's own outputs, which
+            # variables adopt after a step, are).
+            return runtime.from_dlpack(value)
+        return runtime.tensor(value, self._tvm_device)
 
     def _feed(self, name: str, feeds: dict[str, np.ndarray]) -> np.ndarray:
         if name not in feeds:
@@ -470,7 +492,8 @@ class TvmBackend:
         """``"tvm-<version>-s<schedule version>[-tuned<trials>]"`` (part of the cache key)."""
         trials = tune_trials()
         tuned = f"-tuned{trials}" if trials else ""
-        return f"tvm-{_tvm().__version__}-s{SCHEDULE_VERSION}.{_code_version()}{tuned}"
+        schedules = "" if hand_schedules_enabled() else "-noschedules"
+        return f"tvm-{_tvm().__version__}-s{SCHEDULE_VERSION}.{_code_version()}{schedules}{tuned}"
 
     def target(self, device: Device | str) -> str:
         """``"llvm"`` for ``cpu:N``, ``"cuda:N"`` for GPUs, ``"tpu"`` for the simulated TPU-like cores."""

@@ -1,0 +1,196 @@
+"""The tvm backend against ONNX Runtime on the model zoo: forward and training step.
+
+For each model (MLP 784-512-512-10 at batch 256, the ConvNet and the
+transformer block at batch 64) and each kind of step (forward; a whole SGD
+training step under ``OneDeviceStrategy``), the same ``gd.function`` is
+compiled with backend ``"ort"`` and ``"tvm"`` and both are timed interleaved
+in one process (:func:`benchmarks.time_interleaved`, medians over rounds). The
+outputs are checked equal before timing (forward outputs; the training step's
+loss on the same weights).
+
+TVM variants:
+
+* ``tvm`` : graphdist's hand-written CPU schedules (the default);
+* ``tvm (no schedules)`` : ``GRAPHDIST_TVM_SCHEDULES=none``, TVM's default code
+  (MLP only: it is ~100x slower);
+* ``tvm (tuned N)`` : ``GRAPHDIST_TVM_TUNE=N`` MetaSchedule trials per segment
+  (``--tune N``; MLP only), with the tuning time reported.
+
+The goal: tvm within 1.5x of ONNX Runtime (``tvm / ort <= 1.5``) on every case.
+
+    python -m benchmarks.bench_tvm [--quick] [--tune N] [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from benchmarks import machine_info, median, time_interleaved, update_section
+
+__all__ = ["NAME", "GOAL", "run", "table", "markdown", "main"]
+
+logger = logging.getLogger(__name__)
+
+NAME = "tvm_vs_ort"
+GOAL = 1.5
+_ORT, _TVM, _RAW = "ort", "tvm", "tvm (no schedules)"
+
+
+def _with_env(name: str, value: str | None, fn: Callable[[], Any]) -> Any:
+    old = os.environ.get(name)
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+    try:
+        return fn()
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+def _models(quick: bool) -> list[tuple[str, Callable[[], Any], Callable[[int], tuple[np.ndarray, np.ndarray]], int]]:
+    from models.convnet import ConvNet
+    from models.mlp import MLP
+    from models.transformer import TransformerBlock
+
+    def mlp_data(n: int) -> tuple[np.ndarray, np.ndarray]:
+        rng = np.random.default_rng(0)
+        return rng.standard_normal((n, 784)).astype(np.float32), rng.integers(0, 10, n)
+
+    return [
+        ("MLP 784-512-512-10", lambda: MLP((784, 512, 512, 10), seed=0, trainable=True), mlp_data, 256),
+        ("ConvNet (digits 8x8)", lambda: ConvNet(seed=0), lambda n: ConvNet.example_data(n=n), 64),
+        ("Transformer block", lambda: TransformerBlock(seed=0), lambda n: TransformerBlock.example_data(n=n), 64),
+    ][: 1 if quick else 3]
+
+
+def _steps(make: Callable[[], Any], data: Callable[[int], Any], batch: int, backend: str,
+           ) -> tuple[Callable[[], Any], Callable[[], Any], float]:
+    """(forward call, training-step call, compile seconds) for one backend; built in the current env."""
+    import graphdist as gd
+
+    strategy = gd.OneDeviceStrategy("cpu:0")
+    with strategy.scope():
+        model = make()
+        optimizer = gd.optimizers.SGD(0.01)
+    x, y = data(batch)
+    train_fn = model.make_train_step(optimizer, batch)
+    forward = gd.function(model.forward, backend=backend, name="forward")
+    train = gd.function(lambda a, b: strategy.run(train_fn, args=(a, b)), backend=backend, name="train_step")
+    start = time.perf_counter()
+    forward(x)
+    train(x, y)
+    return (lambda: forward(x)), (lambda: train(x, y)), time.perf_counter() - start
+
+
+def _case(label: str, make: Any, data: Any, batch: int, rounds: int, calls: int, variants_env: dict[str, dict],
+          ) -> dict[str, Any]:
+    built = {}
+    compile_s = {}
+    for name, env in variants_env.items():
+        def build(make=make, data=data, batch=batch, backend=env["backend"]) -> Any:
+            return _steps(make, data, batch, backend)
+        forward, train, seconds = _with_env("GRAPHDIST_TVM_TUNE", env.get("tune"),
+                                            lambda build=build, env=env: _with_env(
+                                                "GRAPHDIST_TVM_SCHEDULES", env.get("schedules"), build))
+        built[name], compile_s[name] = (forward, train), seconds
+    ref = np.asarray(built[_ORT][0]())
+    for name, (forward, _) in built.items():
+        np.testing.assert_allclose(np.asarray(forward()), ref, rtol=1e-3, atol=1e-3, err_msg=f"{label}: {name}")
+    result = {"label": label, "batch": batch, "rounds": rounds, "calls": calls, "compile_s": compile_s}
+    for kind, index in (("forward", 0), ("train", 1)):
+        times = time_interleaved({name: fns[index] for name, fns in built.items()}, rounds, calls, warmup=2)
+        result[kind] = {name: median(values) / 1e3 for name, values in times.items()}  # ms
+        paired = [t / o for t, o in zip(times[_TVM], times[_ORT])]
+        result[f"{kind}_ratio"] = median(paired)
+    return result
+
+
+def run(quick: bool = False, tune: int = 0, rounds: int | None = None) -> dict[str, Any]:
+    """Measures every model; ``tune`` adds a MetaSchedule-tuned variant of the MLP."""
+    import graphdist  # noqa: F401 - import cost outside the timing
+
+    info = machine_info()
+    rounds = rounds or (3 if quick else 9)
+    cases = []
+    for index, (label, make, data, batch) in enumerate(_models(quick)):
+        variants: dict[str, dict] = {_ORT: {"backend": "ort"}, _TVM: {"backend": "tvm"}}
+        if index == 0:
+            variants[_RAW] = {"backend": "tvm", "schedules": "none"}
+            if tune:
+                variants[f"tvm (tuned {tune})"] = {"backend": "tvm", "tune": str(tune)}
+        calls = 3 if quick else (5 if index == 0 else 20)
+        logger.info("measuring %s: %s", label, ", ".join(variants))
+        cases.append(_case(label, make, data, batch, rounds, calls, variants))
+    worst = max(max(c["forward_ratio"], c["train_ratio"]) for c in cases)
+    return {"name": NAME, "goal": GOAL, "goal_met": worst <= GOAL, "worst_ratio": worst, "machine": info,
+            "cases": cases, "tune": tune}
+
+
+def table(results: dict[str, Any]) -> str:
+    """Plain-text table of :func:`run`'s results."""
+    lines = []
+    for case in results["cases"]:
+        lines.append(f"{case['label']}, batch {case['batch']} ({case['rounds']} rounds x {case['calls']} calls)")
+        lines.append(f"  {'variant':<24}{'forward ms':>12}{'train ms':>12}{'compile s':>11}")
+        for name in case["forward"]:
+            lines.append(f"  {name:<24}{case['forward'][name]:>12.2f}{case['train'][name]:>12.2f}"
+                         f"{case['compile_s'][name]:>11.1f}")
+        lines.append(f"  tvm / ort (paired medians): forward {case['forward_ratio']:.2f}x, "
+                     f"train {case['train_ratio']:.2f}x")
+    verdict = "met" if results["goal_met"] else "missed"
+    lines.append(f"worst tvm/ort ratio {results['worst_ratio']:.2f}x: goal <= {results['goal']}x {verdict}")
+    return "\n".join(lines)
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """This benchmark's section of BENCHMARKS.md."""
+    out = ["## tvm backend vs ONNX Runtime", "",
+           "Same `gd.function` (forward; SGD training step under `OneDeviceStrategy`) compiled by each backend,",
+           "timed interleaved in one process; median ms per call. `tvm`: graphdist's hand-written CPU schedules",
+           "(register-tiled matmul, parallel/vectorized elementwise and reductions). `tvm (no schedules)`:",
+           "TVM's default code. `compile s`: first-call build time of both steps (tuning included).", "",
+           "| model | variant | forward ms | train step ms | compile s |", "|---|---|---|---|---|"]
+    for case in results["cases"]:
+        for name in case["forward"]:
+            out.append(f"| {case['label']}, batch {case['batch']} | {name} | {case['forward'][name]:.2f} | "
+                       f"{case['train'][name]:.2f} | {case['compile_s'][name]:.1f} |")
+    out.append("")
+    for case in results["cases"]:
+        out.append(f"- {case['label']}: tvm/ort forward **{case['forward_ratio']:.2f}x**, "
+                   f"training step **{case['train_ratio']:.2f}x** (paired medians).")
+    verdict = "met" if results["goal_met"] else "not met"
+    out.append(f"- Goal (tvm within {results['goal']}x of ORT on every case): **{verdict}** "
+               f"(worst {results['worst_ratio']:.2f}x).")
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the benchmark; ``--write`` updates BENCHMARKS.md."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_tvm", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="MLP only, 3 rounds (a smoke run)")
+    parser.add_argument("--tune", type=int, default=0, metavar="N", help="add a MetaSchedule-tuned MLP (N trials)")
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--write", action="store_true", help="update this section of BENCHMARKS.md")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    results = run(quick=args.quick, tune=args.tune, rounds=args.rounds)
+    print(table(results))
+    if args.write:
+        print(f"updated {update_section(NAME, markdown(results), info=results['machine'])}")
+    return 0 if results["goal_met"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
