@@ -44,8 +44,8 @@ logger = logging.getLogger(__name__)
 PROG = "graphdist"
 STAGES = ("traced", "rewritten", "partitioned", "plan", "diff")
 FORMATS = ("text", "dot", "svg", "png", "onnx")
-STRATEGIES = ("one_device", "mirrored", "central_storage", "default")
-BACKENDS = ("ort", "reference")
+STRATEGIES = ("one_device", "mirrored", "central_storage", "tpu", "default")
+BACKENDS = ("ort", "tvm", "reference")
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -121,8 +121,8 @@ def _make_strategy(name: str | None, devices_text: str | None) -> Any:
         name = "one_device" if len(devices) == 1 else "mirrored"
     key = _normalise_strategy(name)
     if key not in STRATEGIES:
-        later = {"multi_worker_mirrored", "parameter_server", "tpu"}
-        why = " (not available in this version yet)" if key in later else ""
+        later = {"multi_worker_mirrored", "parameter_server"}
+        why = " (a multi-process strategy: run the script with `graphdist launch`)" if key in later else ""
         raise UsageError(f"unknown strategy {name!r}{why}; choose one of {', '.join(STRATEGIES)}")
     try:
         if key == "one_device":
@@ -134,11 +134,24 @@ def _make_strategy(name: str | None, devices_text: str | None) -> Any:
             return gd.MirroredStrategy(devices)
         if key == "central_storage":
             return gd.CentralStorageStrategy(compute_devices=devices)
+        if key == "tpu":
+            return _tpu_strategy(gd, devices, devices_text)
         if devices is not None:
             raise UsageError("--strategy default runs on the default device; drop --devices")
         return gd.get_strategy()
     except gd.GraphdistError as err:
         raise UsageError(f"cannot create {key} strategy on {devices_text or 'its default devices'}: {err}") from err
+
+
+def _tpu_strategy(gd: Any, devices: list[str] | None, devices_text: str | None) -> Any:
+    """TPUStrategy on simulated cores ``tpu:0..N-1`` (one replica per core); --devices must name them in order."""
+    if devices is None:
+        return gd.TPUStrategy(gd.cluster_resolver.TPUClusterResolver("local[2]"))
+    expected = [f"tpu:{i}" for i in range(len(devices))]
+    if [d.strip().lower() for d in devices] != expected:
+        raise UsageError(f"--strategy tpu runs one replica per TPU-like core: --devices must be {','.join(expected)}, "
+                         f"got {devices_text}")
+    return gd.TPUStrategy(gd.cluster_resolver.TPUClusterResolver(f"local[{len(devices)}]"))
 
 
 # ----------------------------------------------------------------- targets
