@@ -153,7 +153,7 @@ def markdown(results: dict[str, Any]) -> str:
 MLP 784-512-512-10 training step (SGD, global batch {GLOBAL_BATCH}, synthetic data) under
 `MultiWorkerMirroredStrategy`: one worker process (single-worker mode, all cores) vs two worker
 processes started by `graphdist launch --workers 2` (one device and one equal share of the cores
-each; every step all-reduces the gradients, 2.1 MB, through MPI), and `MirroredStrategy` on two
+each; every step all-reduces the gradients, 2.7 MB, through MPI), and `MirroredStrategy` on two
 logical devices of one process for reference. Best of {results['repeats']} alternating runs of
 {results['steps']} timed steps each (median block; the best run is the least disturbed by other work
 on this shared machine, every run is listed); speed-up = 1-worker step time / step time.
