@@ -306,7 +306,7 @@ def test_inspect_factory_convention_in_user_module(tmp_path: Path) -> None:
 # ------------------------------------------------------------ inspect: failures
 @pytest.mark.parametrize(("extra", "phrases"), [
     (("--strategy", "foo"), ("unknown strategy 'foo'", "one_device, mirrored, central_storage")),
-    (("--strategy", "tpu"), ("unknown strategy 'tpu'", "not available")),
+    (("--strategy", "parameter_server"), ("unknown strategy 'parameter_server'", "graphdist launch")),
     (("--strategy", "one_device", "--devices", "cpu:0,cpu:1"), ("one_device runs on one device",)),
     (("--strategy", "mirrored", "--devices", "cuda:7"), ("cannot create mirrored strategy", "cuda:7")),
     (("--strategy", "mirrored", "--devices", ","), ("names no device",)),
