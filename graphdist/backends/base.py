@@ -49,8 +49,11 @@ __all__ = [
     "cache_key",
     "default_cache",
     "get_backend",
+    "discard_artifact",
     "prepare_model",
+    "read_verified_artifact",
     "register_backend",
+    "write_artifact_checksum",
 ]
 
 logger = logging.getLogger(__name__)
@@ -199,6 +202,54 @@ def cache_key(
     for part in (backend.name, backend.target(device), backend.version, str(threads)):
         digest.update(b"\0" + part.encode())
     return digest.hexdigest()
+
+
+#: Suffix of the file holding an artefact's SHA-256 next to it in the disk cache.
+CHECKSUM_SUFFIX = ".sha256"
+
+
+def _checksum_path(path: Path) -> Path:
+    return path.with_name(path.name + CHECKSUM_SUFFIX)
+
+
+def write_artifact_checksum(path: Path) -> None:
+    """Writes the SHA-256 of the (complete, already renamed) artefact ``path`` next to it, atomically."""
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    atomic_write_bytes(_checksum_path(path), digest.encode())
+
+
+def read_verified_artifact(path: Path, what: str) -> bytes | None:
+    """Returns the bytes of a cached artefact whose checksum file matches, else ``None``.
+
+    A missing artefact or checksum is a plain miss; an unreadable one is logged; a
+    mismatch is logged and both files are discarded (the caller compiles again).
+
+    Args:
+        path: The artefact.
+        what: What it is, for log messages (``"cached model"``).
+    """
+    try:
+        data = path.read_bytes()
+        expected = _checksum_path(path).read_text().strip()
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        logger.warning("cannot read %s %s (%s); recompiling", what, path, err)
+        return None
+    if hashlib.sha256(data).hexdigest() != expected:
+        logger.warning("%s %s is corrupt (checksum mismatch); recompiling", what, path)
+        discard_artifact(path)
+        return None
+    return data
+
+
+def discard_artifact(path: Path) -> None:
+    """Removes a cached artefact and its checksum (failures are only logged)."""
+    for file in (path, _checksum_path(path)):
+        try:
+            file.unlink(missing_ok=True)
+        except OSError as err:
+            logger.debug("cannot remove %s: %s", file, err)
 
 
 def prepare_model(model: onnx.ModelProto) -> onnx.ModelProto:

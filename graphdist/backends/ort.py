@@ -52,7 +52,7 @@ wrongly simplified graphs; the optimized model therefore has a new file name,
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import logging
 import re
 import uuid
@@ -62,7 +62,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from graphdist import stats
-from graphdist.backends.base import atomic_write_bytes, prepare_model
+from graphdist.backends.base import (
+    discard_artifact,
+    prepare_model,
+    read_verified_artifact,
+    write_artifact_checksum,
+)
 from graphdist.errors import BackendError
 from graphdist.runtime.devices import Device, check_available, host_cores, parse_device
 
@@ -80,7 +85,6 @@ OPTIMIZED_MODEL_FILE = "model.ort2.onnx"
 #: ONNX Runtime optimizers disabled in every session (see the module docstring): NoopElimination
 #: compares float64 constants with 0 and 1 at float32 precision and drops real float64 ops.
 DISABLED_OPTIMIZERS: tuple[str, ...] = ("NoopElimination",)
-_CHECKSUM_SUFFIX = ".sha256"
 _ORT_PREFIX = re.compile(r"^\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*\w+\s*:\s*")
 
 
@@ -313,11 +317,8 @@ class OrtBackend:
             cache_dir.mkdir(parents=True, exist_ok=True)
             self._session(data, name, device, threads, options)
             optimized = tmp.read_bytes()
-            digest = hashlib.sha256(optimized).hexdigest()
             tmp.replace(final)
-            atomic_write_bytes(
-                final.with_name(final.name + _CHECKSUM_SUFFIX), digest.encode()
-            )
+            write_artifact_checksum(final)
         except OSError as err:
             logger.warning(
                 "cannot write the ONNX Runtime disk cache in %s: %s", cache_dir, err
@@ -329,7 +330,8 @@ class OrtBackend:
             logger.debug("ONNX Runtime did not save an optimized model: %s", err)
             return data
         finally:
-            _discard(tmp)
+            with contextlib.suppress(OSError):  # a leftover temporary file is harmless
+                tmp.unlink(missing_ok=True)
         return optimized
 
     def _load_cached(
@@ -339,20 +341,8 @@ class OrtBackend:
         ``None`` after discarding whatever invalid files were there.
         """
         path = cache_dir / OPTIMIZED_MODEL_FILE
-        checksum = path.with_name(path.name + _CHECKSUM_SUFFIX)
-        try:
-            data = path.read_bytes()
-            expected = checksum.read_text().strip()
-        except FileNotFoundError:
-            return None
-        except OSError as err:
-            logger.warning("cannot read cached model %s (%s); recompiling", path, err)
-            return None
-        if hashlib.sha256(data).hexdigest() != expected:
-            logger.warning(
-                "cached model %s is corrupt (checksum mismatch); recompiling", path
-            )
-            _discard(path, checksum)
+        data = read_verified_artifact(path, "cached model")
+        if data is None:
             return None
         try:
             session = self._session(data, name, device, threads)
@@ -360,14 +350,7 @@ class OrtBackend:
             logger.warning(
                 "cached model %s cannot be loaded (%s); recompiling", path, err
             )
-            _discard(path, checksum)
+            discard_artifact(path)
             return None
         return OrtExecutable(session, name, device)
 
-
-def _discard(*paths: Path) -> None:
-    for path in paths:
-        try:
-            path.unlink(missing_ok=True)
-        except OSError as err:
-            logger.debug("cannot remove %s: %s", path, err)

@@ -71,7 +71,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from graphdist import stats
-from graphdist.backends.base import atomic_write_bytes, cache_dir
+from graphdist.backends.base import cache_dir, discard_artifact, read_verified_artifact, write_artifact_checksum
 from graphdist.backends.tvm_onnx import prepare_for_tvm
 from graphdist.errors import BackendError
 from graphdist.runtime.devices import Device, check_available, host_cores, parse_device
@@ -99,7 +99,6 @@ MODULE_FILE = "module.so"
 SCHEDULE_VERSION = "2"
 #: Default CUDA architecture when no GPU is present to ask (Ampere; any ``sm_XX`` can be given).
 DEFAULT_CUDA_ARCH = "sm_80"
-_CHECKSUM_SUFFIX = ".sha256"
 #: Byte alignment TVM requires of a buffer it reads without copying.
 _TVM_ALIGNMENT = 64
 _CONVERT_ERROR = re.compile(r"Error converting operator (\w+)")
@@ -538,8 +537,7 @@ def _store(built: BuiltModule, directory: Path, name: str) -> None:
     path = directory / MODULE_FILE
     try:
         built.export(path)
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
-        atomic_write_bytes(path.with_name(path.name + _CHECKSUM_SUFFIX), digest.encode())
+        write_artifact_checksum(path)
     except (OSError, BackendError) as err:
         logger.warning("cannot write the TVM disk cache for segment %r in %s: %s", name, directory, err)
 
@@ -547,31 +545,11 @@ def _store(built: BuiltModule, directory: Path, name: str) -> None:
 def _load_cached(directory: Path, name: str) -> Any:
     """Returns the cached library when its checksum matches, else ``None`` (discarding bad files)."""
     path = directory / MODULE_FILE
-    checksum = path.with_name(path.name + _CHECKSUM_SUFFIX)
-    try:
-        data = path.read_bytes()
-        expected = checksum.read_text().strip()
-    except FileNotFoundError:
-        return None
-    except OSError as err:
-        logger.warning("cannot read cached TVM module %s (%s); recompiling", path, err)
-        return None
-    if hashlib.sha256(data).hexdigest() != expected:
-        logger.warning("cached TVM module %s is corrupt (checksum mismatch); recompiling", path)
-        _discard(path, checksum)
+    if read_verified_artifact(path, f"cached TVM module of segment {name!r}") is None:
         return None
     try:
         return _tvm().runtime.load_module(str(path))
     except Exception as err:  # noqa: BLE001 - any load failure: compile again
         logger.warning("cached TVM module %s cannot be loaded (%s); recompiling", path, _first_line(err))
-        _discard(path, checksum)
+        discard_artifact(path)
         return None
-
-
-def _discard(*paths: Path) -> None:
-    for path in paths:
-        try:
-            path.unlink(missing_ok=True)
-        except OSError as err:
-            logger.debug("cannot remove %s: %s", path, err)
-

@@ -77,6 +77,15 @@ def vector_lanes(target: Any) -> int:
     return 4
 
 
+def _open_llvm_schedule(func: Any, target: Any) -> tuple[Any, list[Any]] | None:
+    """A schedule of ``func`` and its top-level blocks, or ``None`` when it is not a PrimFunc for llvm."""
+    m = _mods()
+    if not isinstance(func, m["tirx"].PrimFunc) or target.kind.name != "llvm":
+        return None
+    sch = m["s_tir"].Schedule(func)
+    return sch, sch.get_child_blocks(m["get_root_block"](sch))
+
+
 def _extent(sch: Any, loop: Any) -> int | None:
     extent = sch.get(loop).extent
     return int(extent) if isinstance(extent, _mods()["tirx"].IntImm) else None
@@ -120,10 +129,10 @@ class CPUMatmul:
 
     def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
         m = _mods()
-        if not isinstance(func, m["tirx"].PrimFunc) or target.kind.name != "llvm":
+        opened = _open_llvm_schedule(func, target)
+        if opened is None:
             return None
-        sch = m["s_tir"].Schedule(func)
-        blocks = sch.get_child_blocks(m["get_root_block"](sch))
+        sch, blocks = opened
         reductions = m["get_reduction_blocks"](sch, blocks)
         if reductions is None or not m["get_index_map"](sch.get(reductions[0])):
             return None
@@ -243,11 +252,11 @@ class CPUElementwise:
 
     def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
         m = _mods()
-        if not isinstance(func, m["tirx"].PrimFunc) or target.kind.name != "llvm":
+        opened = _open_llvm_schedule(func, target)
+        if opened is None:
             return None
-        sch = m["s_tir"].Schedule(func)
+        sch, blocks = opened
         spatial = m["tirx"].IterVar.DataPar
-        blocks = sch.get_child_blocks(m["get_root_block"](sch))
         if not blocks or any(iv.iter_type != spatial for b in blocks for iv in sch.get(b).iter_vars):
             return None
         # Big fused functions (the unrolled taps of a pooling gradient: 70+ blocks) are left as loop nests:
@@ -293,10 +302,10 @@ class CPUOuterReduction:
 
     def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
         m = _mods()
-        if not isinstance(func, m["tirx"].PrimFunc) or target.kind.name != "llvm":
+        opened = _open_llvm_schedule(func, target)
+        if opened is None:
             return None
-        sch = m["s_tir"].Schedule(func)
-        blocks = sch.get_child_blocks(m["get_root_block"](sch))
+        sch, blocks = opened
         reductions = m["get_reduction_blocks"](sch, blocks)
         if reductions is None:
             return None
