@@ -33,6 +33,21 @@ def _next_id() -> int:
         return next(_ids)
 
 
+#: Byte alignment of variable buffers: compiled code (TVM) reads 64-byte aligned buffers without a copy.
+BUFFER_ALIGNMENT = 64
+
+
+def aligned(array: np.ndarray) -> np.ndarray:
+    """``array`` itself when its buffer is C-contiguous and 64-byte aligned, else an aligned copy."""
+    if array.flags.c_contiguous and array.ctypes.data % BUFFER_ALIGNMENT == 0:
+        return array
+    raw = np.empty(array.nbytes + BUFFER_ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % BUFFER_ALIGNMENT
+    out = raw[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+    out[...] = array
+    return out
+
+
 def _initial_array(initial_value: Any, dtype: Any) -> np.ndarray:
     value = initial_value() if callable(initial_value) else initial_value
     if isinstance(value, Variable):
@@ -50,7 +65,7 @@ def _initial_array(initial_value: Any, dtype: Any) -> np.ndarray:
             f"Variable: initial_value {value!r} cannot become an array of dtype {dtype}") from err
     if array.dtype == object or array.dtype.kind in "USV":
         raise InvalidArgumentError(f"Variable: initial_value must be numeric, got dtype {array.dtype}")
-    return array
+    return aligned(array)
 
 
 class Variable:
@@ -142,7 +157,7 @@ class Variable:
         if ctx is None:
             value = np.asarray(self._checked(value, "assign"))
             # Replace rather than write in place: an earlier array may be shared with a step's result.
-            self._value = value.astype(self.dtype, copy=True)
+            self._value = aligned(value.astype(self.dtype, copy=True))
             return self if read_value else None
         return _assign_traced(ctx, self, self._checked(value, "assign"))
 
@@ -162,7 +177,7 @@ class Variable:
         """
         if not (type(array) is np.ndarray and array.dtype == self._value.dtype and array.flags.c_contiguous
                 and array.flags.writeable):
-            array = np.array(array, dtype=self._value.dtype, order="C", copy=True)
+            array = aligned(np.array(array, dtype=self._value.dtype, order="C", copy=True))
         if array.shape != self._value.shape:
             raise InvalidArgumentError(f"update of {self.name} has shape {array.shape}, expected {self.shape}")
         self._value = array
