@@ -48,7 +48,12 @@ def main() -> None:
     total, mean, largest, gathered, own = step(x)
     local = strategy.experimental_local_results
     per_replica = next(iter(strategy.distribute_datasets_from_function(dataset_fn)))
-    np.savez(Path(args.out) / f"rank{rank}.npz", sum=local(total)[0], mean=local(mean)[-1], max=local(largest)[0],
+    # An exported plan runs again in the same job (its cross-worker tasks use the job's communicator).
+    concrete = mean_step.get_concrete_function(x)
+    loaded = gd.load_plan(concrete.export(Path(args.out) / f"plan{rank}"))
+    reloaded_mean = loaded(np.concatenate(local(x)))  # this worker's part, split between its replicas
+    np.savez(Path(args.out) / f"rank{rank}.npz", reloaded_mean=reloaded_mean,
+             sum=local(total)[0], mean=local(mean)[-1], max=local(largest)[0],
              gathered=local(gathered)[-1], reduce_sum=strategy.reduce("SUM", own, axis=None),
              reduce_mean_axis=strategy.reduce("MEAN", own, axis=0), gather=strategy.gather(own, axis=0),
              traced_mean_axis=mean_step(x), replicas=strategy.num_replicas_in_sync, input_context=contexts[0],
