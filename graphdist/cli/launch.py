@@ -204,8 +204,9 @@ def _report(roles: Sequence[dict[str, Any]], status_dir: str, mpiexec_status: in
     for rank, role in enumerate(roles):
         path = Path(status_dir) / f"rank{rank}.json"
         if not path.exists():
-            failures.append((float("inf"), rank, role["name"], "ended without reporting (killed with its wrapper)",
-                             ""))
+            failures.append((float("inf"), rank, role["name"],
+                             "ended without reporting (killed with its wrapper, e.g. when another rank aborted the "
+                             "job)", ""))
             continue
         status = json.loads(path.read_text())
         if status["returncode"] != 0:

@@ -32,6 +32,7 @@ import enum
 import itertools
 import logging
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -185,6 +186,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         names = [_rank_name(spec, r) for r in range(size)]
         communicator = MPICommunicator(comm, rank_names=names)
         register_group(self._group, lambda: communicator)
+        _abort_job_on_uncaught_exception(comm)
         return communicator
 
     @property
@@ -280,6 +282,48 @@ class MultiWorkerMirroredStrategy(Strategy):
     def __repr__(self) -> str:
         return (f"MultiWorkerMirroredStrategy(worker={self._worker_index}/{self._num_workers}, "
                 f"devices={list(self.extended.worker_devices)}, communication={self._communication.name})")
+
+
+def _abort_job_on_uncaught_exception(comm: Any) -> None:
+    """Makes an uncaught exception end the whole MPI job at once.
+
+    The other workers would otherwise wait in the next collective until the
+    timeout (300 s by default) before failing. A process that dies without
+    an exception (killed) is still detected by the others' timeouts.
+    """
+    previous = sys.excepthook
+    if getattr(previous, "_graphdist_abort", False):
+        return
+
+    def hook(kind: type[BaseException], value: BaseException, traceback: Any) -> None:
+        previous(kind, value, traceback)
+        if issubclass(kind, KeyboardInterrupt):
+            return
+        rank = comm.Get_rank()
+        sys.stderr.write(f"graphdist: uncaught {kind.__name__} on MPI rank {rank}: ending the job "
+                         "(MPI_Abort) so the other workers do not wait for it\n")
+        sys.stderr.flush()
+        sys.stdout.flush()
+        _record_launch_status(rank, f"{kind.__name__}: {value}")
+        comm.Abort(1)
+
+    hook._graphdist_abort = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
+def _record_launch_status(rank: int, last_line: str) -> None:
+    """Tells ``graphdist launch`` how this rank ended (the abort also ends its wrapper, which would)."""
+    import json
+    import time
+    from pathlib import Path
+
+    directory = os.environ.get("GRAPHDIST_LAUNCH_DIR")
+    if directory:
+        try:
+            Path(directory, f"rank{rank}.json").write_text(
+                json.dumps({"returncode": 1, "time": time.time(), "last_line": last_line[:300]}))
+        except OSError:
+            pass  # best effort: the traceback above already names the error
 
 
 def _communication(communication: Any, options: Any) -> CommunicationImplementation:

@@ -5,7 +5,8 @@ writes, per rank, the final variables, the losses and the dataset indices
 this worker was fed to ``--out/rank<r>.npz``. Each rank builds its model
 with a different seed, so equal results also show that worker 0's initial
 values were broadcast. ``--die-at-step S`` makes the last rank die (SIGKILL)
-at step S, for the fault tests.
+at step S, ``--raise-at-step S`` raise an uncaught exception, for the fault
+tests.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--out", required=True)
     parser.add_argument("--die-at-step", type=int, default=-1)
+    parser.add_argument("--raise-at-step", type=int, default=-1)
     args = parser.parse_args()
 
     strategy = gd.MultiWorkerMirroredStrategy(devices=[f"cpu:{i}" for i in range(args.devices)])
@@ -49,8 +51,11 @@ def main() -> None:
     dataset = gd.data.Dataset.from_tensor_slices((data.x_train[ids], data.y_train[ids], ids)).batch(GLOBAL_BATCH)
     losses, seen = [], []
     for index, (x, labels, batch_ids) in enumerate(strategy.experimental_distribute_dataset(dataset)):
-        if index == args.die_at_step and rank == strategy.num_replicas_in_sync // args.devices - 1:
+        last = rank == strategy.num_replicas_in_sync // args.devices - 1
+        if index == args.die_at_step and last:
             os.kill(os.getpid(), signal.SIGKILL)
+        if index == args.raise_at_step and last:
+            raise ValueError(f"worker {rank} cannot read batch {index}")
         losses.append(float(step(x, labels)))
         seen.extend(int(i) for part in strategy.experimental_local_results(batch_ids) for i in np.asarray(part))
     out = Path(args.out)

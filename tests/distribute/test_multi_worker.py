@@ -193,6 +193,19 @@ def test_dead_worker_is_named_within_the_timeout(tmp_path) -> None:
 
 
 @pytest.mark.slow
+def test_uncaught_exception_ends_the_job_at_once(tmp_path) -> None:
+    start = time.monotonic()
+    job = mpi_jobs.launch("--workers", "2", "--timeout", "120", "--", mpi_jobs.sys.executable,
+                          "tests/distribute/mw_train_worker.py", "--steps", "4", "--raise-at-step", "1",
+                          "--out", str(tmp_path))
+    assert job.returncode == 1, job.stdout + job.stderr
+    assert time.monotonic() - start < 60  # MPI_Abort, not the 120 s collective timeout
+    assert "[worker 1] ValueError: worker 1 cannot read batch 1" in job.stderr
+    assert "rank 1 (worker 1) (first to fail): exited with status 1: ValueError: worker 1 cannot read batch 1" in (
+        job.stderr)
+
+
+@pytest.mark.slow
 def test_collectives_span_every_replica_of_every_worker(tmp_path) -> None:
     # A chief and one worker: the chief is worker 0 of the sync group (rank 0) and the only one to checkpoint.
     job = mpi_jobs.launch("--chief", "--workers", "1", "--devices-per-worker", "2", "--timeout", "60", "--",
