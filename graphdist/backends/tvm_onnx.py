@@ -17,6 +17,11 @@ Runtime / numpy (found by running every traced op through both):
   ``i1`` values, which LLVM rejects.
 * ``Pow`` of integers -> computed in float64 and cast back (TVM's power is
   float-only; exact for every int32 result).
+* ``ConvTranspose`` with unit strides and dilations, one group, explicit pads
+  of at most ``kernel - 1`` and no output padding (a convolution's input
+  gradient) -> ``Conv`` of the spatially flipped, in/out-swapped kernel with
+  pads ``kernel - 1 - pad``: the same sums, but TVM's ``conv2d`` is scheduled
+  where its ``conv2d_transpose`` is a serial loop nest.
 
 Types come from ONNX shape inference; a node whose input types are unknown is
 left as it is.
@@ -93,7 +98,7 @@ class _Rewriter:
     def rewrite(self, node: Any) -> list[Any]:
         handler = {"MatMul": self._matmul, "Max": self._nan_max_min, "Min": self._nan_max_min,
                    "Clip": self._nan_unary, "Sign": self._nan_unary, "Equal": self._bool_equal,
-                   "Pow": self._int_pow}.get(node.op_type)
+                   "Pow": self._int_pow, "ConvTranspose": self._conv_transpose_as_conv}.get(node.op_type)
         rewritten = handler(node) if handler is not None else None
         return rewritten if rewritten is not None else [node]
 
@@ -177,3 +182,37 @@ class _Rewriter:
         power = self.fresh(node.output[0])
         return [*casts, helper.make_node("Pow", doubles, [power], name=f"{node.name}/f64"),
                 helper.make_node("Cast", [power], list(node.output), name=f"{node.name}/cast", to=out_type)]
+
+    def _conv_transpose_as_conv(self, node: Any) -> list[Any] | None:
+        from onnx import helper
+
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        kernel = list(attrs.get("kernel_shape", []))
+        rank = len(kernel)
+        pads = list(attrs.get("pads", [0] * 2 * rank))
+        simple = (rank > 0 and attrs.get("group", 1) == 1 and "auto_pad" not in attrs and "output_shape" not in attrs
+                  and all(v == 1 for v in attrs.get("strides", [1] * rank))
+                  and all(v == 1 for v in attrs.get("dilations", [1] * rank))
+                  and not any(attrs.get("output_padding", [])) and len(pads) == 2 * rank
+                  and all(0 <= p <= k - 1 for p, k in zip(pads, kernel * 2)))
+        if not simple or self.ranks.get(node.input[1]) != rank + 2:
+            return None
+        swapped, flipped = self.fresh(f"{node.input[1]}/swapped"), self.fresh(f"{node.input[1]}/flipped")
+        axes = list(range(2, rank + 2))
+        constants = {name: self._int64s(name, values) for name, values in
+                     (("starts", [-1] * rank), ("ends", [-(2 ** 63)] * rank), ("axes", axes), ("steps", [-1] * rank))}
+        conv_pads = [k - 1 - p for p, k in zip(pads, kernel * 2)]
+        return [
+            helper.make_node("Transpose", [node.input[1]], [swapped], name=self.fresh(node.name),
+                             perm=[1, 0, *axes]),
+            helper.make_node("Slice", [swapped, *constants.values()], [flipped], name=self.fresh(node.name)),
+            helper.make_node("Conv", [node.input[0], flipped, *node.input[2:]], list(node.output),
+                             name=f"{node.name}/as_conv", kernel_shape=kernel, pads=conv_pads),
+        ]
+
+    def _int64s(self, hint: str, values: list[int]) -> str:
+        from onnx import numpy_helper
+
+        name = self.fresh(hint)
+        self.graph.initializer.append(numpy_helper.from_array(np.asarray(values, np.int64), name))
+        return name

@@ -84,6 +84,27 @@ def test_nan_propagation_rewrite_skips_nan_free_constants() -> None:
     np.testing.assert_array_equal(fn(x), np.maximum(x, 0.0))
 
 
+@pytest.mark.parametrize("pads", [[1, 0, 2, 1], [0, 0, 0, 0], [2, 1, 2, 1]])
+def test_conv_transpose_runs_as_a_flipped_conv(pads: list[int]) -> None:
+    """A convolution's input gradient (unit stride) becomes a Conv for TVM, with ONNX Runtime's values."""
+    x = RNG.standard_normal((2, 3, 5, 4)).astype(np.float32)
+    w = RNG.standard_normal((3, 4, 3, 2)).astype(np.float32)
+    bias = RNG.standard_normal(4).astype(np.float32)
+    kernel = [3, 2]
+    out_shape = [2, 4, 5 + 2 - pads[0] - pads[2], 4 + 1 - pads[1] - pads[3]]
+    graph = helper.make_graph(
+        [helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], kernel_shape=kernel, pads=pads)], "convt",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape)),
+         helper.make_tensor_value_info("w", TensorProto.FLOAT, list(w.shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)], [numpy_helper.from_array(bias, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    assert "ConvTranspose" not in [n.op_type for n in prepare_for_tvm(model).graph.node]
+    expected = get_backend("ort").compile(model, CPU0).run({"x": x, "w": w})[0]
+    got = TvmBackend().compile(model, CPU0).run({"x": x, "w": w})[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
 MODELS = {
     "mlp": (lambda: MLP((64, 32, 10), seed=0, trainable=True), lambda n: (
         np.random.default_rng(0).standard_normal((n, 64)).astype(np.float32),
