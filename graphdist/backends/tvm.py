@@ -437,8 +437,9 @@ class TvmExecutable:
 
     def _tensor(self, value: np.ndarray) -> Any:
         runtime = _tvm().runtime
-        if (self._zero_copy and value.ctypes.data % _TVM_ALIGNMENT == 0 and value.flags.c_contiguous
-                and value.flags.writeable):  # DLPack cannot mark a read-only export
+        # DLPack cannot mark a read-only export, and TVM rejects the strides numpy gives empty arrays.
+        if (self._zero_copy and value.size and value.ctypes.data % _TVM_ALIGNMENT == 0
+                and value.flags.c_contiguous and value.flags.writeable):
             # No copy: TVM reads numpy's buffer (it must be 64-byte aligned; TVM's own outputs, which
             # variables adopt after a step, are).
             return runtime.from_dlpack(value)
