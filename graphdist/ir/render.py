@@ -96,13 +96,22 @@ def is_communication(node: Node) -> bool:
     return node.domain == GRAPHDIST_DOMAIN and node.op_type in CROSS_DEVICE_OPS
 
 
-def moved_bytes(op: str, participants: int, nbytes: int | None) -> int | None:
-    """Estimated bytes sent between devices by one collective or transfer (see the module doc)."""
+def moved_bytes(op: str, participants: int, nbytes: int | None, attrs: dict | None = None) -> int | None:
+    """Estimated bytes sent between devices by one collective or transfer (see the module doc).
+
+    Between processes a plan is one worker's: a cross-worker collective counts this worker's share of
+    the traffic among ``attrs["num_workers"]`` workers, and a parameter-server pull or push moves its
+    value once.
+    """
     if nbytes is None:
         return None
     n = max(int(participants), 1)
-    if op == "Transfer":
+    if op in ("Transfer", "PSPull", "PSPush"):
         return nbytes
+    if op.startswith("CrossWorker"):
+        workers = max(int((attrs or {}).get("num_workers", 1)), 1)
+        total = moved_bytes(op.removeprefix("CrossWorker"), workers, nbytes)
+        return None if total is None else total // workers
     if op == "AllGather":
         return n * (n - 1) * nbytes
     return 2 * (n - 1) * nbytes  # AllReduce, ReduceScatter + AllGather, Broadcast-like
@@ -221,7 +230,7 @@ def graph_overview(graph: Graph) -> str:
             first = nodes[0]
             n = max(len(nodes), int(first.attrs.get("group_size", len(nodes)) or 1))
             size = first.inputs[0].nbytes if first.inputs and first.inputs[0] is not None else None
-            moved = moved_bytes(first.op_type, n, size)
+            moved = moved_bytes(first.op_type, n, size, first.attrs)
             if size is None or moved is None:
                 unknown += 1
             else:
@@ -271,7 +280,7 @@ def plan_summary(plan: Any) -> str:
         value = plan.graph_value(task.inputs[0]) if task.inputs else None
         size = value.nbytes if value is not None else None
         n = len(task.devices)
-        moved = moved_bytes(task.op, n, size)
+        moved = moved_bytes(task.op, n, size, task.attrs)
         if size is not None:
             total_payload += size * n
             total_moved += moved or 0

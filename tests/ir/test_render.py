@@ -238,3 +238,13 @@ def test_render_into_missing_directory(tmp_path: Path) -> None:
     graph = gd.trace(lambda x: x + 1, np.ones(2, np.float32))
     with pytest.raises(gd.GraphdistError, match="does not exist"):
         graph.render(str(tmp_path / "absent" / "g.svg"))
+
+
+def test_moved_bytes_between_processes() -> None:
+    from graphdist.ir.render import moved_bytes
+
+    # A ring all-reduce among 4 workers sends 2 * 3/4 of the buffer per worker; the plan is one worker's.
+    assert moved_bytes("CrossWorkerAllReduce", 1, 4000, {"num_workers": 4}) == 6000
+    assert moved_bytes("CrossWorkerAllGather", 1, 4000, {"num_workers": 4}) == 12000
+    assert moved_bytes("PSPull", 1, 4000) == moved_bytes("PSPush", 1, 4000) == 4000
+    assert moved_bytes("AllReduce", 2, 4000) == 8000  # within a process: every participant's traffic
