@@ -41,14 +41,12 @@ within a round.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -57,6 +55,7 @@ import numpy as np
 
 from benchmarks import BENCHMARKS_MD, machine_info, update_section
 from benchmarks.quiet import QUIET, CpuMeter, quiet_rounds
+from benchmarks.tf_serve import ServeProcess
 
 __all__ = ["NAME", "SIZES", "SAMPLES", "BATCH", "run", "table", "markdown", "main"]
 
@@ -105,47 +104,15 @@ def build_graphdist(data: dict[str, np.ndarray]) -> Any:
     return model
 
 
-class TFProcess:
+class TFProcess(ServeProcess):
     """``tf_keras_fit.py --serve`` as a subprocess timing ``fit`` calls on request."""
 
     def __init__(self, data_path: Path, timeout: float = 300.0) -> None:
-        self._stderr = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen([str(TF_VENV / "bin" / "python"), str(TF_SCRIPT), "--data", str(data_path),
-                                      "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self._stderr, text=True, bufsize=1,
-                                     env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-        self.pid = self.proc.pid
-        self.info = self._read(timeout)
-        if not self.info.get("ready"):
-            raise RuntimeError(f"TensorFlow process did not start: {self.info}")
-
-    def _read(self, timeout: float) -> dict[str, Any]:
-        line: list[str] = []
-        reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(timeout)
-        if not line or not line[0]:
-            self.close()
-            self._stderr.seek(0)
-            raise RuntimeError("TensorFlow process gave no answer: "
-                               + " ".join(self._stderr.read().strip().splitlines()[-3:]))
-        return json.loads(line[0])
+        super().__init__([TF_VENV / "bin" / "python", TF_SCRIPT, "--data", data_path, "--serve"], timeout)
 
     def fit(self, epochs: int, rows: int) -> float:
         """Microseconds per epoch of one ``fit(epochs=epochs)`` call on the first ``rows`` samples."""
-        self.proc.stdin.write(f"fit {epochs} {rows}\n")
-        self.proc.stdin.flush()
-        return float(self._read(600.0)["us_per_call"])
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write("quit\n")
-                self.proc.stdin.flush()
-                self.proc.wait(10)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
+        return self.us_per_call(f"fit {epochs} {rows}")
 
 
 def _check(data: dict[str, np.ndarray], data_path: Path, tf: bool) -> dict[str, Any]:

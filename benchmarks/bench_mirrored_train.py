@@ -87,6 +87,7 @@ import numpy as np
 
 from benchmarks import BENCHMARKS_MD, machine_info, machine_markdown, median
 from benchmarks.quiet import QUIET, CpuMeter, loadavg, quiet_rounds, timed, wait_quiet
+from benchmarks.tf_serve import ServeProcess
 
 __all__ = [
     "NAME", "SIZES", "BATCH", "LEARNING_RATE", "TF_VENV", "TF_SCRIPT", "TF_CROSS_DEVICE_OPS", "TF_THREADS",
@@ -172,7 +173,7 @@ def _compare(label: str, got: Sequence[np.ndarray], want: Sequence[np.ndarray], 
 
 
 # ------------------------------------------------------------------------ CPU accounting
-class TFMirroredProcess:
+class TFMirroredProcess(ServeProcess):
     """``tf_mirrored_train.py --serve`` as a subprocess that times blocks of steps on request.
 
     Args:
@@ -188,59 +189,13 @@ class TFMirroredProcess:
     def __init__(self, python: Path, data: Path, cross_device_ops: str, threads: tuple[int, int],
                  variants: Sequence[str] = ("mirrored", "default"), timeout: float = 300.0,
                  wait: bool = True) -> None:
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-        self._stderr = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(
-            [str(python), str(TF_SCRIPT), "--data", str(data), "--cross-device-ops", cross_device_ops,
-             "--intra-op", str(threads[0]), "--inter-op", str(threads[1]), "--variants", ",".join(variants),
-             "--serve"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True, bufsize=1, env=env)
-        self.pid = self.proc.pid
-        self.info: dict[str, Any] = {}
-        if wait:
-            self.ready(timeout)
-
-    def ready(self, timeout: float = 300.0) -> dict[str, Any]:
-        """Waits for the process's ready line; returns its information."""
-        if not self.info:
-            self.info = self._read(timeout)
-            if not self.info.get("ready"):
-                raise RuntimeError(f"TensorFlow process did not start: {self.info}")
-        return self.info
-
-    def _read(self, timeout: float) -> dict[str, Any]:
-        result: list[str] = []
-        reader = threading.Thread(target=lambda: result.append(self.proc.stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(timeout)
-        if not result or not result[0]:
-            self.close()
-            self._stderr.seek(0)
-            tail = " ".join(self._stderr.read().strip().splitlines()[-3:])
-            raise RuntimeError(f"TensorFlow process gave no answer (exit code {self.proc.poll()}): {tail}")
-        return json.loads(result[0])
+        super().__init__([python, TF_SCRIPT, "--data", data, "--cross-device-ops", cross_device_ops,
+                          "--intra-op", threads[0], "--inter-op", threads[1], "--variants", ",".join(variants),
+                          "--serve"], timeout, wait)
 
     def blocker(self, variant: str) -> Callable[[int], float]:
         """``block(calls)``: runs ``calls`` steps of ``variant``; returns microseconds per step."""
-        def block(calls: int) -> float:
-            self.proc.stdin.write(f"run {variant} {calls}\n")
-            self.proc.stdin.flush()
-            answer = self._read(600.0)
-            if "us_per_call" not in answer:
-                raise RuntimeError(f"TensorFlow process: {answer}")
-            return float(answer["us_per_call"])
-
-        return block
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write("quit\n")
-                self.proc.stdin.flush()
-                self.proc.wait(10)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
+        return lambda calls: self.us_per_call(f"run {variant} {calls}")
 
 
 def _tf_check(python: Path, data: Path, cross_device_ops: str, threads: tuple[int, int], out: Path

@@ -60,7 +60,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -70,6 +69,7 @@ import numpy as np
 
 from benchmarks import machine_info, median, update_section
 from benchmarks.quiet import QUIET, CpuMeter, quiet_rounds, timed
+from benchmarks.tf_serve import ServeProcess
 
 __all__ = [
     "NAME", "SIZES", "BATCH", "LEARNING_RATE", "QUIET", "MIN_QUIET", "TF_VENV", "TF_SCRIPT",
@@ -209,7 +209,7 @@ def setup_tf_venv(venv: Path = TF_VENV, packages: Sequence[str] = TF_PACKAGES) -
     return True, f"installed {' '.join(packages)} in {venv}"
 
 
-class TFProcess:
+class TFProcess(ServeProcess):
     """``tf_train_step.py --serve`` as a subprocess that times blocks of steps on request.
 
     Args:
@@ -220,43 +220,11 @@ class TFProcess:
     """
 
     def __init__(self, python: Path, data: Path, threads: int, timeout: float = 300.0) -> None:
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-        self._stderr = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(
-            [str(python), str(TF_SCRIPT), "--data", str(data), "--intra-op", str(threads), "--serve"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True, bufsize=1, env=env)
-        self.pid = self.proc.pid
-        self.info = self._read(timeout)
-        if not self.info.get("ready"):
-            raise RuntimeError(f"TensorFlow process did not start: {self.info}")
-
-    def _read(self, timeout: float) -> dict[str, Any]:
-        result: list[str] = []
-        reader = threading.Thread(target=lambda: result.append(self.proc.stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(timeout)
-        if not result or not result[0]:
-            self.close()
-            self._stderr.seek(0)
-            tail = " ".join(self._stderr.read().strip().splitlines()[-3:])
-            raise RuntimeError(f"TensorFlow process gave no answer (exit code {self.proc.poll()}): {tail}")
-        return json.loads(result[0])
+        super().__init__([python, TF_SCRIPT, "--data", data, "--intra-op", threads, "--serve"], timeout)
 
     def block(self, calls: int) -> float:
         """Runs ``calls`` steps back to back in the TF process; returns its microseconds per call."""
-        self.proc.stdin.write(f"run {calls}\n")
-        self.proc.stdin.flush()
-        return float(self._read(600.0)["us_per_call"])
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write("quit\n")
-                self.proc.stdin.flush()
-                self.proc.wait(10)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
+        return self.us_per_call(f"run {calls}")
 
 
 def _tf_check(python: Path, data: Path, threads: int, out: Path) -> dict[str, np.ndarray]:
