@@ -139,11 +139,10 @@ class CPUMatmul:
         main = reductions[0]
         b_contiguous = self._b_rows_contiguous(sch.get(main))
         lanes = vector_lanes(target)
-        nr = self.vectors * lanes
-        pack = self._normalize(sch, main, nr, b_contiguous)
+        pack, vectors = self._normalize(sch, main, lanes, b_contiguous)
         batch, i, j, k = sch.get_loops(main)
         i_outer, i_inner = sch.split(i, [None, self.rows])
-        j_outer, j_vectors, j_lanes = sch.split(j, [None, self.vectors, lanes])
+        j_outer, j_vectors, j_lanes = sch.split(j, [None, vectors, lanes])
         k_outer, k_inner = sch.split(k, [None, self.k_unroll]) if _divides(self.k_unroll, _extent(sch, k)) \
             else (k, None)
         order = [batch, j_outer, i_outer, k_outer] + ([k_inner] if k_inner is not None else [])
@@ -171,11 +170,14 @@ class CPUMatmul:
         b_region = block.reads[-1].region
         return bool(b_region) and any(b_region[-1].min.same_as(r.min) for r in block.writes[0].region)
 
-    def _normalize(self, sch: Any, main: Any, nr: int, b_contiguous: bool) -> Any:
+    def _normalize(self, sch: Any, main: Any, lanes: int, b_contiguous: bool) -> tuple[Any, int]:
         """Reindexes the block to ``C[s, i, j] += A[s, i, k] * B[s, j, k]`` and pads it to the tile.
 
+        Narrow outputs (``j`` of 8 in a convolution's weight gradient) get a narrow tile: padding 8
+        columns to 64 would compute 8 times the work.
+
         Returns:
-            B's packing block, or ``None`` when B is read in place.
+            B's packing block (``None`` when B is read in place) and the vectors per tile row.
         """
         m = _mods()
         reindex_a = sch.reindex(main, ("read", 0))
@@ -186,11 +188,14 @@ class CPUMatmul:
         sch.transform_layout(reindex_b, ("write", 0), b_map)
         sch.transform_layout(reindex_c, ("read", 0), c_map)
         sch.transform_block_layout(main, block_map)
+        columns = _extent(sch, sch.get_loops(main)[2])
+        vectors = max(1, min(self.vectors, -(-columns // lanes))) if columns else self.vectors
+        nr = vectors * lanes
         sch.pad_einsum(main, [1, self.rows, nr, 1])
         if b_contiguous:
-            return None
+            return None, vectors
         sch.transform_layout(main, ("read", 1), lambda s, j, k: (s, j // nr, k, j % nr))
-        return self._schedule_pack(sch, reindex_b)
+        return self._schedule_pack(sch, reindex_b), vectors
 
     @staticmethod
     def _schedule_pack(sch: Any, pack: Any) -> Any:
