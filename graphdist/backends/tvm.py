@@ -55,8 +55,10 @@ and the op.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import io
 import logging
 import os
 import re
@@ -272,20 +274,19 @@ def _import_onnx(model: onnx.ModelProto, name: str) -> Any:
     from tvm.relax.frontend.onnx import from_onnx
 
     prepared = prepare_for_tvm(model)
+    # The frontend prints "Error converting operator X, with inputs: ..." to stdout before re-raising
+    # the converter's bare exception: captured here, so the op is named in the error and nothing leaks.
+    printed = io.StringIO()
     try:
-        return from_onnx(prepared, keep_params_in_input=False)
+        with contextlib.redirect_stdout(printed):
+            return from_onnx(prepared, keep_params_in_input=False)
     except Exception as err:
-        match = _CONVERT_ERROR.search(str(err)) or _CONVERT_ERROR.search(_stderr_hint(err))
+        match = _CONVERT_ERROR.search(printed.getvalue())
         op = f" op {match.group(1)!r}" if match else ""
         raise BackendError(
             f"TVM's ONNX frontend cannot convert segment {name!r}{op}: {_first_line(err)}. "
             "Use backend 'ort' or 'reference' for this function."
         ) from err
-
-
-def _stderr_hint(err: BaseException) -> str:
-    notes = getattr(err, "__notes__", None) or []
-    return " ".join(str(n) for n in notes)
 
 
 def _cpu_passes(tvm: Any) -> Any:

@@ -246,6 +246,18 @@ def test_unconvertible_op_is_a_backend_error() -> None:
         build(model)
 
 
+def test_failed_op_conversion_names_the_op_and_prints_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    # An Expand whose input has no known rank makes TVM's converter fail after printing to stdout.
+    graph = helper.make_graph([helper.make_node("Expand", ["x", "s"], ["y"])], "expand",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("s", TensorProto.INT64, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(gd.BackendError, match="cannot convert segment 'expand' op 'Expand'"):
+        build(model)
+    assert "Error converting operator" not in capsys.readouterr().out
+
+
 def test_tune_budget_must_be_an_integer(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GRAPHDIST_TVM_TUNE", "lots")
     with pytest.raises(gd.BackendError, match="GRAPHDIST_TVM_TUNE='lots'"):
