@@ -92,8 +92,7 @@ class _Sharder:
         self.devices = [logical_device(cores, annotation, t) for t in range(int(np.prod(parts or (1,))))]
         self.home = self.devices[0]
         self.parts = parts
-        self.split: dict[int, _Split] = {}  # id(value) -> its tiles
-        self.values: dict[int, Value] = {}  # id(value) -> value (keeps the ids alive)
+        self.split: dict[Value, _Split] = {}  # values are hashed by identity
 
     # ------------------------------------------------------------------ driver
     def run(self) -> None:
@@ -103,22 +102,19 @@ class _Sharder:
         if len(self.devices) == 1:
             return
         _check_divisible(value, self.parts)
-        self._record(value, _Split(self.parts, self._slice_tiles(value, self.parts)))
+        self.split[value] = _Split(self.parts, self._slice_tiles(value, self.parts))
         pending = [value]
         while pending:
             current = pending.pop()
             for reader, _ in list(current.uses):
-                if reader.graph is None or any(id(out) in self.split for out in reader.outputs):
+                if reader.graph is None or any(out in self.split for out in reader.outputs):
                     continue
                 made = self._tile_reader(reader)
                 if made is not None:
                     pending.append(reader.outputs[0])
-        for key in list(self.split):
-            self._gather_for_remaining_readers(self.values[key])
-
-    def _record(self, value: Value, split: _Split) -> None:
-        self.split[id(value)] = split
-        self.values[id(value)] = value
+        tile_makers = {id(tile.producer) for split in self.split.values() for tile in split.tiles}
+        for value in list(self.split):
+            self._gather_for_remaining_readers(value, tile_makers)
 
     # ------------------------------------------------------------- new nodes
     def _node(self, op_type: str, inputs: list[Value | None], attrs: dict | None, device: str,
@@ -159,31 +155,31 @@ class _Sharder:
         parts = self._output_parts(reader)
         tiles = [self._node(reader.op_type, [ops[t] for ops in operands], reader.attrs, device, reader.name)
                  for t, device in enumerate(self.devices)]
-        self._record(out, _Split(parts, tiles))
+        self.split[out] = _Split(parts, tiles)
         return tiles
 
     def _output_parts(self, reader: Node) -> tuple[int, ...]:
         if reader.op_type != "MatMul":
-            return next(self.split[id(v)].parts for v in reader.inputs if v is not None and id(v) in self.split)
+            return next(self.split[v].parts for v in reader.inputs if v in self.split)
         a, b = reader.inputs
-        if id(a) in self.split:
-            return (*self.split[id(a)].parts[:-1], 1)
-        return (*(1,) * (reader.outputs[0].rank - 1), self.split[id(b)].parts[-1])
+        if a in self.split:
+            return (*self.split[a].parts[:-1], 1)
+        return (*(1,) * (reader.outputs[0].rank - 1), self.split[b].parts[-1])
 
     def _elementwise_operands(self, reader: Node) -> list[list[Value | None]] | None:
         out = reader.outputs[0]
-        first = next(self.split[id(v)] for v in reader.inputs if v is not None and id(v) in self.split)
-        source = next(v for v in reader.inputs if v is not None and id(v) in self.split)
+        source = next(v for v in reader.inputs if v in self.split)
+        first = self.split[source]
         if tuple(out.shape) != tuple(source.shape):
             return None
         operands = []
         for value in reader.inputs:
             if value is None:
                 operands.append([None] * len(self.devices))
-            elif id(value) in self.split:
-                if self.split[id(value)].parts != first.parts:
+            elif value in self.split:
+                if self.split[value].parts != first.parts:
                     return None
-                operands.append(self.split[id(value)].tiles)
+                operands.append(self.split[value].tiles)
             else:
                 per_tile = self._broadcast_operand(value, out.rank, first.parts)
                 if per_tile is None:
@@ -217,7 +213,7 @@ class _Sharder:
 
     def _matmul_operands(self, reader: Node) -> list[list[Value]] | None:
         a, b = reader.inputs
-        a_split, b_split = self.split.get(id(a)), self.split.get(id(b))
+        a_split, b_split = self.split.get(a), self.split.get(b)
         if a_split is not None and b_split is None and a.rank >= 2 and b.rank == 2 and a_split.parts[-1] == 1:
             return [a_split.tiles, [b] * len(self.devices)]
         if b_split is not None and a_split is None and b.rank == 2 and a.rank >= 2 and b_split.parts[0] == 1:
@@ -225,15 +221,16 @@ class _Sharder:
         return None
 
     # ---------------------------------------------------------------- gather
-    def _gather_for_remaining_readers(self, value: Value) -> None:
-        """Readers that did not run tile by tile (and graph outputs) read the reassembled value."""
-        tiled_readers = {id(n) for key in self.split for t in self.split[key].tiles if t.producer is not None
-                         for n in [t.producer]}
-        readers = [(n, i) for n, i in value.uses if id(n) not in tiled_readers and not self._has_tiles(n)]
+    def _gather_for_remaining_readers(self, value: Value, tile_makers: set[int]) -> None:
+        """Readers that did not run tile by tile (and graph outputs) read the reassembled value.
+
+        ``tile_makers``: ids of the nodes that compute tiles (slices and per-tile copies).
+        """
+        readers = [(n, i) for n, i in value.uses if id(n) not in tile_makers and not self._has_tiles(n)]
         is_output = value in self.graph.outputs
         if not readers and not is_output:
             return
-        whole = self._concat(value, self.split[id(value)])
+        whole = self._concat(value, self.split[value])
         for node, index in readers:
             node.replace_input(index, whole)
         for position, out in enumerate(self.graph.outputs):
@@ -241,7 +238,7 @@ class _Sharder:
                 self.graph.outputs[position] = whole
 
     def _has_tiles(self, node: Node) -> bool:
-        return bool(node.outputs) and all(id(out) in self.split for out in node.outputs)
+        return bool(node.outputs) and all(out in self.split for out in node.outputs)
 
     def _concat(self, value: Value, split: _Split) -> Value:
         """Concatenates the tiles back, innermost split axis first, on the home device."""
