@@ -77,13 +77,19 @@ def vector_lanes(target: Any) -> int:
     return 4
 
 
-def _open_llvm_schedule(func: Any, target: Any) -> tuple[Any, list[Any]] | None:
-    """A schedule of ``func`` and its top-level blocks, or ``None`` when it is not a PrimFunc for llvm."""
-    m = _mods()
-    if not isinstance(func, m["tirx"].PrimFunc) or target.kind.name != "llvm":
-        return None
-    sch = m["s_tir"].Schedule(func)
-    return sch, sch.get_child_blocks(m["get_root_block"](sch))
+class _LLVMRule:
+    """A schedule rule for PrimFuncs compiled for ``llvm``: subclasses implement :meth:`schedule`."""
+
+    def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
+        m = _mods()
+        if not isinstance(func, m["tirx"].PrimFunc) or target.kind.name != "llvm":
+            return None
+        sch = m["s_tir"].Schedule(func)
+        return self.schedule(sch, sch.get_child_blocks(m["get_root_block"](sch)), target)
+
+    def schedule(self, sch: Any, blocks: list[Any], target: Any) -> Any:
+        """Schedules ``sch`` (top-level ``blocks``); returns it, or ``None`` when the rule does not apply."""
+        raise NotImplementedError
 
 
 def _extent(sch: Any, loop: Any) -> int | None:
@@ -109,11 +115,8 @@ class SafeRule:
                          str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__)
             return None
 
-    def is_target_available(self, target: Any) -> bool:
-        return True
 
-
-class CPUMatmul:
+class CPUMatmul(_LLVMRule):
     """Register-tiled, parallel, vectorized matrix multiply (see the module docstring).
 
     Args:
@@ -127,12 +130,8 @@ class CPUMatmul:
         self.vectors = vectors
         self.k_unroll = k_unroll
 
-    def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
+    def schedule(self, sch: Any, blocks: list[Any], target: Any) -> Any:
         m = _mods()
-        opened = _open_llvm_schedule(func, target)
-        if opened is None:
-            return None
-        sch, blocks = opened
         reductions = m["get_reduction_blocks"](sch, blocks)
         if reductions is None or not m["get_index_map"](sch.get(reductions[0])):
             return None
@@ -243,7 +242,7 @@ def _vectorize_innermost(sch: Any, block: Any, lanes: int) -> None:
         sch.vectorize(inner)
 
 
-class CPUElementwise:
+class CPUElementwise(_LLVMRule):
     """Parallel, vectorized schedule of functions whose blocks are all spatial (see the module docstring).
 
     Args:
@@ -255,12 +254,8 @@ class CPUElementwise:
         self.parallel_min = parallel_min
         self.max_inline_blocks = max_inline_blocks
 
-    def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
+    def schedule(self, sch: Any, blocks: list[Any], target: Any) -> Any:
         m = _mods()
-        opened = _open_llvm_schedule(func, target)
-        if opened is None:
-            return None
-        sch, blocks = opened
         spatial = m["tirx"].IterVar.DataPar
         if not blocks or any(iv.iter_type != spatial for b in blocks for iv in sch.get(b).iter_vars):
             return None
@@ -300,17 +295,13 @@ class CPUElementwise:
             sch.vectorize(inner)
 
 
-class CPUOuterReduction:
+class CPUOuterReduction(_LLVMRule):
     """Reductions over an outer axis (``out[j] = sum_k x[k, j]``, the bias gradient): the output's
     contiguous axis becomes the vector lane, the reduction loops run inside the parallel loop.
     """
 
-    def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
+    def schedule(self, sch: Any, blocks: list[Any], target: Any) -> Any:
         m = _mods()
-        opened = _open_llvm_schedule(func, target)
-        if opened is None:
-            return None
-        sch, blocks = opened
         reductions = m["get_reduction_blocks"](sch, blocks)
         if reductions is None:
             return None
