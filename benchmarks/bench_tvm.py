@@ -24,11 +24,12 @@ The goal: tvm within 1.5x of ONNX Runtime (``tvm / ort <= 1.5``) on every case.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -44,19 +45,23 @@ GOAL = 1.5
 _ORT, _TVM, _RAW = "ort", "tvm", "tvm (no schedules)"
 
 
-def _with_env(name: str, value: str | None, fn: Callable[[], Any]) -> Any:
-    old = os.environ.get(name)
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
+@contextlib.contextmanager
+def _environment(**values: str | None) -> Iterator[None]:
+    """Sets (a string) or unsets (``None``) environment variables for the block, then restores them."""
+    old = {name: os.environ.get(name) for name in values}
     try:
-        return fn()
+        for name, value in values.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        yield
     finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
+        for name, value in old.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _models(quick: bool) -> list[tuple[str, Callable[[], Any], Callable[[int], tuple[np.ndarray, np.ndarray]], int]]:
@@ -99,11 +104,8 @@ def _case(label: str, make: Any, data: Any, batch: int, rounds: int, calls: int,
     built = {}
     compile_s = {}
     for name, env in variants_env.items():
-        def build(make=make, data=data, batch=batch, backend=env["backend"]) -> Any:
-            return _steps(make, data, batch, backend)
-        forward, train, seconds = _with_env("GRAPHDIST_TVM_TUNE", env.get("tune"),
-                                            lambda build=build, env=env: _with_env(
-                                                "GRAPHDIST_TVM_SCHEDULES", env.get("schedules"), build))
+        with _environment(GRAPHDIST_TVM_TUNE=env.get("tune"), GRAPHDIST_TVM_SCHEDULES=env.get("schedules")):
+            forward, train, seconds = _steps(make, data, batch, env["backend"])
         built[name], compile_s[name] = (forward, train), seconds
     ref = np.asarray(built[_ORT][0]())
     for name, (forward, _) in built.items():

@@ -10,11 +10,13 @@ import pytest
 from benchmarks import bench_tvm
 
 
-def test_with_env_sets_and_restores(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_environment_sets_and_restores(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GRAPHDIST_TVM_TUNE", "3")
-    assert bench_tvm._with_env("GRAPHDIST_TVM_TUNE", "8", lambda: os.environ["GRAPHDIST_TVM_TUNE"]) == "8"
+    with bench_tvm._environment(GRAPHDIST_TVM_TUNE="8"):
+        assert os.environ["GRAPHDIST_TVM_TUNE"] == "8"
     assert os.environ["GRAPHDIST_TVM_TUNE"] == "3"
-    assert bench_tvm._with_env("GRAPHDIST_TVM_TUNE", None, lambda: os.environ.get("GRAPHDIST_TVM_TUNE")) is None
+    with bench_tvm._environment(GRAPHDIST_TVM_TUNE=None):
+        assert os.environ.get("GRAPHDIST_TVM_TUNE") is None
     assert os.environ["GRAPHDIST_TVM_TUNE"] == "3"
 
 
