@@ -218,3 +218,20 @@ def test_shard_pass_is_idempotent_and_keeps_numerics() -> None:
     assert not again.modified
     assert sum(n.op_type == "Exp" for n in rewritten.nodes) == 2  # one per logical device
     np.testing.assert_allclose(step(x), np.exp(x) * 3, rtol=1e-6)
+
+
+def test_bad_tpu_arguments_name_the_argument() -> None:
+    with pytest.raises(ValueError, match="tpu must be a string such as 'local\\[8\\]'"):
+        gd.cluster_resolver.TPUClusterResolver(tpu=5)
+    with pytest.raises(ValueError, match="at least one core"):
+        gd.cluster_resolver.TPUClusterResolver(tpu="local[0]")
+    with pytest.raises(ValueError, match="cluster_resolver must be a gd.cluster_resolver.TPUClusterResolver"):
+        gd.TPUStrategy(cluster_resolver="local[2]")
+    resolver = gd.cluster_resolver.TPUClusterResolver("local[2]")
+    with pytest.raises(ValueError, match="experimental_device_assignment must be a DeviceAssignment"):
+        gd.TPUStrategy(resolver, experimental_device_assignment=[1, 1, 1, 2])
+    topology = gd.tpu.experimental.initialize_tpu_system(resolver)
+    with pytest.raises(NotImplementedError, match="computation_stride"):
+        gd.tpu.experimental.DeviceAssignment.build(topology, computation_stride=[1, 1, 1, 2])
+    with pytest.raises(ValueError, match="expected a cluster resolver"):
+        gd.config.experimental_connect_to_cluster("tpu")
