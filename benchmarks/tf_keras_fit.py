@@ -38,15 +38,12 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tf_common.py sits next to this file
+from tf_common import load_data  # noqa: E402 - needs the path above
 
 CROSS_DEVICE_OPS = ("default", "reduction_to_one", "hierarchical_copy")
 
 
-def _load(path):
-    import numpy as np
-
-    with np.load(path) as npz:
-        return {key: npz[key] for key in npz.files}
 
 
 def build(tf, data, cross_device_ops):
@@ -80,10 +77,9 @@ def main(argv=None):
     parser.add_argument("--serve", action="store_true")
     args = parser.parse_args(argv)
 
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from tf_mirrored_train import configure
 
-    data = _load(args.data)
+    data = load_data(args.data)
     tf = configure(args.intra_op, args.inter_op)
     strategy, model = build(tf, data, args.cross_device_ops)
     x, y, batch = data["x"], data["y"], int(data["batch"])

@@ -66,31 +66,15 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter goes to stderr otherwise
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tf_common.py sits next to this file
+from tf_common import load_data, time_calls  # noqa: E402 - needs the path above
 
 VARIANTS = ("mirrored", "default")
 CROSS_DEVICE_OPS = ("default", "reduction_to_one", "hierarchical_copy")
 
 
-def _default_data(sizes=(784, 512, 512, 10), batch=256, seed=0):
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    data = {"lr": np.float32(0.01), "global_batch": np.int64(batch)}
-    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
-        data[f"w{i}"] = (rng.standard_normal((fan_in, fan_out)) * np.sqrt(2.0 / fan_in)).astype(np.float32)
-        data[f"b{i}"] = np.zeros(fan_out, np.float32)
-    data["x"] = rng.standard_normal((batch, sizes[0])).astype(np.float32)
-    data["labels"] = rng.integers(0, sizes[-1], batch).astype(np.int64)
-    return data
 
 
-def _load(path):
-    import numpy as np
-
-    if path is None:
-        return _default_data()
-    with np.load(path) as npz:
-        return {key: npz[key] for key in npz.files}
 
 
 def configure(intra_op, inter_op, replicas=2):
@@ -183,11 +167,6 @@ class Variant:
         return first, equal
 
 
-def _time(step, calls):
-    start = time.perf_counter_ns()
-    for _ in range(calls):
-        step()
-    return (time.perf_counter_ns() - start) / calls / 1e3
 
 
 def main(argv=None):
@@ -205,7 +184,7 @@ def main(argv=None):
     parser.add_argument("--calls", type=int, default=30)
     args = parser.parse_args(argv)
 
-    data = _load(args.data)
+    data = load_data(args.data)
     tf = configure(args.intra_op, args.inter_op)
     names = [name for name in args.variants.split(",") if name]
     variants = {name: Variant(tf, name, data, args.cross_device_ops) for name in names}
@@ -240,14 +219,14 @@ def main(argv=None):
             if not command or command[0] == "quit":
                 break
             if command[0] == "run" and len(command) == 3 and command[1] in variants:
-                print(json.dumps({"us_per_call": _time(variants[command[1]].step, int(command[2]))}), flush=True)
+                print(json.dumps({"us_per_call": time_calls(variants[command[1]].step, int(command[2]))}), flush=True)
             else:
                 print(json.dumps({"error": f"unknown command {line.strip()!r}"}), flush=True)
         return 0
     rounds = {name: [] for name in variants}
     for _ in range(args.rounds):
         for name, variant in variants.items():
-            rounds[name].append(_time(variant.step, args.calls))
+            rounds[name].append(time_calls(variant.step, args.calls))
     print(json.dumps({**info, "calls": args.calls, "us_per_call": rounds}))
     return 0
 

@@ -44,28 +44,8 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter goes to stderr otherwise
-
-
-def _default_data(sizes=(784, 512, 512, 10), batch=256, seed=0):
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    data = {"lr": np.float32(0.01), "global_batch": np.int64(batch)}
-    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
-        data[f"w{i}"] = (rng.standard_normal((fan_in, fan_out)) * np.sqrt(2.0 / fan_in)).astype(np.float32)
-        data[f"b{i}"] = np.zeros(fan_out, np.float32)
-    data["x"] = rng.standard_normal((batch, sizes[0])).astype(np.float32)
-    data["labels"] = rng.integers(0, sizes[-1], batch).astype(np.int64)
-    return data
-
-
-def _load(path):
-    import numpy as np
-
-    if path is None:
-        return _default_data()
-    with np.load(path) as npz:
-        return {key: npz[key] for key in npz.files}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tf_common.py sits next to this file
+from tf_common import load_data, time_calls  # noqa: E402 - needs the path above
 
 
 def build(data, intra_op, inter_op):
@@ -111,11 +91,6 @@ def build(data, intra_op, inter_op):
     return tf, step, variables
 
 
-def _time(step, calls):
-    start = time.perf_counter_ns()
-    for _ in range(calls):
-        step()
-    return (time.perf_counter_ns() - start) / calls / 1e3
 
 
 def main(argv=None):
@@ -130,7 +105,7 @@ def main(argv=None):
     parser.add_argument("--calls", type=int, default=30)
     args = parser.parse_args(argv)
 
-    data = _load(args.data)
+    data = load_data(args.data)
     tf, step, variables = build(data, args.intra_op, args.inter_op)
     if args.check:
         import numpy as np
@@ -157,11 +132,11 @@ def main(argv=None):
             if not command or command[0] == "quit":
                 break
             if command[0] == "run":
-                print(json.dumps({"us_per_call": _time(step, int(command[1]))}), flush=True)
+                print(json.dumps({"us_per_call": time_calls(step, int(command[1]))}), flush=True)
             else:
                 print(json.dumps({"error": f"unknown command {line.strip()!r}"}), flush=True)
         return 0
-    rounds = [_time(step, args.calls) for _ in range(args.rounds)]
+    rounds = [time_calls(step, args.calls) for _ in range(args.rounds)]
     print(json.dumps({**info, "calls": args.calls, "us_per_call": rounds}))
     return 0
 
