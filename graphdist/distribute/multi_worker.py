@@ -305,10 +305,48 @@ def _abort_job_on_uncaught_exception(comm: Any) -> None:
         sys.stderr.flush()
         sys.stdout.flush()
         _record_launch_status(rank, f"{kind.__name__}: {value}")
+        _wait_until_output_is_read()
         comm.Abort(1)
 
     hook._graphdist_abort = True  # type: ignore[attr-defined]
     sys.excepthook = hook
+
+
+def _wait_until_output_is_read(limit_s: float = 5.0) -> None:
+    """Waits (at most ``limit_s``) until whoever reads this process's stdout and stderr pipes has read them.
+
+    MPI_Abort kills every process of the job at once, ``graphdist launch``'s
+    rank wrapper included: without this wait the traceback's last lines,
+    still in the pipe, would be lost. Streams that are not pipes (a
+    terminal, a file) are not waited for.
+    """
+    import fcntl
+    import stat
+    import termios
+    import time
+    from array import array
+
+    pipes = []
+    for fd in (1, 2):
+        try:
+            if stat.S_ISFIFO(os.fstat(fd).st_mode):
+                pipes.append(fd)
+        except OSError:
+            continue
+    deadline = time.monotonic() + limit_s
+    unread = array("i", [0])
+    while pipes and time.monotonic() < deadline:
+        try:
+            pending = 0
+            for fd in pipes:
+                fcntl.ioctl(fd, termios.FIONREAD, unread)  # Linux answers on the write end too
+                pending += unread[0]
+        except OSError:
+            return
+        if pending == 0:
+            time.sleep(0.05)  # the reader writes on what it read
+            return
+        time.sleep(0.01)
 
 
 def _record_launch_status(rank: int, last_line: str) -> None:

@@ -5,8 +5,8 @@ writes, per rank, the final variables, the losses and the dataset indices
 this worker was fed to ``--out/rank<r>.npz``. Each rank builds its model
 with a different seed, so equal results also show that worker 0's initial
 values were broadcast. ``--die-at-step S`` makes the last rank die (SIGKILL)
-at step S, ``--raise-at-step S`` raise an uncaught exception, for the fault
-tests.
+at step S, ``--raise-at-step S`` raise an uncaught exception (after
+``--noise-lines`` lines of output), for the fault tests.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,8 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--die-at-step", type=int, default=-1)
     parser.add_argument("--raise-at-step", type=int, default=-1)
+    parser.add_argument("--noise-lines", type=int, default=0,
+                        help="lines written to stderr just before raising (output that must not be lost)")
     args = parser.parse_args()
 
     strategy = gd.MultiWorkerMirroredStrategy(devices=[f"cpu:{i}" for i in range(args.devices)])
@@ -55,6 +58,8 @@ def main() -> None:
         if index == args.die_at_step and last:
             os.kill(os.getpid(), signal.SIGKILL)
         if index == args.raise_at_step and last:
+            for line in range(args.noise_lines):
+                print(f"worker {rank} log line {line}", file=sys.stderr)
             raise ValueError(f"worker {rank} cannot read batch {index}")
         losses.append(float(step(x, labels)))
         seen.extend(int(i) for part in strategy.experimental_local_results(batch_ids) for i in np.asarray(part))

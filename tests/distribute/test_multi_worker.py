@@ -197,9 +197,11 @@ def test_uncaught_exception_ends_the_job_at_once(tmp_path) -> None:
     start = time.monotonic()
     job = mpi_jobs.launch("--workers", "2", "--timeout", "120", "--", mpi_jobs.sys.executable,
                           "tests/distribute/mw_train_worker.py", "--steps", "4", "--raise-at-step", "1",
-                          "--out", str(tmp_path))
+                          "--noise-lines", "20000", "--out", str(tmp_path))
     assert job.returncode == 1, job.stdout + job.stderr
     assert time.monotonic() - start < 60  # MPI_Abort, not the 120 s collective timeout
+    # Nothing the failing worker wrote is lost to the abort (it waits until its wrapper has read it all).
+    assert "[worker 1] worker 1 log line 19999\n" in job.stderr
     assert "[worker 1] ValueError: worker 1 cannot read batch 1" in job.stderr
     assert "rank 1 (worker 1) (first to fail): exited with status 1: ValueError: worker 1 cannot read batch 1" in (
         job.stderr)
