@@ -240,18 +240,22 @@ def _write_file(path: Path, data: bytes) -> None:
         os.fsync(handle.fileno())
 
 
-def write_plan_directory(directory: str | os.PathLike[str], files: dict[str, bytes], overwrite: bool = False) -> Path:
+def write_plan_directory(directory: str | os.PathLike[str], files: dict[str, bytes], overwrite: bool = False,
+                         marker: str = PLAN_FILE) -> Path:
     """Writes ``files`` (relative path -> bytes) as the directory ``directory``, atomically.
 
     The files go to a temporary directory next to ``directory``, are flushed
     to disk and the temporary directory is renamed into place (an existing
     empty directory is replaced). With
     ``overwrite`` an existing plan directory is renamed aside, the new one
-    renamed in, and the old one deleted.
+    renamed in, and the old one deleted. ``marker`` is the file that makes
+    an existing directory one this function may replace (``plan.json``; a
+    saved Keras model's ``model.json``), so a user's unrelated directory is
+    never deleted.
 
     Raises:
         PlanError: ``directory`` exists and ``overwrite`` is false, or it is
-            not a plan directory (no ``plan.json``) and not empty.
+            not empty and has no ``marker`` file.
     """
     dest = Path(directory).absolute()
     if dest.is_dir() and not any(dest.iterdir()):
@@ -259,8 +263,9 @@ def write_plan_directory(directory: str | os.PathLike[str], files: dict[str, byt
     elif dest.exists():
         if not overwrite:
             raise PlanError(f"{dest} already exists; pass overwrite=True to replace it or choose another directory")
-        if not dest.is_dir() or (any(dest.iterdir()) and not (dest / PLAN_FILE).is_file()):
-            raise PlanError(f"{dest} exists and is not a plan directory (no {PLAN_FILE}); refusing to replace it")
+        if not dest.is_dir() or (any(dest.iterdir()) and not (dest / marker).is_file()):
+            raise PlanError(f"{dest} exists and is not a directory graphdist wrote (no {marker}); refusing to replace "
+                            "it")
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.tmp-"))
     try:

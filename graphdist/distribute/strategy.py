@@ -303,7 +303,9 @@ class Strategy:
         outs = []
         for replica, component in enumerate(components):
             (normalized,) = axis_tuple(axis, np.ndim(component), "gather axis")
-            attrs = {"axis": normalized, "group_size": len(components), "group_key": key}
+            # Typed for every replica in sync (other workers' too, as ReplicaContext.all_gather is); the
+            # cross-worker pass sets the local group size.
+            attrs = {"axis": normalized, "group_size": self.num_replicas_in_sync, "group_key": key}
             with ctx.region(context="replica", replica=replica):
                 outs.append(emit_collective("AllGather", component, attrs))
         return outs[0]

@@ -105,7 +105,7 @@ def save_model(model: Any, filepath: str | os.PathLike[str], overwrite: bool = T
         _export_serving(model, staging / _SERVING, serving_batch_size)
         (staging / _CONFIG).write_text(json.dumps(config, indent=1))
         files = {str(p.relative_to(staging)): p.read_bytes() for p in sorted(staging.rglob("*")) if p.is_file()}
-        write_plan_directory(dest, files, overwrite=True)
+        write_plan_directory(dest, files, overwrite=True, marker=_CONFIG)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return str(dest.resolve())

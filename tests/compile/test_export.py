@@ -396,7 +396,7 @@ def test_overwrite_is_atomic(one_device_run: Run, tmp_path: Path, monkeypatch: p
 def test_overwrite_refuses_a_non_plan_directory(one_device_run: Run, tmp_path: Path) -> None:
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "precious.txt").write_text("keep me")
-    with pytest.raises(gd.PlanError, match="not a plan directory"):
+    with pytest.raises(gd.PlanError, match=r"not a directory graphdist wrote \(no plan.json\)"):
         one_device_run.concrete.export(tmp_path / "data", overwrite=True)
     assert (tmp_path / "data" / "precious.txt").read_text() == "keep me"
     (tmp_path / "empty").mkdir()  # an existing empty directory is fine without overwrite

@@ -2,7 +2,7 @@
 
 Every replica contributes ``10 * global replica id + [0, 1]`` (rows of a
 (2, 2) batch); the worker writes what the traced all-reduce / all-gather and
-the eager ``strategy.reduce`` / ``strategy.gather`` returned, the ``InputContext`` its
+the eager and traced ``strategy.reduce`` / ``strategy.gather`` returned, the ``InputContext`` its
 ``dataset_fn`` got and its role to ``--out/rank<r>.npz``.
 """
 
@@ -42,6 +42,10 @@ def main() -> None:
     def mean_step(x):
         return strategy.reduce("MEAN", strategy.run(lambda v: replica_fn(v)[-1], args=(x,)), axis=0)
 
+    @gd.function
+    def gather_step(x):  # strategy.gather inside a compiled step spans every worker's replicas too
+        return strategy.gather(strategy.run(lambda v: replica_fn(v)[-1], args=(x,)), axis=0)
+
     batch = gd.data.Dataset.from_tensors(np.tile(np.arange(2, dtype=np.float32), (2 * strategy.num_replicas_in_sync,
                                                                                    1)))
     (x,) = [b for b in strategy.experimental_distribute_dataset(batch)]
@@ -56,6 +60,7 @@ def main() -> None:
              sum=local(total)[0], mean=local(mean)[-1], max=local(largest)[0],
              gathered=local(gathered)[-1], reduce_sum=strategy.reduce("SUM", own, axis=None),
              reduce_mean_axis=strategy.reduce("MEAN", own, axis=0), gather=strategy.gather(own, axis=0),
+             traced_gather=gather_step(x),
              traced_mean_axis=mean_step(x), replicas=strategy.num_replicas_in_sync, input_context=contexts[0],
              first_elements=[int(np.asarray(v)[0]) for v in local(per_replica)],
              task_type=strategy.cluster_resolver.task_type, chief=strategy.extended.should_checkpoint)

@@ -226,6 +226,7 @@ def test_collectives_span_every_replica_of_every_worker(tmp_path) -> None:
         np.testing.assert_array_equal(result["traced_mean_axis"], rows.mean(0))
         np.testing.assert_array_equal(result["reloaded_mean"], rows.mean(0))  # exported plan, loaded, run
         np.testing.assert_array_equal(result["gather"], np.repeat(rows, 2, axis=0))
+        np.testing.assert_array_equal(result["traced_gather"], np.repeat(rows, 2, axis=0))
         assert result["input_context"].tolist() == [2, rank, 4]  # one input pipeline per worker
         # Worker `rank` reads elements rank, rank + 2, ... (its shard), one per local replica per step.
         assert result["first_elements"].tolist() == [rank, rank + 2]

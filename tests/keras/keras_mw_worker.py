@@ -2,7 +2,8 @@
 MultiWorkerMirroredStrategy, results written to ``--out/rank<r>.npz``.
 
 Each rank seeds its initial weights differently: equal results show that worker 0's values were
-broadcast and that the workers agreed on the shuffling order.
+broadcast and that the workers agreed on the shuffling order. ``model.save`` writes
+``--out/saved`` (the chief only).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def main() -> None:
     history = model.fit(data.x_train[:150], data.y_train[:150], batch_size=32, epochs=2, verbose=0)
     loss, accuracy = model.evaluate(data.x_test[:70], data.y_test[:70], batch_size=32, verbose=0)
     predictions = model.predict(data.x_test[:70], batch_size=32)
+    model.save(Path(args.out) / "saved")  # the chief writes it; its serving plan gathers across workers
     np.savez(Path(args.out) / f"rank{rank}.npz", *model.get_weights(), loss=np.array(history.history["loss"]),
              accuracy=np.array(history.history["accuracy"]), eval=np.array([loss, accuracy]),
              predictions=predictions)

@@ -43,6 +43,10 @@ def test_two_workers_fit_evaluate_predict_like_one_device(tmp_path) -> None:
             for key in ("loss", "accuracy", "eval"):
                 np.testing.assert_allclose(got[key], reference[key], rtol=1e-4, atol=1e-6, err_msg=key)
             np.testing.assert_allclose(got["predictions"], reference["predictions"], rtol=1e-4, atol=1e-5)
+    # The chief's saved model, loaded in this (single) process, predicts like the one-device model.
+    saved = gd.keras.load_model(tmp_path / "saved")
+    np.testing.assert_allclose(saved.predict(digits().x_test[:70], batch_size=32, verbose=0),
+                               reference["predictions"], rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.slow

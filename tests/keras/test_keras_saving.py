@@ -104,3 +104,20 @@ def test_load_model_errors(tmp_path) -> None:
         unbuilt = keras.Sequential([keras.layers.Dense(1)])
     with pytest.raises(gd.InvalidArgumentError, match="not built"):
         unbuilt.save(tmp_path / "x")
+
+
+def test_save_replaces_an_earlier_save_but_not_other_directories(tmp_path) -> None:
+    data = digits(images=True)
+    model = _trained(gd.OneDeviceStrategy("cpu:0"))
+    model.save(tmp_path / "m")
+    model.fit(data.x_train[:64], data.y_train[:64], batch_size=64, epochs=1, verbose=0)
+    model.save(tmp_path / "m")  # Keras' default overwrite=True: the newer weights replace the older ones
+    np.testing.assert_array_equal(keras.load_model(tmp_path / "m").predict(data.x_test[:32], verbose=0),
+                                  model.predict(data.x_test[:32], verbose=0))
+    with pytest.raises(gd.InvalidArgumentError, match="overwrite=True"):
+        model.save(tmp_path / "m", overwrite=False)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
+    with pytest.raises(gd.PlanError, match="no model.json"):
+        model.save(tmp_path / "notes")
+    assert (tmp_path / "notes" / "todo.txt").read_text() == "mine"
