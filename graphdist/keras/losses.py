@@ -4,9 +4,12 @@ A loss object computes one loss per example (:meth:`Loss.per_example`, traced
 or eager). Called directly it reduces them as its ``reduction`` says (Keras'
 default: the mean over the batch; ``Reduction.NONE``: per example, for custom
 training loops that divide by the global batch size with
-``gd.nn.compute_average_loss``). ``fit`` always sums the per-example losses
-and divides by the global batch size, so replicas' gradients add up to the
-gradient of the mean over the global batch (Mirrored equals one device).
+``gd.nn.compute_average_loss``); a ``sample_weight`` multiplies each
+example's loss first, and the mean still divides by the number of examples
+(not by the sum of the weights), as Keras' ``SUM_OVER_BATCH_SIZE`` does.
+``fit`` always sums the (weighted) per-example losses and divides by the
+global batch size, so replicas' gradients add up to the gradient of the mean
+over the global batch (Mirrored equals one device).
 
 :meth:`Loss.check_targets` validates concrete targets against the model's
 output (shape, dtype, class range) before a step runs, because out-of-range
@@ -69,8 +72,19 @@ class Loss:
         """One loss per example, shape ``(batch,)``."""
         raise NotImplementedError
 
-    def __call__(self, y_true: Any, y_pred: Any) -> Any:
+    def __call__(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> Any:
+        """The loss of a batch, reduced as :attr:`reduction` says.
+
+        Args:
+            y_true: Targets.
+            y_pred: Predictions.
+            sample_weight: Optional weight per example (shape ``(batch,)``),
+                multiplied into the per-example losses before the reduction;
+                the mean still divides by the batch size, as in Keras.
+        """
         losses = self.per_example(y_true, y_pred)
+        if sample_weight is not None:
+            losses = losses * weigh_like(sample_weight, losses)
         if self.reduction == Reduction.NONE:
             return losses
         total = np.sum(losses)
@@ -85,6 +99,18 @@ class Loss:
     def get_config(self) -> dict[str, Any]:
         """Constructor arguments (JSON-able)."""
         return {"reduction": self.reduction, "name": self.name}
+
+
+def weigh_like(sample_weight: Any, values: Any) -> Any:
+    """``sample_weight`` (one weight per example) in ``values``' dtype, shaped to broadcast against them."""
+    weight = sample_weight if hasattr(sample_weight, "dtype") else np.asarray(sample_weight)
+    weight = _float(weight, values.dtype)
+    rank = len(values.shape)
+    if len(weight.shape) == 2 and weight.shape[1] == 1 and rank != 2:
+        weight = np.reshape(weight, (weight.shape[0],))
+    if rank > 1 and len(weight.shape) == 1:
+        weight = np.reshape(weight, (weight.shape[0],) + (1,) * (rank - 1))
+    return weight
 
 
 def _check_same_size(loss: Loss, y_true: np.ndarray, output_shape: tuple[int, ...], where: str) -> None:

@@ -8,6 +8,11 @@ The result over an epoch is therefore exactly the metric of all the epoch's
 examples, whatever the replica count and however a partial last batch was
 split. Eagerly, :meth:`Metric.update_state` / :meth:`Metric.result` /
 :meth:`Metric.reset_state` work as in Keras.
+
+With a ``sample_weight`` (one weight per example) a metric is the weighted
+mean ``sum(w * value) / sum(w)``, as Keras' metrics compute it; ``fit`` and
+``evaluate`` pass the sample weights to the ``weighted_metrics`` of
+``compile`` only (its plain ``metrics`` stay unweighted, as in Keras).
 """
 
 from __future__ import annotations
@@ -34,8 +39,15 @@ class Metric:
         self.name = name or type(self).__name__
         self.reset_state()
 
-    def batch_totals(self, y_true: Any, y_pred: Any) -> tuple[Any, Any]:
-        """``(total, count)`` of one batch (traced or eager numpy)."""
+    def batch_totals(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> tuple[Any, Any]:
+        """``(total, count)`` of one batch (traced or eager numpy).
+
+        Args:
+            y_true: The batch's targets.
+            y_pred: The batch's predictions.
+            sample_weight: Optional weight per example; ``total`` is then the
+                weighted sum of the values and ``count`` the sum of the weights.
+        """
         raise NotImplementedError
 
     def merge(self, total: float, count: float) -> None:
@@ -43,9 +55,13 @@ class Metric:
         self._total += float(total)
         self._count += float(count)
 
-    def update_state(self, y_true: Any, y_pred: Any) -> None:
-        """Adds a batch eagerly."""
-        total, count = self.batch_totals(np.asarray(y_true), np.asarray(y_pred))
+    def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+        """Adds a batch eagerly (weighted by ``sample_weight``, one weight per example, when given)."""
+        if sample_weight is None:
+            total, count = self.batch_totals(np.asarray(y_true), np.asarray(y_pred))
+        else:
+            total, count = self.batch_totals(np.asarray(y_true), np.asarray(y_pred),
+                                             sample_weight=np.asarray(sample_weight, dtype=np.float32))
         self.merge(total, count)
 
     def result(self) -> float:
@@ -65,22 +81,34 @@ class Metric:
         return f"<{type(self).__name__} {self.name}={self.result():.4g}>"
 
 
-def _count(y: Any) -> Any:
-    return np.asarray(int(y.shape[0]), dtype=np.float32)
+def _totals(values: Any, sample_weight: Any) -> tuple[Any, Any]:
+    """``(sum of values, number of values)``, or with weights (one per example, broadcast over the other
+    axes as Keras does) ``(sum of w * values, sum of the broadcast weights)``, in float32.
+    """
+    if values.dtype == np.bool_:
+        values = values.astype(np.float32)
+    if sample_weight is None:
+        size = int(np.prod(values.shape, dtype=np.int64))
+        return np.sum(values).astype(np.float32), np.asarray(size, dtype=np.float32)
+    weight = losses_lib.weigh_like(sample_weight, values)
+    per_example = np.asarray(int(np.prod(values.shape[1:], dtype=np.int64)), dtype=np.float32)
+    return np.sum(values * weight).astype(np.float32), np.sum(weight).astype(np.float32) * per_example
 
 
 class Mean(Metric):
     """The mean of the values given (``update_state(values)``; in a step, of ``y_pred``)."""
 
-    def batch_totals(self, y_true: Any, y_pred: Any) -> tuple[Any, Any]:
-        values = y_pred
-        size = int(np.prod(values.shape, dtype=np.int64))
-        return np.sum(values).astype(np.float32), np.asarray(size, dtype=np.float32)
+    def batch_totals(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> tuple[Any, Any]:
+        return _totals(y_pred, sample_weight)
 
-    def update_state(self, values: Any, y_pred: Any = None) -> None:  # type: ignore[override]
-        """Adds values (one argument, as Keras' ``Mean.update_state(values)``)."""
+    def update_state(self, values: Any, y_pred: Any = None, sample_weight: Any = None) -> None:  # type: ignore[override]
+        """Adds values (``update_state(values, sample_weight=None)``, as Keras' ``Mean``)."""
         values = np.asarray(values if y_pred is None else y_pred, dtype=np.float64)
-        self.merge(values.sum(), values.size)
+        if sample_weight is None:
+            self.merge(values.sum(), values.size)
+            return
+        weight = np.broadcast_to(losses_lib.weigh_like(np.asarray(sample_weight), values), values.shape)
+        self.merge((values * weight).sum(), weight.sum())
 
 
 class SparseCategoricalAccuracy(Metric):
@@ -89,11 +117,10 @@ class SparseCategoricalAccuracy(Metric):
     def __init__(self, name: str | None = None) -> None:
         super().__init__(name or "sparse_categorical_accuracy")
 
-    def batch_totals(self, y_true: Any, y_pred: Any) -> tuple[Any, Any]:
+    def batch_totals(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> tuple[Any, Any]:
         labels = losses_lib.sparse_labels(y_true)
         predicted = np.argmax(y_pred, axis=-1)
-        correct = (predicted == labels.astype(predicted.dtype)).astype(np.float32)
-        return np.sum(correct), _count(y_pred)
+        return _totals(predicted == labels.astype(predicted.dtype), sample_weight)
 
 
 class Accuracy(Metric):
@@ -102,10 +129,9 @@ class Accuracy(Metric):
     def __init__(self, name: str | None = None) -> None:
         super().__init__(name or "accuracy")
 
-    def batch_totals(self, y_true: Any, y_pred: Any) -> tuple[Any, Any]:
+    def batch_totals(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> tuple[Any, Any]:
         y_true = np.reshape(y_true, tuple(y_pred.shape)) if len(y_true.shape) < len(y_pred.shape) else y_true
-        equal = (y_pred == y_true.astype(y_pred.dtype)).astype(np.float32)
-        return np.sum(equal), np.asarray(int(np.prod(y_pred.shape, dtype=np.int64)), dtype=np.float32)
+        return _totals(y_pred == y_true.astype(y_pred.dtype), sample_weight)
 
 
 class MeanSquaredError(Metric):
@@ -114,8 +140,8 @@ class MeanSquaredError(Metric):
     def __init__(self, name: str | None = None) -> None:
         super().__init__(name or "mean_squared_error")
 
-    def batch_totals(self, y_true: Any, y_pred: Any) -> tuple[Any, Any]:
-        return np.sum(losses_lib.MeanSquaredError().per_example(y_true, y_pred)).astype(np.float32), _count(y_pred)
+    def batch_totals(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> tuple[Any, Any]:
+        return _totals(losses_lib.MeanSquaredError().per_example(y_true, y_pred), sample_weight)
 
 
 class MeanAbsoluteError(Metric):
@@ -124,8 +150,8 @@ class MeanAbsoluteError(Metric):
     def __init__(self, name: str | None = None) -> None:
         super().__init__(name or "mean_absolute_error")
 
-    def batch_totals(self, y_true: Any, y_pred: Any) -> tuple[Any, Any]:
-        return np.sum(losses_lib.MeanAbsoluteError().per_example(y_true, y_pred)).astype(np.float32), _count(y_pred)
+    def batch_totals(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> tuple[Any, Any]:
+        return _totals(losses_lib.MeanAbsoluteError().per_example(y_true, y_pred), sample_weight)
 
 
 _CLASSES = {cls.__name__: cls for cls in (Mean, SparseCategoricalAccuracy, Accuracy, MeanSquaredError,

@@ -37,6 +37,7 @@ from graphdist.keras import callbacks as callbacks_lib
 from graphdist.keras import functional, initializers
 from graphdist.keras import losses as losses_lib
 from graphdist.keras import metrics as metrics_lib
+from graphdist.keras import sample_weights as weights_lib
 from graphdist.keras.data_adapter import make_source
 from graphdist.keras.layers import Layer, get_layer_class
 from graphdist.keras.progress import Progress
@@ -80,6 +81,7 @@ class Model(Layer):
         self.optimizer: Any = None
         self.loss: Any = None
         self.compiled_metrics: list[metrics_lib.Metric] = []
+        self.compiled_weighted_metrics: list[metrics_lib.Metric] = []
         self.history: callbacks_lib.History | None = None
         self.stop_training = False
         self._engine: Engine | None = None
@@ -199,11 +201,15 @@ class Model(Layer):
         return text
 
     # ---------------------------------------------------------------- compile
-    def compile(self, optimizer: Any = "sgd", loss: Any = None, metrics: Sequence[Any] | None = None) -> None:
+    def compile(self, optimizer: Any = "sgd", loss: Any = None, metrics: Sequence[Any] | None = None,
+                weighted_metrics: Sequence[Any] | None = None) -> None:
         """Sets the optimizer, loss and metrics (strings or objects; see ``gd.keras.losses`` / ``metrics``).
 
         String optimizers (``"sgd"``: ``SGD(0.01)``, ``"adam"``: ``Adam(0.001)``)
-        are created in the model's strategy scope.
+        are created in the model's strategy scope. As in Keras, ``metrics``
+        ignore sample and class weights and ``weighted_metrics`` use them
+        (``sum(w * value) / sum(w)``); a weighted metric whose name a plain
+        one already has is renamed ``weighted_<name>``.
 
         Raises:
             InvalidArgumentError: Unknown optimizer, loss or metric, or an
@@ -215,20 +221,18 @@ class Model(Layer):
         with self._scope():
             optimizer = _optimizer(optimizer)
         loss = losses_lib.get(loss)
-        if metrics is not None and not isinstance(metrics, (list, tuple)):
-            raise InvalidArgumentError(f"compile: metrics must be a list, got {type(metrics).__name__}")
-        metric_objects = [metrics_lib.get(m, loss) for m in metrics or ()]
-        names = [m.name for m in metric_objects]
-        if len(set(names)) != len(names) or "loss" in names:
-            raise InvalidArgumentError(f"compile: metric names must be unique and not 'loss', got {names}")
+        metric_objects = _metric_objects(metrics, loss, "metrics")
+        weighted_objects = _metric_objects(weighted_metrics, loss, "weighted_metrics")
+        _name_weighted_metrics(metric_objects, weighted_objects)
         check_strategy(self, "compile", optimizer)
         self.optimizer, self.loss, self.compiled_metrics = optimizer, loss, metric_objects
-        self._engine = Engine(self, optimizer, loss, metric_objects)
+        self.compiled_weighted_metrics = weighted_objects
+        self._engine = Engine(self, optimizer, loss, metric_objects, weighted_objects)
 
     @property
     def metrics_names(self) -> list[str]:
-        """``["loss", *metric names]``."""
-        return ["loss", *(m.name for m in self.compiled_metrics)]
+        """``["loss", *metric names, *weighted metric names]``."""
+        return ["loss", *(m.name for m in (*self.compiled_metrics, *self.compiled_weighted_metrics))]
 
     def _compiled_engine(self, what: str) -> Engine:
         if self._engine is None:
@@ -245,17 +249,31 @@ class Model(Layer):
         x = first[0] if source.has_targets else first
         self._record_output(nest.map_structure(lambda leaf: np.asarray(leaf)[:1], x))
 
+    def _fit_source(self, x: Any, y: Any, batch_size: int | None, shuffle: bool, seed: int,
+                    steps_per_epoch: int | None, sample_weight: Any, class_weight: Any) -> Any:
+        return make_source(x, y, batch_size, shuffle, seed, self.dtype, "fit", True, steps=steps_per_epoch,
+                           sample_weight=sample_weight, class_weight=class_weight)
+
     # -------------------------------------------------------------------- fit
     def fit(self, x: Any = None, y: Any = None, batch_size: int | None = None, epochs: int = 1,
             verbose: Any = "auto", callbacks: Sequence[callbacks_lib.Callback] | None = None,
             validation_data: Any = None, shuffle: bool = True, initial_epoch: int = 0,
-            steps_per_epoch: int | None = None) -> callbacks_lib.History:
+            steps_per_epoch: int | None = None, sample_weight: Any = None,
+            class_weight: dict[int, float] | None = None) -> callbacks_lib.History:
         """Trains for ``epochs`` epochs under the model's strategy; returns the :class:`History`.
 
         Each global batch (``batch_size`` rows of the arrays, default 32, or
         one element of a dataset) is split among the replicas; the loss is the
         mean over the global batch (per-example losses summed and divided by
         its size), so every strategy trains the same weights as one device.
+
+        Sample weights, as in Keras: ``sample_weight`` (one weight per example
+        of array input; a dataset's elements may be ``(x, y, sample_weight)``
+        instead) and ``class_weight`` (``{class id: weight}``, looked up from
+        integer or one-hot labels; classes left out weigh 1) multiply the
+        examples' losses; the batch loss stays ``sum(w_i * loss_i) / batch
+        size``. ``validation_data`` may be ``(x_val, y_val, val_sample_weight)``;
+        ``class_weight`` does not apply to it.
 
         Raises:
             NotCompiledError: ``compile`` was not called.
@@ -267,9 +285,10 @@ class Model(Layer):
         if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)) or epochs < 0:
             raise InvalidArgumentError(f"fit: epochs must be a non-negative int, got {epochs!r}")
         self._shuffle_seed = _agreed_seed(self._strategy, self._shuffle_seed)
-        source = make_source(x, y, batch_size, shuffle, self._shuffle_seed, self.dtype, "fit", True,
-                             steps=steps_per_epoch)
+        source = self._fit_source(x, y, batch_size, shuffle, self._shuffle_seed, steps_per_epoch, sample_weight,
+                                  class_weight)
         self._prepare(source, "fit")
+        weights_lib.check_class_ids(class_weight, self._output_shape)
         validation = self._validation_source(validation_data, batch_size)
         history = callbacks_lib.History()
         callback_list = callbacks_lib.CallbackList([history, *(callbacks or [])], self,
@@ -282,7 +301,8 @@ class Model(Layer):
             epoch, previous, seed = self._resume
             if seed != self._shuffle_seed:
                 self._shuffle_seed = seed
-                source = make_source(x, y, batch_size, shuffle, seed, self.dtype, "fit", True, steps=steps_per_epoch)
+                source = self._fit_source(x, y, batch_size, shuffle, seed, steps_per_epoch, sample_weight,
+                                          class_weight)
             history.history = {k: list(v) for k, v in previous.items()}
             history.epoch = list(range(epoch))
         logs: dict[str, float] = {}
@@ -320,24 +340,31 @@ class Model(Layer):
         if validation_data is None:
             return None
         if isinstance(validation_data, tuple):
-            if len(validation_data) != 2:
-                raise InvalidArgumentError(f"fit: validation_data must be (x_val, y_val) or a dataset, got a tuple "
-                                           f"of {len(validation_data)}")
-            return make_source(*validation_data, batch_size, False, 0, self.dtype, "fit: validation_data", True)
+            if len(validation_data) not in (2, 3):
+                raise InvalidArgumentError(f"fit: validation_data must be (x_val, y_val), (x_val, y_val, "
+                                           f"val_sample_weight) or a dataset, got a tuple of {len(validation_data)}")
+            x_val, y_val, *weight = validation_data
+            return make_source(x_val, y_val, batch_size, False, 0, self.dtype, "fit: validation_data", True,
+                               sample_weight=weight[0] if weight else None)
         return make_source(validation_data, None, None, False, 0, self.dtype, "fit: validation_data", True)
 
     # ---------------------------------------------------------- evaluate/predict
     def evaluate(self, x: Any = None, y: Any = None, batch_size: int | None = None, verbose: Any = "auto",
-                 steps: int | None = None, return_dict: bool = False) -> Any:
+                 sample_weight: Any = None, steps: int | None = None, return_dict: bool = False) -> Any:
         """Loss (and metrics) over all of ``x``, as Keras returns them: the loss alone
         without metrics, ``[loss, *metrics]`` with them (or a dict with ``return_dict``).
+
+        With ``sample_weight`` (one per example of array input; or datasets of
+        ``(x, y, sample_weight)``) the loss is ``sum(w_i * loss_i) / examples``
+        and the ``weighted_metrics`` are weighted means, as in Keras.
 
         Raises:
             NotCompiledError: ``compile`` was not called.
             InvalidArgumentError: Bad input (see :meth:`fit`).
         """
         engine = self._compiled_engine("evaluate")
-        source = make_source(x, y, batch_size, False, 0, self.dtype, "evaluate", True, steps=steps)
+        source = make_source(x, y, batch_size, False, 0, self.dtype, "evaluate", True, steps=steps,
+                             sample_weight=sample_weight)
         self._prepare(source, "evaluate")
         progress = Progress(verbose, "Evaluate")
         try:
@@ -391,6 +418,29 @@ class Model(Layer):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} layers={len(self._layers)} strategy={self._strategy!r}>"
+
+
+def _metric_objects(metrics: Any, loss: Any, argument: str) -> list[metrics_lib.Metric]:
+    if metrics is not None and not isinstance(metrics, (list, tuple)):
+        raise InvalidArgumentError(f"compile: {argument} must be a list, got {type(metrics).__name__}")
+    return [metrics_lib.get(m, loss) for m in metrics or ()]
+
+
+def _name_weighted_metrics(plain: list[metrics_lib.Metric], weighted: list[metrics_lib.Metric]) -> None:
+    """Renames a weighted metric ``weighted_<name>`` when a plain one has its name (as Keras does);
+    raises when names still repeat.
+    """
+    if any(w is p for w in weighted for p in plain):
+        raise InvalidArgumentError("compile: the same metric object is in both metrics and weighted_metrics; "
+                                   "give weighted_metrics its own object (or a name string)")
+    names = {m.name for m in plain}
+    for metric in weighted:
+        if metric.name in names:
+            metric.name = f"weighted_{metric.name}"
+        names.add(metric.name)
+    all_names = [m.name for m in (*plain, *weighted)]
+    if len(set(all_names)) != len(all_names) or "loss" in all_names:
+        raise InvalidArgumentError(f"compile: metric names must be unique and not 'loss', got {all_names}")
 
 
 def _agreed_seed(strategy: Any, seed: int) -> int:

@@ -6,7 +6,7 @@ directory, then renamed into place) by the chief only:
 * ``model.json``: format and version, the model class, its architecture
   (for ``Sequential``: every layer's class and constructor arguments), the
   input shape it was built for, and the compile settings (optimizer class
-  and hyper-parameters, loss, metrics);
+  and hyper-parameters, loss, metrics, weighted metrics);
 * ``variables.npz``: a ``gd.train.Checkpoint`` of the model's weights (keys
   by layer position) and, when compiled, the optimizer's state (step count,
   slots), so training can continue where it stopped;
@@ -67,7 +67,8 @@ def _compile_config(model: Any) -> dict[str, Any] | None:
     if model.loss is None:
         return None
     return {"optimizer": _optimizer_config(model.optimizer), "loss": losses_lib.serialize(model.loss),
-            "metrics": [metrics_lib.serialize(m) for m in model.compiled_metrics]}
+            "metrics": [metrics_lib.serialize(m) for m in model.compiled_metrics],
+            "weighted_metrics": [metrics_lib.serialize(m) for m in model.compiled_weighted_metrics]}
 
 
 def _trackables(model: Any) -> dict[str, Any]:
@@ -165,7 +166,8 @@ def load_model(filepath: str | os.PathLike[str], custom_objects: dict[str, type]
         with model._scope():
             optimizer = optimizer_cls(**compiled["optimizer"]["config"])
         model.compile(optimizer=optimizer, loss=losses_lib.deserialize(compiled["loss"]),
-                      metrics=[metrics_lib.deserialize(m) for m in compiled["metrics"]])
+                      metrics=[metrics_lib.deserialize(m) for m in compiled["metrics"]],
+                      weighted_metrics=[metrics_lib.deserialize(m) for m in compiled.get("weighted_metrics", [])])
     checkpoint = Checkpoint(**_trackables(model)) if compile and compiled is not None else Checkpoint(model=model)
     checkpoint.restore(directory / _VARIABLES)
     return model

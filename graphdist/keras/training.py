@@ -5,10 +5,11 @@ shape (the full global batch, and the partial last one) into one graph and
 one plan:
 
 * train: ``strategy.run`` of the replica step (forward with
-  ``training=True``, per-example losses summed and divided by the *global*
-  batch size, ``gd.GradientTape`` gradients, ``optimizer.apply_gradients``,
-  which sums them over the replicas) followed by ``strategy.reduce("SUM")`` of
-  the replicas' loss and metric sums;
+  ``training=True``, per-example losses, times their sample weights when
+  the batch has them, summed and divided by the *global* batch size,
+  ``gd.GradientTape`` gradients, ``optimizer.apply_gradients``, which sums
+  them over the replicas) followed by ``strategy.reduce("SUM")`` of the
+  replicas' loss and metric sums;
 * test: the same without gradients (``training=False``);
 * predict: ``strategy.run`` of the forward pass; the replicas' outputs are
   concatenated on the host in replica order (with several workers, gathered
@@ -23,6 +24,15 @@ are produced and split ahead of the steps in a background thread
 checked on the host against the loss (shape, class range) before a batch is
 used. Loss and metric sums are accumulated in float64 on the host, so the
 epoch's numbers are those of all its examples, partial last batch included.
+
+Sample weights (Keras' ``SUM_OVER_BATCH_SIZE``): a batch's loss is
+``sum(w_i * loss_i) / global batch size``, the number of examples, not the
+sum of the weights; each replica divides its partial sum by the global
+size, so the all-reduced gradient equals one device's. The epoch's ``loss``
+log is ``sum(w_i * loss_i) / examples`` (Keras' loss tracker: the batch
+losses averaged with the batch sizes as weights). ``weighted_metrics`` get
+``sum(w * value) / sum(w)``; plain ``metrics`` ignore the weights, as in
+Keras. A batch without weights is a separate (unweighted) trace.
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ from graphdist.data.dataset import Dataset
 from graphdist.distribute.strategy import DefaultStrategy, get_strategy, has_strategy
 from graphdist.distribute.values import DistributedValues
 from graphdist.errors import GraphdistError, InvalidArgumentError
+from graphdist.keras import losses as losses_lib
 from graphdist.keras import metrics as metrics_lib
 from graphdist.keras.progress import Progress
 from graphdist.trace.tape import GradientTape
@@ -146,14 +157,17 @@ class Engine:
         model: The model (built or not).
         optimizer: A ``gd.optimizers`` optimizer (``None``: evaluate/predict only).
         loss: A :class:`graphdist.keras.losses.Loss`.
-        metrics: :class:`graphdist.keras.metrics.Metric` objects.
+        metrics: :class:`graphdist.keras.metrics.Metric` objects (unweighted).
+        weighted_metrics: Metrics that take the batches' sample weights.
     """
 
-    def __init__(self, model: Any, optimizer: Any, loss: Any, metrics: list[metrics_lib.Metric]) -> None:
+    def __init__(self, model: Any, optimizer: Any, loss: Any, metrics: list[metrics_lib.Metric],
+                 weighted_metrics: list[metrics_lib.Metric] | None = None) -> None:
         self.model = model
         self.optimizer = optimizer
         self.loss = loss
-        self.metrics = metrics
+        self.weighted_metrics = list(weighted_metrics or [])
+        self.metrics = [*metrics, *self.weighted_metrics]
         self.strategy = model.distribute_strategy
         self.train_function = gd_function(self._train_step, name=f"{model.name}_train_step")
         self.test_function = gd_function(self._test_step, name=f"{model.name}_test_step")
@@ -163,36 +177,47 @@ class Engine:
         self.train_steps: list[Any] = []  # concrete train steps, in compile order
 
     # ------------------------------------------------------------------ steps
-    def _statistics(self, per_example: Any, y: Any, y_pred: Any) -> Any:
+    def _statistics(self, loss_sum: Any, y: Any, y_pred: Any, sample_weight: Any) -> Any:
         """One vector ``[loss sum, metric 0 total, metric 0 count, ...]``: a single all-reduce per step."""
-        dtype = np.float64 if per_example.dtype == np.float64 else np.float32
-        parts = [np.sum(per_example)]
+        dtype = np.float64 if loss_sum.dtype == np.float64 else np.float32
+        parts = [loss_sum]
         for metric in self.metrics:
-            parts.extend(metric.batch_totals(y, y_pred))
+            weighted = sample_weight is not None and any(metric is m for m in self.weighted_metrics)
+            parts.extend(metric.batch_totals(y, y_pred, sample_weight=sample_weight) if weighted
+                         else metric.batch_totals(y, y_pred))
         return np.stack([np.reshape(p.astype(dtype), ()) for p in parts])
 
-    def _replica_train(self, x: Any, y: Any, global_batch: int) -> Any:
+    def _loss_sum(self, y: Any, y_pred: Any, sample_weight: Any) -> Any:
+        """The replica's sum of per-example losses, each times its sample weight when there are weights."""
+        per_example = self.loss.per_example(y, y_pred)
+        if sample_weight is not None:
+            per_example = per_example * losses_lib.weigh_like(sample_weight, per_example)
+        return np.sum(per_example)
+
+    def _replica_train(self, x: Any, y: Any, sample_weight: Any, global_batch: int) -> Any:
         model = self.model
         variables = model.trainable_variables
         with GradientTape() as tape:
             y_pred = model(x, training=True)
-            per_example = self.loss.per_example(y, y_pred)
-            # The seeds' loss scaling: sum / global batch, so replicas' summed gradients are the global mean's.
-            loss = np.sum(per_example) / np.asarray(global_batch, dtype=per_example.dtype)
+            loss_sum = self._loss_sum(y, y_pred, sample_weight)
+            # The seeds' loss scaling: sum / global batch, so replicas' summed gradients are the global mean's
+            # (with sample weights too: Keras' SUM_OVER_BATCH_SIZE divides by examples, not by the weights' sum).
+            loss = loss_sum / np.asarray(global_batch, dtype=loss_sum.dtype)
         grads = tape.gradient(loss, variables)
         self.optimizer.apply_gradients(zip(grads, variables))
-        return self._statistics(per_example, y, y_pred)
+        return self._statistics(loss_sum, y, y_pred, sample_weight)
 
-    def _replica_test(self, x: Any, y: Any) -> Any:
+    def _replica_test(self, x: Any, y: Any, sample_weight: Any) -> Any:
         y_pred = self.model(x, training=False)
-        return self._statistics(self.loss.per_example(y, y_pred), y, y_pred)
+        return self._statistics(self._loss_sum(y, y_pred, sample_weight), y, y_pred, sample_weight)
 
-    def _train_step(self, x: Any, y: Any, batch: int) -> Any:
-        per_replica = self.strategy.run(self._replica_train, args=(x, y, batch))
+    def _train_step(self, x: Any, y: Any, sample_weight: Any, batch: int) -> Any:
+        per_replica = self.strategy.run(self._replica_train, args=(x, y, sample_weight, batch))
         return self.strategy.reduce("SUM", per_replica, axis=None)
 
-    def _test_step(self, x: Any, y: Any) -> Any:
-        return self.strategy.reduce("SUM", self.strategy.run(self._replica_test, args=(x, y)), axis=None)
+    def _test_step(self, x: Any, y: Any, sample_weight: Any) -> Any:
+        per_replica = self.strategy.run(self._replica_test, args=(x, y, sample_weight))
+        return self.strategy.reduce("SUM", per_replica, axis=None)
 
     def _predict_step(self, x: Any) -> Any:
         return self.strategy.run(self._forward, args=(x,))
@@ -247,8 +272,8 @@ class Engine:
         progress.begin(label, steps)
         count = 0
         with self.model._scope():
-            for count, ((x, y), batch) in enumerate(distributed, start=1):
-                args = (x, y, batch) if train else (x, y)
+            for count, ((x, y, sample_weight), batch) in enumerate(distributed, start=1):
+                args = (x, y, sample_weight, batch) if train else (x, y, sample_weight)
                 reduced = self._call(function, args, progress, f"the {'train' if train else 'test'} step")
                 totals.add(reduced, batch)
                 logs = totals.logs()
