@@ -108,6 +108,11 @@ _CONVERT_ERROR = re.compile(r"Error converting operator (\w+)")
 
 def _tvm() -> Any:
     """Imports tvm on first use (about a second; most processes never need it)."""
+    # TVM's thread pool otherwise pins the calling thread to core 0 when it is configured: the user's
+    # main thread (and every thread it starts later, ONNX Runtime's included) would then share one
+    # core, and so would the scheduler's device threads. Unpinned, they keep the process's affinity
+    # (graphdist launch's per-worker cores included). A user's own setting wins.
+    os.environ.setdefault("TVM_BIND_THREADS", "0")
     import tvm
     from tvm import relax  # noqa: F401 - registers the relax namespace on the tvm module
 
@@ -380,7 +385,7 @@ def _size_thread_pool(threads: int) -> None:
         return
     configure = _tvm().get_global_func("runtime.config_threadpool", allow_missing=True)
     if configure is not None:
-        configure(0, threads)  # 0: no core pinning (big/little agnostic)
+        configure(0, threads)  # mode 0: all cores (pinning is off, see _tvm)
     _thread_pool_size.value = threads
 
 

@@ -33,6 +33,7 @@ A function no rule accepts keeps TVM's default (serial) code: correct, slow.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 __all__ = ["CPUElementwise", "CPUMatmul", "CPUOuterReduction", "SafeRule", "cpu_rules", "vector_lanes"]
@@ -123,12 +124,20 @@ class CPUMatmul(_LLVMRule):
         rows: ``MR``, rows of the accumulator tile.
         vectors: Vectors per accumulator row (``NR = vectors * lanes``).
         k_unroll: Unroll factor of the reduction loop.
+        pack_computed_a: Pack A into ``MR``-row panels when it is computed (not a plain input).
+        pack_a_min_depth: Shortest reduction for which such an A is packed.
+        max_rows: Most rows of a narrow tile (one with fewer than ``vectors`` vectors per row gets
+            more rows, as many accumulators in registers).
     """
 
-    def __init__(self, rows: int = 4, vectors: int = 4, k_unroll: int = 4) -> None:
+    def __init__(self, rows: int = 4, vectors: int = 4, k_unroll: int = 4, pack_computed_a: bool = True,
+                 pack_a_min_depth: int = 32, max_rows: int = 8) -> None:
         self.rows = rows
+        self.max_rows = max_rows
         self.vectors = vectors
         self.k_unroll = k_unroll
+        self.pack_computed_a = pack_computed_a
+        self.pack_a_min_depth = pack_a_min_depth
 
     def schedule(self, sch: Any, blocks: list[Any], target: Any) -> Any:
         m = _mods()
@@ -137,24 +146,30 @@ class CPUMatmul(_LLVMRule):
             return None
         main = reductions[0]
         b_contiguous = self._b_rows_contiguous(sch.get(main))
-        lanes = vector_lanes(target)
-        pack, vectors = self._normalize(sch, main, lanes, b_contiguous)
+        packs, rows, vectors, lanes = self._normalize(sch, main, vector_lanes(target), b_contiguous)
         batch, i, j, k = sch.get_loops(main)
-        i_outer, i_inner = sch.split(i, [None, self.rows])
+        i_outer, i_inner = sch.split(i, [None, rows])
         j_outer, j_vectors, j_lanes = sch.split(j, [None, vectors, lanes])
         k_outer, k_inner = sch.split(k, [None, self.k_unroll]) if _divides(self.k_unroll, _extent(sch, k)) \
             else (k, None)
         order = [batch, j_outer, i_outer, k_outer] + ([k_inner] if k_inner is not None else [])
         sch.reorder(*order, i_inner, j_vectors, j_lanes)
         # Parallel before caching: the check for a compact dataflow needs the plain reduction block.
-        sch.parallel(sch.fuse(batch, j_outer))
+        panels = _extent(sch, batch) and _extent(sch, j_outer) and _extent(sch, batch) * _extent(sch, j_outer)
+        if panels is not None and panels < _cores(target):
+            # Fewer column panels than cores (a convolution with 8 output channels): row tiles in
+            # parallel too, or all but one core would idle.
+            i_outer = sch.fuse(batch, j_outer, i_outer)  # the row-tile loop is now the parallel one
+            sch.parallel(i_outer)
+        else:
+            sch.parallel(sch.fuse(batch, j_outer))
         for loop in (k_inner, i_inner, j_vectors):
             if loop is not None:
                 sch.unroll(loop)
         sch.vectorize(j_lanes)
         accumulator = sch.cache_write(main, 0, "local")
         sch.reverse_compute_at(accumulator, i_outer, preserve_unit_loops=True)
-        _inline_producers(sch, main, keep=pack)
+        _inline_producers(sch, main, keep=packs)
         m["auto_inline_consumer_chain"](sch, accumulator)
         _vectorize_innermost(sch, accumulator, lanes)
         init = sch.decompose_reduction(main, k_outer)
@@ -169,17 +184,21 @@ class CPUMatmul(_LLVMRule):
         b_region = block.reads[-1].region
         return bool(b_region) and any(b_region[-1].min.same_as(r.min) for r in block.writes[0].region)
 
-    def _normalize(self, sch: Any, main: Any, lanes: int, b_contiguous: bool) -> tuple[Any, int]:
+    def _normalize(self, sch: Any, main: Any, lanes: int, b_contiguous: bool) -> tuple[list[Any], int, int, int]:
         """Reindexes the block to ``C[s, i, j] += A[s, i, k] * B[s, j, k]`` and pads it to the tile.
 
-        Narrow outputs (``j`` of 8 in a convolution's weight gradient) get a narrow tile: padding 8
-        columns to 64 would compute 8 times the work.
+        Narrow outputs (``j`` of 8 in a convolution's gradients) get a narrow tile: fewer vectors
+        per row and, below the widest vector, narrower vectors (8 columns as one 8-lane vector, not
+        half of a padded 16-lane one: padding would compute twice the work through masked loads).
 
         Returns:
-            B's packing block (``None`` when B is read in place) and the vectors per tile row.
+            The packing blocks (of A and B, those packed), the rows of the tile, its vectors per row
+            and the lanes per vector.
         """
         m = _mods()
+        b_last_extent = _static_extent(sch.get(main).reads[-1].source.shape[-1])
         reindex_a = sch.reindex(main, ("read", 0))
+        a_computed = self.pack_computed_a and bool(sch.get_producers(reindex_a))
         reindex_b = sch.reindex(main, ("read", 1))
         reindex_c = sch.reindex(main, ("write", 0))
         block_map, a_map, b_map, c_map = m["get_index_map"](sch.get(main))
@@ -188,40 +207,84 @@ class CPUMatmul(_LLVMRule):
         sch.transform_layout(reindex_c, ("read", 0), c_map)
         sch.transform_block_layout(main, block_map)
         columns = _extent(sch, sch.get_loops(main)[2])
-        vectors = max(1, min(self.vectors, -(-columns // lanes))) if columns else self.vectors
+        if columns:
+            while lanes > 4 and columns <= lanes // 2:
+                lanes //= 2
+        vectors = self._vectors_for(columns, lanes)
         nr = vectors * lanes
-        sch.pad_einsum(main, [1, self.rows, nr, 1])
-        if b_contiguous:
-            return None, vectors
-        sch.transform_layout(main, ("read", 1), lambda s, j, k: (s, j // nr, k, j % nr))
-        return self._schedule_pack(sch, reindex_b), vectors
+        rows = min(self.max_rows, self.rows * self.vectors // vectors)  # narrow tiles: more rows
+        sch.pad_einsum(main, [1, rows, nr, 1])
+        if b_contiguous and columns != b_last_extent:
+            b_contiguous = False  # j spans more than B's last axis (a broadcast batch folded into j)
+        packs = []
+        depth = _extent(sch, sch.get_loops(main)[3])
+        if a_computed and depth is not None and depth >= self.pack_a_min_depth:
+            # A computed on the fly (a convolution's im2col through its padding): every A element of a
+            # tile would cost index arithmetic and a bounds test per multiply-add; computed once into
+            # MR-row panels instead. Not for short reductions (a 3x3 convolution of one channel: the
+            # copy costs more than the arithmetic it saves).
+            packs.append(self._pack(sch, main, 0, reindex_a, lambda s, i, k: (s, i // rows, k, i % rows)))
+        if not b_contiguous:
+            packs.append(self._pack(sch, main, 1, reindex_b, lambda s, j, k: (s, j // nr, k, j % nr)))
+        return packs, rows, vectors, lanes
+
+    def _pack(self, sch: Any, main: Any, operand: int, reindex: Any, layout: Any) -> Any:
+        """Makes ``main``'s operand ``operand`` a packed copy in ``layout``; returns the packing block.
+
+        After padding, the kernel reads the operand through the padding block (when it was padded):
+        that block is the one kept as the packed copy.
+        """
+        buffer = sch.get(main).reads[operand].source
+        writers = [b for b in sch.get_producers(main)
+                   if any(region.source.same_as(buffer) for region in sch.get(b).writes)]
+        sch.transform_layout(main, ("read", operand), layout)
+        return self._schedule_pack(sch, writers[0] if writers else reindex)
+
+    def _vectors_for(self, columns: int | None, lanes: int) -> int:
+        """Vectors per tile row: the most (up to ``self.vectors``) among those padding ``columns`` least
+        (72 columns: one vector, 80 computed, not four, 128 computed).
+        """
+        if not columns:
+            return self.vectors
+        candidates = range(min(self.vectors, -(-columns // lanes)), 0, -1)
+        return min(candidates, key=lambda v: -(-columns // (v * lanes)) * v * lanes)
 
     @staticmethod
     def _schedule_pack(sch: Any, pack: Any) -> Any:
         """Keeps B's packing copy (its reindex block) as its own parallel loop nest: inlining it into
         the kernel would undo the packing.
         """
-        _inline_producers(sch, pack, keep=None)
+        _inline_producers(sch, pack)
         loops = sch.get_loops(pack)
         sch.parallel(sch.fuse(*loops[:2]) if len(loops) > 2 else loops[0])
         return pack
 
 
-def _inline_producers(sch: Any, block: Any, keep: Any) -> None:
-    """Inlines every producer of ``block`` (transitively) that can be inlined, except ``keep``."""
+def _inline_producers(sch: Any, block: Any, keep: Sequence[Any] = ()) -> None:
+    """Inlines every producer of ``block`` (transitively) that can be inlined, except those in ``keep``."""
     # Compared by name: block statements are replaced (new objects) as the schedule changes.
-    keep_name = sch.get(keep).name_hint if keep is not None else None
+    keep_names = {sch.get(kept).name_hint for kept in keep}
     changed = True
     while changed:
         changed = False
         for producer in sch.get_producers(block):
-            if sch.get(producer).name_hint == keep_name:
+            if sch.get(producer).name_hint in keep_names:
                 continue
             try:
                 sch.compute_inline(producer)
                 changed = True
             except Exception:  # noqa: BLE001 - producers that cannot be inlined stay loop nests
                 continue
+
+
+def _static_extent(value: Any) -> int | None:
+    return int(value) if isinstance(value, _mods()["tirx"].IntImm) else None
+
+
+def _cores(target: Any) -> int:
+    """The cores the target's code runs on (its ``num-cores``; 1 when unknown)."""
+    cores = target.attrs.get("num-cores")
+    return int(cores) if cores is not None else 1
 
 
 def _divides(factor: int, extent: int | None) -> bool:
@@ -250,7 +313,7 @@ class CPUElementwise(_LLVMRule):
         max_inline_blocks: Functions with more blocks are not inlined (compile time).
     """
 
-    def __init__(self, parallel_min: int = 16384, max_inline_blocks: int = 24) -> None:
+    def __init__(self, parallel_min: int = 16384, max_inline_blocks: int = 64) -> None:
         self.parallel_min = parallel_min
         self.max_inline_blocks = max_inline_blocks
 
@@ -306,7 +369,7 @@ class CPUOuterReduction(_LLVMRule):
         if reductions is None:
             return None
         block = reductions[0]
-        _inline_producers(sch, block, keep=None)
+        _inline_producers(sch, block)
         stmt = sch.get(block)
         kinds = [iv.iter_type == m["tirx"].IterVar.DataPar for iv in stmt.iter_vars]
         loops = sch.get_loops(block)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -153,6 +154,88 @@ def test_mirrored_training_on_tvm_equals_one_device(name: str, monkeypatch: pyte
     for got, want, ort in zip(mirrored, one, ort_one):
         np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
         np.testing.assert_allclose(want, ort, rtol=2e-4, atol=2e-5)
+
+
+def _lowered_functions(model: onnx.ModelProto) -> dict[str, object]:
+    """The PrimFuncs TVM's CPU lowering makes of an ONNX segment, by name (before any schedule)."""
+    from graphdist.backends import tvm as tvm_backend
+
+    tvm = tvm_backend._tvm()
+    mod = tvm_backend._import_onnx(model, "segment")
+    with tvm_backend._llvm_target(2):
+        mod = tvm_backend._cpu_passes(tvm)(mod)
+    return {gv.name_hint: func for gv, func in mod.functions.items() if isinstance(func, tvm.tirx.PrimFunc)}
+
+
+def _output_rows(func: object) -> int:
+    """Rows of a PrimFunc's output (its last buffer parameter's second-to-last dimension)."""
+    signature = next(line for line in func.script().splitlines() if line.startswith("def main("))
+    *_, output = re.findall(r"T\.Buffer\(\(([^\"]*)\), \"", signature)
+    dims = [int(d) for d in re.findall(r"\d+", output.replace("T.int64", ""))]
+    return dims[-2] if len(dims) >= 2 else 1
+
+
+@pytest.mark.parametrize("name", ["convnet", "mlp"])
+def test_every_matmul_and_convolution_of_a_training_step_gets_the_tiled_schedule(name: str) -> None:
+    """A rule that stops applying fails silently (TVM's default serial code runs instead, 10-100x slower):
+    the matmul rule must schedule every matrix multiply, einsum and convolution of the training step
+    (forward, both gradients of a convolution included) without raising, and spread it over both
+    cores (a narrow convolution's single column panel used to run on one).
+    """
+    from graphdist.backends import tvm as tvm_backend
+    from graphdist.backends.tvm_schedules import CPUMatmul
+
+    strategy = gd.OneDeviceStrategy("cpu:0")
+    make, data = MODELS[name]
+    with strategy.scope():
+        model = make()
+        optimizer = gd.optimizers.SGD(0.05)
+    step = model.make_train_step(optimizer, 64) if name != "mlp" else model.make_train_step(optimizer)
+    x, y = data(64)
+    concrete = gd.function(lambda a, b: strategy.run(step, args=(a, b)), backend="tvm").get_concrete_function(x, y)
+    target = tvm_backend._llvm_target(2)
+    scheduled = []
+    for segment in concrete.plan.segments:
+        for fname, func in _lowered_functions(segment.model).items():
+            if not any(kind in fname for kind in ("matmul", "conv2d", "einsum")):
+                continue
+            result = CPUMatmul().apply(func, target, False)
+            if result is None and _output_rows(func) == 1:
+                continue  # a matrix-vector product (a bias gradient): dlight's GEMV/reduction rules
+            assert result is not None, fname
+            if _output_rows(func) > 8:  # more than one row tile (8 rows x one vector: the conv1 weight gradient)
+                assert "T.parallel(T.int64(1))" not in result.mod.script(), f"{fname} runs on one core"
+            scheduled.append(fname)
+    assert len(scheduled) >= 5, scheduled
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [
+    ((1, 1, 16, 1024), (1, 9, 1024, 8)),    # a convolution's weight gradient: batch broadcast, 8 columns
+    ((37, 144), (144, 8)),                  # one 8-lane column panel, rows split over the cores
+    ((20, 50), (50, 72)),                   # 72 columns: one 16-lane vector per row, padded to 80
+])
+def test_narrow_matmul_tiles_match_numpy(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> None:
+    a = RNG.standard_normal(a_shape).astype(np.float32)
+    b = RNG.standard_normal(b_shape).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["a", "b"], ["y"])], "narrow",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, list(a_shape)),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, list(b_shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    (y,) = TvmBackend().compile(model, CPU0, threads=2).run({"a": a, "b": b})
+    np.testing.assert_allclose(y, np.matmul(a, b), rtol=1e-4, atol=1e-4)
+
+
+def test_running_a_tvm_segment_leaves_the_process_cpu_affinity_alone() -> None:
+    """TVM's thread pool pins the calling thread to core 0 unless told not to: every thread the user's
+    main thread starts afterwards (ONNX Runtime's pools, the scheduler's device threads) would share it.
+    """
+    before = os.sched_getaffinity(0)
+    model, _, _ = dense_model()
+    TvmBackend().compile(model, CPU0, threads=2).run({"x": RNG.standard_normal((6, 40)).astype(np.float32)})
+    assert os.sched_getaffinity(0) == before
 
 
 CHILD = """
