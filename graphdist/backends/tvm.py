@@ -76,6 +76,7 @@ from graphdist import stats
 from graphdist.backends.base import cache_dir, discard_artifact, read_verified_artifact, write_artifact_checksum
 from graphdist.backends.tvm_onnx import prepare_for_tvm
 from graphdist.errors import BackendError
+from graphdist.runtime.buffers import aligned, is_aligned
 from graphdist.runtime.devices import Device, check_available, host_cores, parse_device
 
 if TYPE_CHECKING:
@@ -102,7 +103,6 @@ SCHEDULE_VERSION = "2"
 #: Default CUDA architecture when no GPU is present to ask (Ampere; any ``sm_XX`` can be given).
 DEFAULT_CUDA_ARCH = "sm_80"
 #: Byte alignment TVM requires of a buffer it reads without copying.
-_TVM_ALIGNMENT = 64
 _CONVERT_ERROR = re.compile(r"Error converting operator (\w+)")
 
 
@@ -443,13 +443,15 @@ class TvmExecutable:
 
     def _tensor(self, value: np.ndarray) -> Any:
         runtime = _tvm().runtime
-        # DLPack cannot mark a read-only export, and TVM rejects the strides numpy gives empty arrays.
-        if (self._zero_copy and value.size and value.ctypes.data % _TVM_ALIGNMENT == 0
-                and value.flags.c_contiguous and value.flags.writeable):
-            # No copy: TVM reads numpy's buffer (it must be 64-byte aligned; TVM's own outputs, which
-            # variables adopt after a step, are).
-            return runtime.from_dlpack(value)
-        return runtime.tensor(value, self._tvm_device)
+        # TVM rejects the strides numpy gives empty arrays.
+        if not self._zero_copy or not value.size:
+            return runtime.tensor(value, self._tvm_device)
+        if not (is_aligned(value) and value.flags.writeable):
+            # DLPack cannot mark a read-only export, and TVM needs 64-byte alignment: one aligned numpy
+            # copy (several times cheaper than TVM's own upload for the small feeds of a step).
+            value = aligned(value) if value.flags.writeable else aligned(value.copy())
+        # No copy: TVM reads numpy's buffer (variables and TVM's own outputs are aligned already).
+        return runtime.from_dlpack(value)
 
     def _feed(self, name: str, feeds: dict[str, np.ndarray]) -> np.ndarray:
         if name not in feeds:

@@ -21,6 +21,7 @@ import numpy as np
 
 from graphdist.errors import InvalidArgumentError
 from graphdist.ir.graph import GRAPHDIST_DOMAIN
+from graphdist.runtime.buffers import aligned
 
 __all__ = ["Variable", "MirroredVariable", "read_variable", "is_variable"]
 
@@ -31,21 +32,6 @@ _ids_lock = threading.Lock()
 def _next_id() -> int:
     with _ids_lock:
         return next(_ids)
-
-
-#: Byte alignment of variable buffers: compiled code (TVM) reads 64-byte aligned buffers without a copy.
-BUFFER_ALIGNMENT = 64
-
-
-def aligned(array: np.ndarray) -> np.ndarray:
-    """``array`` itself when its buffer is C-contiguous and 64-byte aligned, else an aligned copy."""
-    if array.flags.c_contiguous and array.ctypes.data % BUFFER_ALIGNMENT == 0:
-        return array
-    raw = np.empty(array.nbytes + BUFFER_ALIGNMENT, np.uint8)
-    start = -raw.ctypes.data % BUFFER_ALIGNMENT
-    out = raw[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
-    out[...] = array
-    return out
 
 
 def _initial_array(initial_value: Any, dtype: Any) -> np.ndarray:
