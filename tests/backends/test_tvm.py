@@ -76,13 +76,18 @@ def test_transposed_matmuls_become_einsum_and_stay_exact() -> None:
     np.testing.assert_allclose(got[1], b @ c.T @ c, rtol=1e-4, atol=1e-3)
 
 
-def test_nan_propagation_rewrite_skips_nan_free_constants() -> None:
-    fn = gd.function(lambda x: np.maximum(x, 0.0), backend="tvm")
-    x = np.array([[1.0, np.nan, -2.0]], np.float32)
-    model = fn.get_concrete_function(x).plan.segments[0].model
-    ops = [n.op_type for n in prepare_for_tvm(model).graph.node]
-    assert ops.count("IsNaN") == 1  # only the traced input can be NaN, not the constant 0
-    np.testing.assert_array_equal(fn(x), np.maximum(x, 0.0))
+@pytest.mark.parametrize("fn,rewritten", [
+    (lambda x: np.maximum(x, 0.0), ["Less", "Where"]),     # a clamp to a NaN-free constant: compare + select
+    (lambda x: np.minimum(2.0, x), ["Greater", "Where"]),
+    (lambda x: np.maximum(x, x[::-1]), ["Max", "IsNaN", "Where", "IsNaN", "Where"]),  # both may be NaN
+])
+def test_nan_propagation_rewrite(fn, rewritten: list[str]) -> None:
+    step = gd.function(fn, backend="tvm")
+    x = np.array([1.0, np.nan, -2.0, 0.0, 3.0, -0.5], np.float32)
+    model = step.get_concrete_function(x).plan.segments[0].model
+    ops = [n.op_type for n in prepare_for_tvm(model).graph.node if n.op_type not in ("Slice", "Constant")]
+    assert ops == rewritten
+    np.testing.assert_array_equal(step(x), fn(x))  # NaN where numpy has NaN
 
 
 @pytest.mark.parametrize("pads", [[1, 0, 2, 1], [0, 0, 0, 0], [2, 1, 2, 1]])
