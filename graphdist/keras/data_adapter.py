@@ -66,8 +66,10 @@ class DataSource:
         has_targets: Whether batches are ``(x, y, sample_weight)`` triples.
     """
 
-    def __init__(self, make_epoch: Any, steps: int | None, has_targets: bool, description: str) -> None:
+    def __init__(self, make_epoch: Any, steps: int | None, has_targets: bool, description: str,
+                 peek: Any = None) -> None:
         self._make_epoch = make_epoch
+        self._peek = peek
         self.steps = steps
         self.has_targets = has_targets
         self.description = description
@@ -75,6 +77,12 @@ class DataSource:
     def epoch(self, epoch: int) -> Dataset:
         """The global batches of epoch ``epoch`` (0-based)."""
         return self._make_epoch(epoch)
+
+    def first(self) -> Any:
+        """The first global batch (``None`` when there is none), without taking it from epoch 0."""
+        if self._peek is not None:
+            return self._peek()
+        return next(iter(self.epoch(0)), None)
 
 
 def make_source(x: Any, y: Any, batch_size: int | None, shuffle: bool, seed: int, dtype: np.dtype, what: str,
@@ -223,7 +231,11 @@ def _stepped_source(source: Dataset, steps: int, dtype: np.dtype, what: str, nee
     def make_epoch(epoch: int) -> Dataset:
         return Dataset(lambda: take(epoch), steps, f"{source!r}.take({steps})", batch_size=source._batch_size)
 
-    return DataSource(make_epoch, steps, need_targets, f"{source!r}, {steps} steps per epoch")
+    def peek() -> Any:
+        # A fresh iterator: the shared one must not lose its first batch to the model's build.
+        return next(iter(_checked(source, dtype, what, need_targets, table)), None)
+
+    return DataSource(make_epoch, steps, need_targets, f"{source!r}, {steps} steps per epoch", peek=peek)
 
 
 def _weighted_element(element: Any, index: int, dtype: np.dtype, what: str, table: np.ndarray | None) -> Any:

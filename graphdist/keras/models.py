@@ -243,7 +243,7 @@ class Model(Layer):
 
     def _prepare(self, source: Any, what: str) -> None:
         """Builds the model from the first batch's shape and learns its output shape."""
-        first = next(iter(source.epoch(0)), None)
+        first = source.first()
         if first is None:
             raise InvalidArgumentError(f"{what}: the input has no batches; give at least one example")
         x = first[0] if source.has_targets else first

@@ -205,6 +205,38 @@ def test_dataset_input_of_unknown_length_and_steps_per_epoch() -> None:
     assert model.evaluate(filtered, verbose=0) < history.history["loss"][0]
 
 
+def _line_model(seed: int = 3) -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.layers.Dense(1, input_shape=(2,))])
+    model.compile(loss="mse", optimizer=gd.optimizers.SGD(0.01))
+    return model
+
+
+def test_steps_per_epoch_starts_at_the_first_batch_and_carries_on_across_epochs() -> None:
+    """Building the model looks at the first batch without taking it: a repeated dataset with one
+    step per epoch trains on batches 0, 1, 2, 3 in order, like the arrays in one unshuffled epoch.
+    """
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 2)).astype(np.float32)
+    y = (x @ np.array([[2.0], [-1.0]], np.float32) + 0.5).astype(np.float32)
+    expected = _line_model()
+    expected.fit(x, y, batch_size=2, shuffle=False, epochs=1, verbose=0)
+    stepped = _line_model()
+    stepped.fit(gd.data.Dataset.from_tensor_slices((x, y)).batch(2).repeat(), steps_per_epoch=1, epochs=4,
+                verbose=0)
+    for got, want in zip(stepped.get_weights(), expected.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_evaluate_with_steps_reads_the_first_batches() -> None:
+    model = _line_model()
+    x = np.array([[1, 0], [0, 1], [5, 5], [6, 6]], np.float32)
+    y = np.zeros((4, 1), np.float32)
+    first_batch = float(np.mean(model.predict(x[:2], verbose=0) ** 2))
+    repeated = gd.data.Dataset.from_tensor_slices((x, y)).batch(2).repeat()
+    np.testing.assert_allclose(model.evaluate(repeated, steps=1, verbose=0), first_batch, rtol=1e-6)
+
+
 @pytest.mark.parametrize("name", ["mirrored", "central"])
 def test_global_batches_smaller_than_the_replica_count_leave_a_replica_empty(name: str) -> None:
     x = np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32)
