@@ -25,7 +25,7 @@ import numpy as np
 from graphdist import nest
 from graphdist.errors import InvalidArgumentError
 
-__all__ = ["KerasTensor", "Input", "Functional", "is_symbolic", "symbolic_call"]
+__all__ = ["KerasTensor", "Input", "Functional", "is_symbolic", "symbolic_call", "describe_graph", "replay_graph"]
 
 
 class KerasTensor:
@@ -127,3 +127,54 @@ class Functional:
             computed[id(tensor)] = tensor.layer(arguments, training=training)
         leaves, treedef = nest.flatten(outputs, is_leaf=_is_keras_tensor)
         return nest.unflatten(treedef, [computed[id(leaf)] for leaf in leaves])
+
+
+# ---------------------------------------------------------------- saving the graph as JSON data
+def describe_graph(inputs: Any, outputs: Any, order: list[KerasTensor], layers: list[Any],
+                   name: str) -> dict[str, Any]:
+    """A functional model's graph as JSON data (see :func:`replay_graph`).
+
+    Tensors are referred to as ``{"input": i}`` or ``{"node": n}`` (the ``n``-th
+    recorded call); a call's inputs are one reference or a list of them.
+
+    Raises:
+        InvalidArgumentError: Inputs or outputs nested other than in a list or tuple.
+    """
+    input_leaves = nest.flatten(inputs, is_leaf=_is_keras_tensor)[0]
+    where = {id(tensor): {"input": i} for i, tensor in enumerate(input_leaves)}
+    layer_index = {id(layer): i for i, layer in enumerate(layers)}
+    nodes = []
+    for n, tensor in enumerate(order):
+        nodes.append({"layer": layer_index[id(tensor.layer)], "inputs": _references(tensor.inputs, where)})
+        where[id(tensor)] = {"node": n}
+    return {"name": name,
+            "inputs": [{"shape": list(tensor.shape[1:]), "dtype": tensor.dtype.name} for tensor in input_leaves],
+            "inputs_are_a_list": isinstance(inputs, (list, tuple)),
+            "layers": [{"class_name": type(layer).__name__, "config": layer.get_config()} for layer in layers],
+            "nodes": nodes, "outputs": _references(outputs, where)}
+
+
+def replay_graph(config: dict[str, Any], layers: list[Any]) -> tuple[Any, Any]:
+    """``(inputs, outputs)`` KerasTensors rebuilt by calling ``layers`` as ``config``'s nodes say."""
+    inputs = [Input(entry["shape"], entry["dtype"]) for entry in config["inputs"]]
+    tensors: dict[tuple[str, int], KerasTensor] = {("input", i): tensor for i, tensor in enumerate(inputs)}
+    for n, node in enumerate(config["nodes"]):
+        tensors[("node", n)] = layers[node["layer"]](_resolve(node["inputs"], tensors))
+    outputs = _resolve(config["outputs"], tensors)
+    return (inputs if config["inputs_are_a_list"] else inputs[0]), outputs
+
+
+def _references(value: Any, where: dict[int, dict[str, int]]) -> Any:
+    if isinstance(value, KerasTensor):
+        return where[id(value)]
+    if isinstance(value, (list, tuple)):
+        return [_references(item, where) for item in value]
+    raise InvalidArgumentError(f"model.save: a functional model's tensors may be nested in lists or tuples only, "
+                               f"got {type(value).__name__}")
+
+
+def _resolve(reference: Any, tensors: dict[tuple[str, int], KerasTensor]) -> Any:
+    if isinstance(reference, list):
+        return [_resolve(item, tensors) for item in reference]
+    ((kind, index),) = reference.items()
+    return tensors[(kind, int(index))]

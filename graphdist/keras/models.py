@@ -416,6 +416,10 @@ class Model(Layer):
     def get_config(self) -> dict[str, Any]:
         return {"name": self.name}
 
+    def _example_batch(self, rows: int) -> Any:
+        """A batch of ``rows`` zero examples of the model's input (what its serving plan is exported for)."""
+        return np.zeros((rows, *self._build_input_shape[1:]), self.dtype)
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} layers={len(self._layers)} strategy={self._strategy!r}>"
 
@@ -475,6 +479,28 @@ class FunctionalModel(Model):
 
     def call(self, inputs: Any, training: bool = False) -> Any:
         return functional.Functional.run(self._inputs_spec, self._outputs_spec, self._order, inputs, training)
+
+    def _example_batch(self, rows: int) -> Any:
+        leaves, treedef = nest.flatten(self._inputs_spec, is_leaf=lambda v: isinstance(v, functional.KerasTensor))
+        return nest.unflatten(treedef, [np.zeros((rows, *leaf.shape[1:]), leaf.dtype) for leaf in leaves])
+
+    def get_config(self) -> dict[str, Any]:
+        """The architecture as JSON data: inputs, layers (each once, shared ones too) and the calls.
+
+        Raises:
+            InvalidArgumentError: A layer is not a built-in one (it could not be rebuilt from a config).
+        """
+        for layer in self._layers:
+            get_layer_class(type(layer).__name__)  # a custom layer: refuse now, not when loading
+        return functional.describe_graph(self._inputs_spec, self._outputs_spec, self._order, self._layers,
+                                         name=self.name)
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> FunctionalModel:
+        """Rebuilds the model from :meth:`get_config` (new weights, created in the current scope)."""
+        layers = [get_layer_class(entry["class_name"]).from_config(entry["config"]) for entry in config["layers"]]
+        inputs, outputs = functional.replay_graph(config, layers)
+        return cls(inputs, outputs, name=config.get("name"))
 
 
 class Sequential(Model):

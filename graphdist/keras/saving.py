@@ -4,7 +4,8 @@ A saved model is a directory, written atomically (staged in a temporary
 directory, then renamed into place) by the chief only:
 
 * ``model.json``: format and version, the model class, its architecture
-  (for ``Sequential``: every layer's class and constructor arguments), the
+  (for ``Sequential``: every layer's class and constructor arguments; for a
+  functional model also its inputs and which layer is called on what), the
   input shape it was built for, and the compile settings (optimizer class
   and hyper-parameters, loss, metrics, weighted metrics);
 * ``variables.npz``: a ``gd.train.Checkpoint`` of the model's weights (keys
@@ -29,8 +30,6 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from graphdist import optimizers as optimizers_lib
 from graphdist.checkpoint import Checkpoint
@@ -83,7 +82,7 @@ def save_model(model: Any, filepath: str | os.PathLike[str], overwrite: bool = T
         InvalidArgumentError: The model is not built, or the directory exists
             and ``overwrite`` is false.
     """
-    from graphdist.keras.models import Sequential
+    from graphdist.keras.models import FunctionalModel, Sequential
 
     if model._build_input_shape is None:
         raise InvalidArgumentError("model.save: the model is not built yet; fit it, call it, or give the first layer "
@@ -95,7 +94,7 @@ def save_model(model: Any, filepath: str | os.PathLike[str], overwrite: bool = T
         return str(dest.resolve())
     config = {
         "format": FORMAT, "version": VERSION, "class_name": type(model).__name__,
-        "config": model.get_config() if isinstance(model, Sequential) else None,
+        "config": model.get_config() if isinstance(model, (Sequential, FunctionalModel)) else None,
         "build_input_shape": list(model._build_input_shape[1:]),
         "compile": _compile_config(model), "serving_batch_size": serving_batch_size,
     }
@@ -117,7 +116,7 @@ def _export_serving(model: Any, directory: Path, batch: int) -> None:
     from graphdist.keras.training import Engine, split_global_batch
 
     engine = model._engine or model._predict_engine or Engine(model, None, None, [])
-    example = np.zeros((batch, *model._build_input_shape[1:]), model.dtype)
+    example = model._example_batch(batch)
     distributed = split_global_batch(model.distribute_strategy, example)
     with model._scope():
         concrete = engine.serving_function.get_concrete_function(distributed)
@@ -138,7 +137,7 @@ def load_model(filepath: str | os.PathLike[str], custom_objects: dict[str, type]
         CheckpointError: Missing or corrupt files, unknown format version.
         InvalidArgumentError: A subclassed model without its class in ``custom_objects``.
     """
-    from graphdist.keras.models import Sequential
+    from graphdist.keras.models import FunctionalModel, Sequential
 
     directory = Path(filepath)
     try:
@@ -152,6 +151,8 @@ def load_model(filepath: str | os.PathLike[str], custom_objects: dict[str, type]
     class_name = config["class_name"]
     if class_name == "Sequential":
         model = Sequential.from_config(config["config"])
+    elif class_name == "FunctionalModel":
+        model = FunctionalModel.from_config(config["config"])
     elif custom_objects and class_name in custom_objects:
         model = custom_objects[class_name]()
     else:
@@ -159,7 +160,8 @@ def load_model(filepath: str | os.PathLike[str], custom_objects: dict[str, type]
             f"load_model: {directory} holds a subclassed model ({class_name}) whose architecture is Python code; pass "
             f"custom_objects={{'{class_name}': {class_name}}}, or run its exported predict plan with "
             f"gd.load_plan('{directory / _SERVING}')")
-    model.build((None, *config["build_input_shape"]))
+    if not model.built:
+        model.build((None, *config["build_input_shape"]))
     compiled = config.get("compile")
     if compile and compiled is not None:
         optimizer_cls = {"SGD": optimizers_lib.SGD, "Adam": optimizers_lib.Adam}[compiled["optimizer"]["class_name"]]
