@@ -86,6 +86,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import BENCHMARKS_MD, machine_info, machine_markdown, median
+from benchmarks.bench_train_step import NumpyTrainStep
 from benchmarks.quiet import QUIET, CpuMeter, loadavg, quiet_rounds, timed, wait_quiet
 from benchmarks.tf_serve import ServeProcess
 
@@ -133,33 +134,12 @@ _PARAM_NAMES = ("w", "b")
 # ------------------------------------------------------------------------------ reference
 def reference_step(params: Sequence[np.ndarray], x: np.ndarray, labels: np.ndarray, lr: float,
                    global_batch: int) -> tuple[float, list[np.ndarray]]:
-    """One SGD step of the MLP in float64 numpy; returns ``(loss, updated params)``."""
-    p = [np.asarray(a, np.float64) for a in params]
-    layers = len(p) // 2
-    acts, pre, h = [np.asarray(x, np.float64)], [], np.asarray(x, np.float64)
-    for i in range(layers):
-        z = h @ p[2 * i] + p[2 * i + 1]
-        if i + 1 < layers:
-            pre.append(z)
-            h = np.maximum(z, 0)
-            acts.append(h)
-        else:
-            h = z
-    rows = np.arange(h.shape[0])
-    shifted = h - h.max(axis=1, keepdims=True)
-    exp = np.exp(shifted)
-    total = exp.sum(axis=1, keepdims=True)
-    loss = float((np.log(total[:, 0]) - shifted[rows, labels]).sum() / global_batch)
-    grad = exp / total
-    grad[rows, labels] -= 1
-    grad /= global_batch
-    new = list(p)
-    for i in reversed(range(layers)):
-        new[2 * i] = p[2 * i] - lr * (acts[i].T @ grad)
-        new[2 * i + 1] = p[2 * i + 1] - lr * grad.sum(axis=0)
-        if i > 0:
-            grad = (grad @ p[2 * i].T) * (pre[i - 1] > 0)
-    return loss, new
+    """One SGD step of the MLP in float64 numpy (``bench_train_step``'s numpy step); returns ``(loss, updated
+    params)``.
+    """
+    step = NumpyTrainStep(params, lr, global_batch, dtype=np.float64)
+    loss = step(np.asarray(x, np.float64), np.asarray(labels))
+    return float(loss), step.params
 
 
 def _compare(label: str, got: Sequence[np.ndarray], want: Sequence[np.ndarray], rtol: float, atol: float) -> float:

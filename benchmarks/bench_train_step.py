@@ -117,14 +117,17 @@ class NumpyTrainStep:
         params: ``[w0, b0, w1, b1, ...]`` (copied), kernels ``(fan_in, fan_out)``.
         learning_rate: SGD step size.
         global_batch_size: The loss is the sum of per-example losses divided by this.
+        dtype: Floating-point type of the parameters and the arithmetic (float64: a reference step).
     """
 
-    def __init__(self, params: Sequence[np.ndarray], learning_rate: float, global_batch_size: int) -> None:
-        self.params = [np.array(p, dtype=np.float32, order="C", copy=True) for p in params]
+    def __init__(self, params: Sequence[np.ndarray], learning_rate: float, global_batch_size: int,
+                 dtype: Any = np.float32) -> None:
+        self.dtype = np.dtype(dtype)
+        self.params = [np.array(p, dtype=self.dtype, order="C", copy=True) for p in params]
         self.kernels = self.params[0::2]
         self.biases = self.params[1::2]
-        self.lr = np.float32(learning_rate)
-        self.scale = np.float32(1.0 / global_batch_size)
+        self.lr = self.dtype.type(learning_rate)
+        self.scale = self.dtype.type(1.0 / global_batch_size)
 
     def __call__(self, x: np.ndarray, labels: np.ndarray) -> np.float32:
         """One step on ``(x, labels)``; returns the loss (before the update)."""
@@ -165,7 +168,7 @@ class NumpyTrainStep:
             b -= grad_b
             if i > 0:
                 grad = grad_h
-        return np.float32(loss)
+        return self.dtype.type(loss)
 
     def matmuls_only(self, x: np.ndarray) -> None:
         """The step's matrix products alone, same shapes and layouts (a diagnostic)."""
