@@ -1,11 +1,13 @@
-"""Optimizers (``gd.optimizers``): SGD with momentum and Adam.
+"""Optimizers (``gd.optimizers``): SGD with momentum, Adam, AdamW, RMSprop and Adagrad (Keras' formulas).
 
 ``apply_gradients(zip(grads, vars))`` is called in traced code (inside
 ``strategy.run``). In a replica context it first sums the gradients over all
 replicas with ``ReplicaContext.all_reduce`` (sync data parallel, like
 tf.distribute), then records each variable's update as ``assign`` nodes.
 Slot variables (momentum, Adam moments, the step counter) are created on the
-first call, through the current strategy.
+first call, through the current strategy. ``get_config()`` / ``deserialize``
+and ``get("rmsprop")`` give optimizers by name (``model.compile`` and saved
+Keras models use them).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from graphdist.distribute.variables import Variable, read_variable
 from graphdist.errors import InvalidArgumentError, TracingError
 from graphdist.trace.tracer import current_trace
 
-__all__ = ["Optimizer", "SGD", "Adam"]
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "get", "deserialize"]
 
 
 class Optimizer:
@@ -40,7 +42,11 @@ class Optimizer:
         """The optimizer's own state (iterations and slots)."""
         return [self.iterations, *self._slots.values()]
 
-    def _slot(self, variable: Variable, kind: str) -> Variable:
+    def get_config(self) -> dict[str, Any]:
+        """The constructor arguments (``type(self)(**config)`` makes an equal, fresh optimizer)."""
+        return {"learning_rate": self.learning_rate, "name": self._name}
+
+    def _slot(self, variable: Variable, kind: str, initial_value: float = 0.0) -> Variable:
         key = (id(variable), kind)
         slot = self._slots.get(key)
         if slot is None:
@@ -48,7 +54,7 @@ class Optimizer:
             checkpoint_key = f"slots/{position}/{variable._name}/{kind}"
             initial = self._pending.pop(checkpoint_key, None)
             if initial is None or initial.shape != variable.shape:
-                initial = np.zeros(variable.shape, variable.dtype)
+                initial = np.full(variable.shape, initial_value, variable.dtype)
             slot = Variable(initial.astype(variable.dtype), name=f"{self._name}/{variable._name}/{kind}",
                             trainable=False)
             self._slots[key] = slot
@@ -117,6 +123,9 @@ class SGD(Optimizer):
         self.momentum = float(momentum)
         self.nesterov = bool(nesterov)
 
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "momentum": self.momentum, "nesterov": self.nesterov}
+
     def _update(self, variable: Variable, grad: Any, shared: Any) -> None:
         lr = variable.dtype.type(self.learning_rate)
         if self.momentum == 0.0:
@@ -145,6 +154,9 @@ class Adam(Optimizer):
                 raise InvalidArgumentError(f"Adam: {label} must be in [0, 1), got {beta!r}")
         self.beta_1, self.beta_2, self.epsilon = float(beta_1), float(beta_2), float(epsilon)
 
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon}
+
     def _prepare(self, step: Any, dtype: np.dtype) -> Any:
         """The bias-corrected learning rate of this step."""
         kind = dtype.type
@@ -161,3 +173,128 @@ class Adam(Optimizer):
         m.assign(new_m)
         v.assign(new_v)
         variable.assign(read_variable(variable) - lr_t * new_m / (np.sqrt(new_v) + dtype(self.epsilon)))
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay (Loshchilov & Hutter), as Keras applies it.
+
+    ``w -= lr * weight_decay * w`` first, then the Adam step. Every variable it
+    updates is decayed (Keras' ``exclude_from_weight_decay`` is not offered).
+    """
+
+    def __init__(self, learning_rate: float = 0.001, weight_decay: float = 0.004, beta_1: float = 0.9,
+                 beta_2: float = 0.999, epsilon: float = 1e-7, name: str = "AdamW") -> None:
+        super().__init__(learning_rate, beta_1, beta_2, epsilon, name)
+        if not np.isscalar(weight_decay) or weight_decay < 0:
+            raise InvalidArgumentError(f"AdamW: weight_decay must be a number >= 0, got {weight_decay!r}")
+        self.weight_decay = float(weight_decay)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "weight_decay": self.weight_decay}
+
+    def _update(self, variable: Variable, grad: Any, lr_t: Any) -> None:
+        kind = variable.dtype.type
+        decay = kind(self.learning_rate) * kind(self.weight_decay)
+        variable.assign(read_variable(variable) - decay * read_variable(variable))
+        super()._update(variable, grad, lr_t)
+
+
+class RMSprop(Optimizer):
+    """RMSprop, as in Keras: ``ms = rho ms + (1-rho) g^2``; ``step = lr g / sqrt(ms + eps)``.
+
+    With ``momentum``: ``mom = momentum mom + step``; ``w -= mom`` (else ``w -= step``).
+    ``centered``: ``ms - mg^2`` replaces ``ms`` (``mg = rho mg + (1-rho) g``).
+    """
+
+    def __init__(self, learning_rate: float = 0.001, rho: float = 0.9, momentum: float = 0.0,
+                 epsilon: float = 1e-7, centered: bool = False, name: str = "RMSprop") -> None:
+        super().__init__(learning_rate, name)
+        for label, value in (("rho", rho), ("momentum", momentum)):
+            if not 0.0 <= value < 1.0:
+                raise InvalidArgumentError(f"RMSprop: {label} must be in [0, 1), got {value!r}")
+        self.rho, self.momentum, self.epsilon, self.centered = float(rho), float(momentum), float(epsilon), \
+            bool(centered)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "rho": self.rho, "momentum": self.momentum, "epsilon": self.epsilon,
+                "centered": self.centered}
+
+    def _update(self, variable: Variable, grad: Any, shared: Any) -> None:
+        kind = variable.dtype.type
+        rho, one = kind(self.rho), kind(1)
+        mean_square = self._slot(variable, "rms")
+        new_ms = rho * read_variable(mean_square) + (one - rho) * (grad * grad)
+        mean_square.assign(new_ms)
+        denominator = new_ms
+        if self.centered:
+            mean_grad = self._slot(variable, "mg")
+            new_mg = rho * read_variable(mean_grad) + (one - rho) * grad
+            mean_grad.assign(new_mg)
+            denominator = new_ms - new_mg * new_mg
+        step = kind(self.learning_rate) * grad / np.sqrt(denominator + kind(self.epsilon))
+        if self.momentum > 0.0:
+            velocity = self._slot(variable, "momentum")
+            step = kind(self.momentum) * read_variable(velocity) + step
+            velocity.assign(step)
+        variable.assign(read_variable(variable) - step)
+
+
+class Adagrad(Optimizer):
+    """Adagrad, as in Keras: ``acc += g^2``; ``w -= lr g / sqrt(acc + eps)`` (``acc`` starts at
+    ``initial_accumulator_value``).
+    """
+
+    def __init__(self, learning_rate: float = 0.001, initial_accumulator_value: float = 0.1,
+                 epsilon: float = 1e-7, name: str = "Adagrad") -> None:
+        super().__init__(learning_rate, name)
+        if not np.isscalar(initial_accumulator_value) or initial_accumulator_value < 0:
+            raise InvalidArgumentError(f"Adagrad: initial_accumulator_value must be a number >= 0, got "
+                                       f"{initial_accumulator_value!r}")
+        self.initial_accumulator_value, self.epsilon = float(initial_accumulator_value), float(epsilon)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "initial_accumulator_value": self.initial_accumulator_value,
+                "epsilon": self.epsilon}
+
+    def _update(self, variable: Variable, grad: Any, shared: Any) -> None:
+        kind = variable.dtype.type
+        accumulator = self._slot(variable, "accumulator", self.initial_accumulator_value)
+        new_acc = read_variable(accumulator) + grad * grad
+        accumulator.assign(new_acc)
+        step = kind(self.learning_rate) * grad / np.sqrt(new_acc + kind(self.epsilon))
+        variable.assign(read_variable(variable) - step)
+
+
+_CLASSES: dict[str, type[Optimizer]] = {cls.__name__: cls for cls in (SGD, Adam, AdamW, RMSprop, Adagrad)}
+
+
+def get(identifier: Any) -> Optimizer:
+    """An optimizer: ``identifier`` itself, or a fresh one with Keras' defaults for a name (``"sgd"``,
+    ``"adam"``, ``"adamw"``, ``"rmsprop"``, ``"adagrad"``; any case).
+
+    Raises:
+        InvalidArgumentError: Neither an optimizer nor a known name.
+    """
+    if isinstance(identifier, Optimizer):
+        return identifier
+    if isinstance(identifier, str):
+        for name, cls in _CLASSES.items():
+            if name.lower() == identifier.lower():
+                return cls()
+    raise InvalidArgumentError(f"optimizer must be one of {sorted(n.lower() for n in _CLASSES)} or a "
+                               f"gd.optimizers optimizer, got {identifier!r}")
+
+
+def deserialize(config: dict[str, Any]) -> Optimizer:
+    """The optimizer ``{"class_name": ..., "config": get_config()}`` describes.
+
+    Raises:
+        InvalidArgumentError: Unknown class or arguments.
+    """
+    cls = _CLASSES.get(config.get("class_name", ""))
+    if cls is None:
+        raise InvalidArgumentError(f"unknown optimizer class {config.get('class_name')!r}; known: {sorted(_CLASSES)}")
+    try:
+        return cls(**config.get("config", {}))
+    except TypeError as err:
+        raise InvalidArgumentError(f"optimizer {cls.__name__}: {err}") from err

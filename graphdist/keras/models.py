@@ -45,16 +45,11 @@ from graphdist.keras.training import Engine, NotCompiledError, check_strategy
 
 __all__ = ["Model", "Sequential", "FunctionalModel"]
 
-_OPTIMIZERS = {"sgd": optimizers_lib.SGD, "adam": optimizers_lib.Adam}
-
-
 def _optimizer(identifier: Any) -> Any:
-    if isinstance(identifier, optimizers_lib.Optimizer):
-        return identifier
-    if isinstance(identifier, str) and identifier.lower() in _OPTIMIZERS:
-        return _OPTIMIZERS[identifier.lower()]()
-    raise InvalidArgumentError(f"compile: optimizer must be 'sgd', 'adam' or a gd.optimizers optimizer, got "
-                               f"{identifier!r}")
+    try:
+        return optimizers_lib.get(identifier)
+    except InvalidArgumentError as err:
+        raise InvalidArgumentError(f"compile: {err}") from None
 
 
 class Model(Layer):
@@ -205,8 +200,9 @@ class Model(Layer):
                 weighted_metrics: Sequence[Any] | None = None) -> None:
         """Sets the optimizer, loss and metrics (strings or objects; see ``gd.keras.losses`` / ``metrics``).
 
-        String optimizers (``"sgd"``: ``SGD(0.01)``, ``"adam"``: ``Adam(0.001)``)
-        are created in the model's strategy scope. As in Keras, ``metrics``
+        String optimizers (``"sgd"``: ``SGD(0.01)``, ``"adam"``, ``"adamw"``,
+        ``"rmsprop"``, ``"adagrad"``: Keras' defaults) are created in the
+        model's strategy scope. As in Keras, ``metrics``
         ignore sample and class weights and ``weighted_metrics`` use them
         (``sum(w * value) / sum(w)``); a weighted metric whose name a plain
         one already has is renamed ``weighted_<name>``.

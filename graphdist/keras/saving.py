@@ -51,15 +51,7 @@ _SERVING = "serving"
 
 
 def _optimizer_config(optimizer: Any) -> dict[str, Any]:
-    if isinstance(optimizer, optimizers_lib.SGD):
-        config = {"learning_rate": optimizer.learning_rate, "momentum": optimizer.momentum,
-                  "nesterov": optimizer.nesterov}
-    elif isinstance(optimizer, optimizers_lib.Adam):
-        config = {"learning_rate": optimizer.learning_rate, "beta_1": optimizer.beta_1, "beta_2": optimizer.beta_2,
-                  "epsilon": optimizer.epsilon}
-    else:
-        raise InvalidArgumentError(f"model.save: cannot describe optimizer {type(optimizer).__name__}")
-    return {"class_name": type(optimizer).__name__, "config": {**config, "name": optimizer._name}}
+    return {"class_name": type(optimizer).__name__, "config": optimizer.get_config()}
 
 
 def _compile_config(model: Any) -> dict[str, Any] | None:
@@ -164,9 +156,11 @@ def load_model(filepath: str | os.PathLike[str], custom_objects: dict[str, type]
         model.build((None, *config["build_input_shape"]))
     compiled = config.get("compile")
     if compile and compiled is not None:
-        optimizer_cls = {"SGD": optimizers_lib.SGD, "Adam": optimizers_lib.Adam}[compiled["optimizer"]["class_name"]]
         with model._scope():
-            optimizer = optimizer_cls(**compiled["optimizer"]["config"])
+            try:
+                optimizer = optimizers_lib.deserialize(compiled["optimizer"])
+            except InvalidArgumentError as err:
+                raise CheckpointError(f"load_model: {directory / _CONFIG}: {err}") from err
         model.compile(optimizer=optimizer, loss=losses_lib.deserialize(compiled["loss"]),
                       metrics=[metrics_lib.deserialize(m) for m in compiled["metrics"]],
                       weighted_metrics=[metrics_lib.deserialize(m) for m in compiled.get("weighted_metrics", [])])

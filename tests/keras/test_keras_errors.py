@@ -98,7 +98,7 @@ def test_compile_arguments() -> None:
     with pytest.raises(gd.InvalidArgumentError, match="unknown loss 'hinge'"):
         model.compile(optimizer="sgd", loss="hinge")
     with pytest.raises(gd.InvalidArgumentError, match="optimizer must be"):
-        model.compile(optimizer="rmsprop", loss="mse")
+        model.compile(optimizer="lion", loss="mse")
     with pytest.raises(gd.InvalidArgumentError, match="unknown metric"):
         model.compile(optimizer="sgd", loss="mse", metrics=["auc"])
     with pytest.raises(gd.InvalidArgumentError, match="loss is required"):

@@ -182,3 +182,22 @@ def test_functional_model_with_a_custom_layer_is_refused_when_saved(tmp_path) ->
     with pytest.raises(gd.InvalidArgumentError, match="unknown layer class 'Twice'"):
         model.save(tmp_path / "custom")
     assert not (tmp_path / "custom").exists()
+
+
+@pytest.mark.parametrize("optimizer", ["rmsprop", "adagrad", "adamw"])
+def test_every_optimizer_saves_its_config_and_state(tmp_path, optimizer: str) -> None:
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((32, 4)).astype(np.float32), rng.standard_normal((32, 2)).astype(np.float32)
+    keras.utils.set_random_seed(0)
+    with gd.OneDeviceStrategy("cpu:0").scope():
+        model = keras.Sequential([keras.layers.Dense(2, input_shape=(4,))])
+        model.compile(optimizer=optimizer, loss="mse")
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    model.save(tmp_path / optimizer)
+    loaded = keras.load_model(tmp_path / optimizer)
+    assert type(loaded.optimizer) is type(model.optimizer)
+    assert loaded.optimizer.get_config() == model.optimizer.get_config()
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    loaded.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)  # slots restored: same next epoch
+    for got, want in zip(loaded.get_weights(), model.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)

@@ -64,6 +64,34 @@ def _adam(params, grads, state, lr=0.01, b1=0.9, b2=0.999, eps=1e-7):
     return out
 
 
+def _adamw(params, grads, state, lr=0.01, wd=0.05):
+    """Keras' AdamW: decay the weights by lr * wd, then the Adam step."""
+    return _adam([p - lr * wd * p for p in params], grads, state, lr=lr)
+
+
+def _rmsprop(params, grads, state, lr=0.01, rho=0.9, momentum=0.0, eps=1e-7, centered=False):
+    out = []
+    for i, (p, g) in enumerate(zip(params, grads)):
+        ms = state[("ms", i)] = rho * state.get(("ms", i), 0) + (1 - rho) * g * g
+        denominator = ms
+        if centered:
+            mg = state[("mg", i)] = rho * state.get(("mg", i), 0) + (1 - rho) * g
+            denominator = ms - mg * mg
+        step = lr * g / np.sqrt(denominator + eps)
+        if momentum:
+            step = state[("mom", i)] = momentum * state.get(("mom", i), 0) + step
+        out.append(p - step)
+    return out
+
+
+def _adagrad(params, grads, state, lr=0.1, initial=0.1, eps=1e-7):
+    out = []
+    for i, (p, g) in enumerate(zip(params, grads)):
+        acc = state[i] = state.get(i, np.full_like(p, initial)) + g * g
+        out.append(p - lr * g / np.sqrt(acc + eps))
+    return out
+
+
 def _graphdist_step(variables, optimizer):
     def step(x, labels):
         with gd.GradientTape() as tape:
@@ -89,8 +117,13 @@ def _graphdist_step(variables, optimizer):
         (lambda: gd.optimizers.SGD(0.1, momentum=0.9, nesterov=True),
          lambda p, g, s: _sgd(p, g, s, momentum=0.9, nesterov=True)),
         (lambda: gd.optimizers.Adam(0.01), lambda p, g, s: _adam(p, g, s)),
+        (lambda: gd.optimizers.AdamW(0.01, weight_decay=0.05), lambda p, g, s: _adamw(p, g, s)),
+        (lambda: gd.optimizers.RMSprop(0.01), lambda p, g, s: _rmsprop(p, g, s)),
+        (lambda: gd.optimizers.RMSprop(0.01, momentum=0.5, centered=True),
+         lambda p, g, s: _rmsprop(p, g, s, momentum=0.5, centered=True)),
+        (lambda: gd.optimizers.Adagrad(0.1), lambda p, g, s: _adagrad(p, g, s)),
     ],
-    ids=["sgd", "momentum", "nesterov", "adam"],
+    ids=["sgd", "momentum", "nesterov", "adam", "adamw", "rmsprop", "rmsprop-centered-momentum", "adagrad"],
 )
 @pytest.mark.parametrize("backend", ["ort", "reference"])
 def test_training_steps_equal_numpy(make_optimizer, numpy_update, backend: str) -> None:
@@ -162,3 +195,22 @@ def test_bad_optimizer_arguments() -> None:
         gd.optimizers.SGD(0.1, momentum=1.5)
     with pytest.raises(gd.InvalidArgumentError, match="beta_1"):
         gd.optimizers.Adam(beta_1=1.0)
+    with pytest.raises(gd.InvalidArgumentError, match="weight_decay"):
+        gd.optimizers.AdamW(weight_decay=-0.1)
+    with pytest.raises(gd.InvalidArgumentError, match="rho"):
+        gd.optimizers.RMSprop(rho=1.0)
+    with pytest.raises(gd.InvalidArgumentError, match="initial_accumulator_value"):
+        gd.optimizers.Adagrad(initial_accumulator_value=-1)
+    with pytest.raises(gd.InvalidArgumentError, match="'rmsprop'"):
+        gd.optimizers.get("lion")
+
+
+def test_optimizers_by_name_and_config_round_trip() -> None:
+    for name, cls in [("SGD", gd.optimizers.SGD), ("adam", gd.optimizers.Adam), ("AdamW", gd.optimizers.AdamW),
+                      ("rmsprop", gd.optimizers.RMSprop), ("ADAGRAD", gd.optimizers.Adagrad)]:
+        assert type(gd.optimizers.get(name)) is cls
+    original = gd.optimizers.RMSprop(0.02, rho=0.8, momentum=0.3, centered=True, name="rms")
+    copy = gd.optimizers.deserialize({"class_name": "RMSprop", "config": original.get_config()})
+    assert type(copy) is gd.optimizers.RMSprop and copy.get_config() == original.get_config()
+    with pytest.raises(gd.InvalidArgumentError, match="unknown optimizer class"):
+        gd.optimizers.deserialize({"class_name": "Lion", "config": {}})
