@@ -30,8 +30,8 @@ def main() -> None:
         model.compile(optimizer=gd.optimizers.SGD(0.2), metrics=["accuracy"],
                       loss=gd.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     data = digits()
-    history = model.fit(data.x_train[:150], data.y_train[:150], batch_size=32, epochs=2, verbose=0,
-                        sample_weight=np.linspace(0.5, 1.5, 150))  # each worker weighs its slice's examples
+    history = model.fit(data.x_train[:149], data.y_train[:149], batch_size=32, epochs=2, verbose=0,
+                        sample_weight=np.linspace(0.5, 1.5, 149))  # each worker weighs its slice's examples
     loss, accuracy = model.evaluate(data.x_test[:70], data.y_test[:70], batch_size=32, verbose=0)
     predictions = model.predict(data.x_test[:70], batch_size=32)
     model.save(Path(args.out) / "saved")  # the chief writes it; its serving plan gathers across workers

@@ -25,8 +25,8 @@ def _one_device() -> dict[str, np.ndarray]:
         model.compile(optimizer=gd.optimizers.SGD(0.2), metrics=["accuracy"],
                       loss=gd.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     data = digits()
-    history = model.fit(data.x_train[:150], data.y_train[:150], batch_size=32, epochs=2, verbose=0,
-                        sample_weight=np.linspace(0.5, 1.5, 150))
+    history = model.fit(data.x_train[:149], data.y_train[:149], batch_size=32, epochs=2, verbose=0,
+                        sample_weight=np.linspace(0.5, 1.5, 149))
     evaluation = model.evaluate(data.x_test[:70], data.y_test[:70], batch_size=32, verbose=0)
     return {"weights": model.get_weights(), "loss": np.array(history.history["loss"]),
             "accuracy": np.array(history.history["accuracy"]), "eval": np.array(evaluation),
