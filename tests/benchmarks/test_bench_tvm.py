@@ -30,5 +30,10 @@ def test_report_formats_results() -> None:
     md = bench_tvm.markdown(results)
     assert "| MLP, batch 8 | tvm | 1.40 | 4.00 | 2.0 |" in md and "**not met** (worst 2.00x)" in md
     assert "Where the time goes" in md
+    mirrored = {"label": "MLP", "batch": 8, "ms": {"tvm, OneDevice": 9.0, "tvm, Mirrored (2 devices)": 6.0},
+                "speedup": 1.5}
+    assert "Mirrored 1.50x faster" in bench_tvm.table({**results, "mirrored": mirrored})
+    assert "takes 6.00 ms, under `OneDeviceStrategy` 9.00 ms: **1.50x**" in bench_tvm.markdown(
+        {**results, "mirrored": mirrored})
     tuned = bench_tvm.markdown({**results, "tune": 8})
     assert "MetaSchedule-tuned (8 trials)" in tuned and "Where the time goes" not in tuned
