@@ -232,13 +232,14 @@ def _build_target(args: argparse.Namespace) -> _Built:
         if not isinstance(step, gd.Function):
             step = gd.function(step, backend=args.backend, name=attr_path)
         elif args.backend is not None:
-            logger.warning("%s returned a gd.function; --backend %s is ignored", target, args.backend)
+            step = step._with_backend(args.backend)  # --backend wins over the factory's choice
         return _Built(_concrete(step, example, target), strategy, example, f"{target} under {strategy!r}")
     inputs = _example_inputs(module, module_name, fn, attr_path, args.batch)
     if strategy is None:
-        function = fn if isinstance(fn, gd.Function) else gd.function(fn, backend=args.backend, name=attr_path)
-        if args.backend is not None and isinstance(fn, gd.Function):
-            logger.warning("%s is already a gd.function; --backend %s is ignored", attr_path, args.backend)
+        if isinstance(fn, gd.Function):
+            function = fn._with_backend(args.backend) if args.backend is not None else fn
+        else:
+            function = gd.function(fn, backend=args.backend, name=attr_path)
         return _Built(_concrete(function, inputs, target), gd.get_strategy(), inputs, target)
     step, example = _data_parallel_step(fn, strategy, inputs, args.backend, attr_path)
     return _Built(_concrete(step, example, target), strategy, example, f"{target} in strategy.run under {strategy!r}")
@@ -702,6 +703,7 @@ examples:
       --save-inputs mlp_inputs.npz
   graphdist run mlp_plan --inputs mlp_inputs.npz --steps 3
   graphdist launch --workers 2 -- python examples/digits_multi_worker.py
+  graphdist bench models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 --compare ort,tvm
 
 exit status: 0 ok, 1 graphdist failed, 2 usage error
 """
@@ -785,7 +787,7 @@ def _add_target_options(command: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``graphdist`` (subcommands ``devices``, ``inspect``, ``export``, ``run``)."""
+    """The argument parser of ``graphdist`` (``devices``, ``inspect``, ``export``, ``run``, ``launch``, ``bench``)."""
     from graphdist import __version__
 
     formatter = argparse.RawDescriptionHelpFormatter
@@ -853,6 +855,9 @@ def build_parser() -> argparse.ArgumentParser:
     from graphdist.cli.launch import add_launch_parser
 
     add_launch_parser(commands, formatter)
+    from graphdist.cli.bench import add_bench_parser
+
+    add_bench_parser(commands, formatter)
     return parser
 
 
@@ -885,7 +890,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     _configure_logging(args.verbose)
     if args.command is None:
         parser.print_help(sys.stderr)
-        return _fail("no command given; choose one of: devices, inspect, export, run, launch", EXIT_USAGE, False)
+        return _fail("no command given; choose one of: devices, inspect, export, run, launch, bench", EXIT_USAGE,
+                     False)
     verbose = args.verbose >= 2
     from graphdist.errors import GraphdistError
 
@@ -913,4 +919,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the package's copy of this module: under ``python -m`` this file is also ``__main__``, and the
+    # subcommands in other modules (launch, bench) raise graphdist.cli.main.UsageError, which this copy's
+    # ``except UsageError`` would not catch.
+    from graphdist.cli.main import main as package_main
+
+    sys.exit(package_main())

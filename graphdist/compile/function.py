@@ -206,6 +206,10 @@ class Function:
         """The wrapped Python function."""
         return self._fn
 
+    def _with_backend(self, backend: str) -> Function:
+        """The same step compiled by ``backend`` (a new function: nothing traced is shared)."""
+        return Function(self._fn, name=self._name, backend=backend, strategy=self._strategy)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if current_trace() is not None:
             # Called from code being traced: inline, as nested tf.functions are.
