@@ -38,7 +38,13 @@ __all__ = [
     "Conv2D",
     "MaxPool2D",
     "MaxPooling2D",
+    "AveragePooling2D",
+    "AvgPool2D",
+    "GlobalAveragePooling2D",
+    "GlobalMaxPooling2D",
     "Flatten",
+    "Reshape",
+    "Softmax",
     "Dropout",
     "LayerNormalization",
     "BatchNormalization",
@@ -321,9 +327,9 @@ class MaxPool2D(Layer):
     """
 
     def __init__(self, pool_size: Any = 2, strides: Any = None, padding: str = "valid", **kwargs: Any) -> None:
-        self.pool_size = _pair(pool_size, "MaxPool2D: pool_size")
-        self.strides = self.pool_size if strides is None else _pair(strides, "MaxPool2D: strides")
-        self.padding = _padding(padding, "MaxPool2D")
+        self.pool_size = _pair(pool_size, f"{type(self).__name__}: pool_size")
+        self.strides = self.pool_size if strides is None else _pair(strides, f"{type(self).__name__}: strides")
+        self.padding = _padding(padding, type(self).__name__)
         super().__init__(**kwargs)
 
     def call(self, inputs: Any, training: bool = False) -> Any:
@@ -337,12 +343,86 @@ class MaxPool2D(Layer):
 MaxPooling2D = MaxPool2D
 
 
+class AveragePooling2D(MaxPool2D):
+    """Average pooling over ``NHWC`` images (``"same"``: each window averages only its pixels inside the
+    image, as Keras does).
+
+    Args:
+        pool_size: Int or pair (default 2).
+        strides: Int, pair or ``None`` (= ``pool_size``).
+        padding: ``"valid"`` or ``"same"``.
+        **kwargs: :class:`Layer` arguments.
+    """
+
+    def call(self, inputs: Any, training: bool = False) -> Any:
+        return nn.avg_pool2d(inputs, self.pool_size, self.strides, padding=self.padding.upper())
+
+
+AvgPool2D = AveragePooling2D
+
+
+class GlobalAveragePooling2D(Layer):
+    """The mean over the spatial axes of ``NHWC`` images: ``(batch, C)`` (``keepdims``: ``(batch, 1, 1, C)``)."""
+
+    _reduce = staticmethod(np.mean)
+
+    def __init__(self, keepdims: bool = False, **kwargs: Any) -> None:
+        self.keepdims = bool(keepdims)
+        super().__init__(**kwargs)
+
+    def call(self, inputs: Any, training: bool = False) -> Any:
+        if len(inputs.shape) != 4:
+            raise InvalidArgumentError(f"{self.name}: expects NHWC images (rank 4), got shape {tuple(inputs.shape)}")
+        return self._reduce(inputs, axis=(1, 2), keepdims=self.keepdims)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "keepdims": self.keepdims}
+
+
+class GlobalMaxPooling2D(GlobalAveragePooling2D):
+    """The maximum over the spatial axes of ``NHWC`` images: ``(batch, C)`` (``keepdims``: ``(batch, 1, 1, C)``)."""
+
+    _reduce = staticmethod(np.max)
+
+
 class Flatten(Layer):
     """Reshapes ``(batch, d1, d2, ...)`` to ``(batch, d1 * d2 * ...)``."""
 
     def call(self, inputs: Any, training: bool = False) -> Any:
         shape = tuple(inputs.shape)
         return np.reshape(inputs, (shape[0], int(np.prod(shape[1:], dtype=np.int64))))
+
+
+class Reshape(Layer):
+    """Reshapes each example to ``target_shape`` (the batch axis is kept; one entry may be ``-1``).
+
+    Args:
+        target_shape: The new shape of one example.
+        **kwargs: :class:`Layer` arguments.
+    """
+
+    def __init__(self, target_shape: Sequence[int], **kwargs: Any) -> None:
+        try:
+            self.target_shape = tuple(int(d) for d in target_shape)
+        except (TypeError, ValueError):
+            raise InvalidArgumentError(f"Reshape: target_shape must be a sequence of ints, got {target_shape!r}") \
+                from None
+        if sum(d == -1 for d in self.target_shape) > 1 or any(d == 0 or d < -1 for d in self.target_shape):
+            raise InvalidArgumentError(f"Reshape: target_shape takes positive sizes and at most one -1, got "
+                                       f"{self.target_shape}")
+        super().__init__(**kwargs)
+
+    def call(self, inputs: Any, training: bool = False) -> Any:
+        shape = tuple(inputs.shape)
+        size = int(np.prod(shape[1:], dtype=np.int64))
+        known = int(np.prod([d for d in self.target_shape if d != -1], dtype=np.int64))
+        if (-1 in self.target_shape and size % known) or (-1 not in self.target_shape and size != known):
+            raise InvalidArgumentError(f"{self.name}: cannot reshape examples of shape {shape[1:]} ({size} values) "
+                                       f"to {self.target_shape}")
+        return np.reshape(inputs, (shape[0], *self.target_shape))
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "target_shape": list(self.target_shape)}
 
 
 class Dropout(Layer):
@@ -373,6 +453,25 @@ class ReLU(Layer):
 
     def call(self, inputs: Any, training: bool = False) -> Any:
         return nn.relu(inputs)
+
+
+class Softmax(Layer):
+    """``softmax`` along ``axis`` as a layer.
+
+    Args:
+        axis: Axis (or axes) normalised (default -1).
+        **kwargs: :class:`Layer` arguments.
+    """
+
+    def __init__(self, axis: Any = -1, **kwargs: Any) -> None:
+        self.axis = list(axis) if isinstance(axis, (list, tuple)) else int(axis)
+        super().__init__(**kwargs)
+
+    def call(self, inputs: Any, training: bool = False) -> Any:
+        return nn.softmax(inputs, axis=self.axis)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "axis": self.axis}
 
 
 class Activation(Layer):
@@ -586,8 +685,9 @@ class BatchNormalization(Layer):
                 "center": self.center, "scale": self.scale, "synchronized": self.synchronized}
 
 
-_LAYERS = {cls.__name__: cls for cls in (Dense, Conv2D, MaxPool2D, Flatten, Dropout, LayerNormalization,
-                                          BatchNormalization, Embedding, ReLU, Activation, Add, Concatenate)}
+_LAYERS = {cls.__name__: cls for cls in (Dense, Conv2D, MaxPool2D, AveragePooling2D, GlobalAveragePooling2D,
+                                          GlobalMaxPooling2D, Flatten, Reshape, Dropout, LayerNormalization,
+                                          BatchNormalization, Embedding, ReLU, Softmax, Activation, Add, Concatenate)}
 
 
 def get_layer_class(name: str) -> type[Layer]:
