@@ -32,6 +32,8 @@ __all__ = [
     "MeanAbsoluteError",
     "SparseCategoricalCrossentropy",
     "BinaryCrossentropy",
+    "CategoricalCrossentropy",
+    "Huber",
     "get",
     "serialize",
 ]
@@ -242,14 +244,92 @@ class BinaryCrossentropy(Loss):
         return {**super().get_config(), "from_logits": self.from_logits}
 
 
+class CategoricalCrossentropy(Loss):
+    """Cross entropy between one-hot (or soft) targets and predictions over the last axis.
+
+    Args:
+        from_logits: Predictions are logits (``log_softmax`` here); otherwise
+            probabilities, normalised and clipped to ``[1e-7, 1 - 1e-7]``.
+        label_smoothing: In ``[0, 1]``: targets become ``y * (1 - s) + s / classes``.
+        reduction: See :class:`Loss`.
+        name: The loss's name.
+    """
+
+    def __init__(self, from_logits: bool = False, label_smoothing: float = 0.0, reduction: str = Reduction.AUTO,
+                 name: str | None = None) -> None:
+        super().__init__(reduction, name or "categorical_crossentropy")
+        if not 0.0 <= float(label_smoothing) <= 1.0:
+            raise InvalidArgumentError(f"CategoricalCrossentropy: label_smoothing must be in [0, 1], got "
+                                       f"{label_smoothing!r}")
+        self.from_logits, self.label_smoothing = bool(from_logits), float(label_smoothing)
+
+    def per_example(self, y_true: Any, y_pred: Any) -> Any:
+        kind = y_pred.dtype.type
+        y_true = _float(y_true, y_pred.dtype)
+        if self.label_smoothing:
+            classes = int(y_pred.shape[-1])
+            y_true = y_true * kind(1 - self.label_smoothing) + kind(self.label_smoothing / classes)
+        if self.from_logits:
+            log_p = nn.log_softmax(y_pred, axis=-1)
+        else:
+            probabilities = y_pred / np.sum(y_pred, axis=-1, keepdims=True)
+            log_p = np.log(np.clip(probabilities, kind(_EPSILON), kind(1) - kind(_EPSILON)))
+        return -np.sum(y_true * log_p, axis=-1)
+
+    def check_targets(self, y_true: np.ndarray, output_shape: tuple[int, ...], where: str) -> None:
+        if tuple(y_true.shape[1:]) != tuple(output_shape[1:]):
+            raise InvalidArgumentError(
+                f"{where}: {self.name} needs one-hot targets shaped like the outputs {tuple(output_shape[1:])}, got "
+                f"{tuple(y_true.shape[1:])}; for integer labels use sparse_categorical_crossentropy")
+        _check_same_size(self, y_true, output_shape, where)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "from_logits": self.from_logits, "label_smoothing": self.label_smoothing}
+
+
+class Huber(Loss):
+    """Huber loss, averaged over the last axis: ``x^2 / 2`` where ``|x| <= delta``, else
+    ``delta * (|x| - delta / 2)`` (``x = y_pred - y_true``).
+
+    Args:
+        delta: Where the quadratic part becomes linear (> 0).
+        reduction: See :class:`Loss`.
+        name: The loss's name.
+    """
+
+    def __init__(self, delta: float = 1.0, reduction: str = Reduction.AUTO, name: str | None = None) -> None:
+        super().__init__(reduction, name or "huber_loss")
+        if not float(delta) > 0:
+            raise InvalidArgumentError(f"Huber: delta must be > 0, got {delta!r}")
+        self.delta = float(delta)
+
+    def per_example(self, y_true: Any, y_pred: Any) -> Any:
+        kind = y_pred.dtype.type
+        y_true = _float(y_true, y_pred.dtype)
+        if len(y_true.shape) < len(y_pred.shape):
+            y_true = np.reshape(y_true, tuple(y_pred.shape))
+        error = np.abs(y_pred - y_true)
+        delta = kind(self.delta)
+        quadratic = np.minimum(error, delta)
+        return np.mean(kind(0.5) * quadratic * quadratic + delta * (error - quadratic), axis=-1)
+
+    def check_targets(self, y_true: np.ndarray, output_shape: tuple[int, ...], where: str) -> None:
+        _check_same_size(self, y_true, output_shape, where)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "delta": self.delta}
+
+
 _BY_NAME: dict[str, type[Loss]] = {
     "mse": MeanSquaredError, "mean_squared_error": MeanSquaredError,
     "mae": MeanAbsoluteError, "mean_absolute_error": MeanAbsoluteError,
     "sparse_categorical_crossentropy": SparseCategoricalCrossentropy,
     "binary_crossentropy": BinaryCrossentropy,
+    "categorical_crossentropy": CategoricalCrossentropy,
+    "huber": Huber, "huber_loss": Huber,
 }
 _CLASSES = {cls.__name__: cls for cls in (MeanSquaredError, MeanAbsoluteError, SparseCategoricalCrossentropy,
-                                          BinaryCrossentropy)}
+                                          BinaryCrossentropy, CategoricalCrossentropy, Huber)}
 
 
 def get(identifier: Any) -> Loss:

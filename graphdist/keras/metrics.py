@@ -24,8 +24,8 @@ import numpy as np
 from graphdist.errors import InvalidArgumentError
 from graphdist.keras import losses as losses_lib
 
-__all__ = ["Metric", "Mean", "SparseCategoricalAccuracy", "Accuracy", "MeanSquaredError", "MeanAbsoluteError",
-           "get", "serialize", "deserialize"]
+__all__ = ["Metric", "Mean", "SparseCategoricalAccuracy", "CategoricalAccuracy", "BinaryAccuracy", "Accuracy",
+           "MeanSquaredError", "MeanAbsoluteError", "get", "serialize", "deserialize"]
 
 
 class Metric:
@@ -123,6 +123,39 @@ class SparseCategoricalAccuracy(Metric):
         return _totals(predicted == labels.astype(predicted.dtype), sample_weight)
 
 
+class CategoricalAccuracy(Metric):
+    """Fraction of examples whose arg-max prediction is the arg-max of their one-hot target."""
+
+    def __init__(self, name: str | None = None) -> None:
+        super().__init__(name or "categorical_accuracy")
+
+    def batch_totals(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> tuple[Any, Any]:
+        return _totals(np.argmax(y_pred, axis=-1) == np.argmax(y_true, axis=-1), sample_weight)
+
+
+class BinaryAccuracy(Metric):
+    """Fraction of predictions on the same side of ``threshold`` as their 0/1 target (per example: the
+    mean over the last axis).
+
+    Args:
+        threshold: Probabilities above it count as 1 (0.5; use 0.0 for logits).
+        name: The metric's name.
+    """
+
+    def __init__(self, threshold: float = 0.5, name: str | None = None) -> None:
+        super().__init__(name or "binary_accuracy")
+        self.threshold = float(threshold)
+
+    def batch_totals(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> tuple[Any, Any]:
+        y_true = np.reshape(y_true, tuple(y_pred.shape)) if len(y_true.shape) < len(y_pred.shape) else y_true
+        predicted = y_pred > y_pred.dtype.type(self.threshold)
+        correct = (predicted == (y_true > np.asarray(0.5, dtype=y_true.dtype))).astype(y_pred.dtype)
+        return _totals(np.mean(correct, axis=-1), sample_weight)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "threshold": self.threshold}
+
+
 class Accuracy(Metric):
     """Fraction of predictions equal to the targets (elementwise)."""
 
@@ -154,8 +187,8 @@ class MeanAbsoluteError(Metric):
         return _totals(losses_lib.MeanAbsoluteError().per_example(y_true, y_pred), sample_weight)
 
 
-_CLASSES = {cls.__name__: cls for cls in (Mean, SparseCategoricalAccuracy, Accuracy, MeanSquaredError,
-                                          MeanAbsoluteError)}
+_CLASSES = {cls.__name__: cls for cls in (Mean, SparseCategoricalAccuracy, CategoricalAccuracy, BinaryAccuracy,
+                                          Accuracy, MeanSquaredError, MeanAbsoluteError)}
 
 
 def get(identifier: Any, loss: Any) -> Metric:
@@ -174,8 +207,14 @@ def get(identifier: Any, loss: Any) -> Metric:
     if name in ("accuracy", "acc"):
         if isinstance(loss, losses_lib.SparseCategoricalCrossentropy):
             return SparseCategoricalAccuracy(name=identifier)
+        if isinstance(loss, losses_lib.CategoricalCrossentropy):
+            return CategoricalAccuracy(name=identifier)
+        if isinstance(loss, losses_lib.BinaryCrossentropy):
+            # Keras thresholds at 0.5 even for logits; the threshold of a logit is 0.
+            return BinaryAccuracy(0.0 if loss.from_logits else 0.5, name=identifier)
         return Accuracy(name=identifier)
-    simple = {"sparse_categorical_accuracy": SparseCategoricalAccuracy, "mse": MeanSquaredError,
+    simple = {"sparse_categorical_accuracy": SparseCategoricalAccuracy,
+              "categorical_accuracy": CategoricalAccuracy, "binary_accuracy": BinaryAccuracy, "mse": MeanSquaredError,
               "mean_squared_error": MeanSquaredError, "mae": MeanAbsoluteError,
               "mean_absolute_error": MeanAbsoluteError}
     cls = simple.get(name)
