@@ -12,14 +12,12 @@ interleaved timing, and updating one section of BENCHMARKS.md in place.
 from __future__ import annotations
 
 import datetime
-import gc
 import importlib.metadata
 import logging
 import os
 import platform
 import re
 import statistics
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -120,43 +118,23 @@ def machine_markdown(info: Mapping[str, Any]) -> str:
 
 def time_interleaved(variants: Mapping[str, Callable[[], Any]], rounds: int, calls: int,
                      warmup: int = 10, settle: float = 0.0) -> dict[str, list[float]]:
-    """Times several ways of doing the same work, interleaved to cancel drift.
-
-    Every round runs each variant ``calls`` times in a row; the order of the
-    variants is reversed every other round, so slow drifts of the machine
-    (frequency, other load) hit every variant alike.
+    """Times several ways of doing the same work, interleaved to cancel drift
+    (:func:`graphdist.cli.bench.measure`, the timer of ``graphdist bench``).
 
     Args:
         variants: Name -> zero-argument callable.
         rounds: Number of rounds.
         calls: Calls per variant per round.
         warmup: Untimed calls of each variant before the first round.
-        settle: Seconds to sleep before each timed block, so that worker
-            threads the previous variant left spinning (ONNX Runtime's
-            thread pools spin for a while after a run) go idle first.
+        settle: Seconds to sleep before each timed block (spinning pool threads go idle first).
 
     Returns:
         Name -> per-call time in microseconds, one entry per round.
     """
-    names = list(variants)
-    for name in names:
-        for _ in range(warmup):
-            variants[name]()
-    times: dict[str, list[float]] = {name: [] for name in names}
-    gc.collect()
-    for index in range(rounds):
-        order = names if index % 2 == 0 else names[::-1]
-        for name in order:
-            fn = variants[name]
-            if settle:
-                time.sleep(settle)
-            start = time.perf_counter_ns()
-            for _ in range(calls):
-                fn()
-            times[name].append((time.perf_counter_ns() - start) / calls / 1e3)
-    for name in names:
-        logger.debug("%s: %s us", name, ", ".join(f"{t:.1f}" for t in times[name]))
-    return times
+    from graphdist.cli.bench import measure
+
+    seconds = measure(variants, rounds, calls, warmup, settle=settle)
+    return {name: [t * 1e6 for t in values] for name, values in seconds.items()}
 
 
 def median(values: list[float]) -> float:

@@ -22,11 +22,12 @@ per-round ratios). Steps that train update their own variables on every call
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,27 +48,41 @@ compare backends with --compare (interleaved) rather than across separate runs.
 """
 
 
-def measure(calls: dict[str, Callable[[], Any]], rounds: int, steps: int, warmup: int) -> dict[str, list[float]]:
-    """Seconds per call of each callable, one value per round (rounds interleaved, order alternating).
+def measure(calls: Mapping[str, Callable[[], Any]], rounds: int, steps: int, warmup: int,
+            settle: float = 0.0) -> dict[str, list[float]]:
+    """Seconds per call of each callable, one value per round, rounds interleaved to cancel drift.
+
+    Every round calls each callable ``steps`` times in a row; the order is
+    reversed every other round, so slow drifts of the machine (frequency,
+    other load) hit every callable alike. ``benchmarks.time_interleaved``
+    is this timer too.
 
     Args:
         calls: Name -> zero-argument callable.
         rounds: Rounds to time.
         steps: Calls per callable per round.
         warmup: Untimed calls of each callable first.
+        settle: Seconds to sleep before each timed block, so that worker
+            threads the previous callable left spinning (ONNX Runtime's
+            thread pools spin for a while after a run) go idle first.
     """
     names = list(calls)
     for name in names:
         for _ in range(warmup):
             calls[name]()
     times: dict[str, list[float]] = {name: [] for name in names}
+    gc.collect()
     for index in range(rounds):
         for name in names if index % 2 == 0 else names[::-1]:
             call = calls[name]
-            start = time.perf_counter()
+            if settle:
+                time.sleep(settle)
+            start = time.perf_counter_ns()
             for _ in range(steps):
                 call()
-            times[name].append((time.perf_counter() - start) / steps)
+            times[name].append((time.perf_counter_ns() - start) / steps / 1e9)
+    for name in names:
+        logger.debug("%s: %s us", name, ", ".join(f"{t * 1e6:.1f}" for t in times[name]))
     return times
 
 
