@@ -106,8 +106,11 @@ DEFAULT_CUDA_ARCH = "sm_80"
 _CONVERT_ERROR = re.compile(r"Error converting operator (\w+)")
 
 
+@functools.cache
 def _tvm() -> Any:
-    """Imports tvm on first use (about a second; most processes never need it)."""
+    """Imports tvm on first use (about a second; most processes never need it); cached, as every segment
+    call asks for it.
+    """
     # TVM's thread pool otherwise pins the calling thread to core 0 when it is configured: the user's
     # main thread (and every thread it starts later, ONNX Runtime's included) would then share one
     # core, and so would the scheduler's device threads. Unpinned, they keep the process's affinity
@@ -449,7 +452,7 @@ class TvmExecutable:
         if not (is_aligned(value) and value.flags.writeable):
             # DLPack cannot mark a read-only export, and TVM needs 64-byte alignment: one aligned numpy
             # copy (several times cheaper than TVM's own upload for the small feeds of a step).
-            value = aligned(value) if value.flags.writeable else aligned(value.copy())
+            value = aligned(value, copy=not value.flags.writeable)
         # No copy: TVM reads numpy's buffer (variables and TVM's own outputs are aligned already).
         return runtime.from_dlpack(value)
 

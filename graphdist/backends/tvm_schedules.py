@@ -94,8 +94,12 @@ class _LLVMRule:
 
 
 def _extent(sch: Any, loop: Any) -> int | None:
-    extent = sch.get(loop).extent
-    return int(extent) if isinstance(extent, _mods()["tirx"].IntImm) else None
+    return _static_extent(sch.get(loop).extent)
+
+
+def _static_extent(value: Any) -> int | None:
+    """``value`` as an int when it is a constant (a loop extent, a buffer dimension), else ``None``."""
+    return int(value) if isinstance(value, _mods()["tirx"].IntImm) else None
 
 
 def _base_rule() -> type:
@@ -275,10 +279,6 @@ def _inline_producers(sch: Any, block: Any, keep: Sequence[Any] = ()) -> None:
                 changed = True
             except Exception:  # noqa: BLE001 - producers that cannot be inlined stay loop nests
                 continue
-
-
-def _static_extent(value: Any) -> int | None:
-    return int(value) if isinstance(value, _mods()["tirx"].IntImm) else None
 
 
 def _cores(target: Any) -> int:

@@ -21,9 +21,11 @@ def is_aligned(array: np.ndarray) -> bool:
     return bool(array.flags.c_contiguous and array.ctypes.data % BUFFER_ALIGNMENT == 0)
 
 
-def aligned(array: np.ndarray) -> np.ndarray:
-    """``array`` itself when its buffer is C-contiguous and 64-byte aligned, else an aligned copy."""
-    if is_aligned(array):
+def aligned(array: np.ndarray, copy: bool = False) -> np.ndarray:
+    """``array`` itself when its buffer is C-contiguous and 64-byte aligned (and ``copy`` is false), else an
+    aligned (writable) copy.
+    """
+    if is_aligned(array) and not copy:
         return array
     raw = np.empty(array.nbytes + BUFFER_ALIGNMENT, np.uint8)
     start = -raw.ctypes.data % BUFFER_ALIGNMENT
