@@ -201,3 +201,17 @@ def test_every_optimizer_saves_its_config_and_state(tmp_path, optimizer: str) ->
     loaded.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)  # slots restored: same next epoch
     for got, want in zip(loaded.get_weights(), model.get_weights()):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_unknown_optimizer_in_a_saved_model_is_a_checkpoint_error(tmp_path) -> None:
+    with gd.OneDeviceStrategy("cpu:0").scope():
+        model = keras.Sequential([keras.layers.Dense(2, input_shape=(3,))])
+    model.compile(optimizer="rmsprop", loss="mse")
+    model.save(tmp_path / "m")
+    config_file = tmp_path / "m" / "model.json"
+    config = json.loads(config_file.read_text())
+    config["compile"]["optimizer"]["class_name"] = "Lion"
+    config_file.write_text(json.dumps(config))
+    with pytest.raises(gd.CheckpointError, match=r"model\.json: unknown optimizer class 'Lion'"):
+        keras.load_model(tmp_path / "m")
+    assert keras.load_model(tmp_path / "m", compile=False).optimizer is None  # the weights still load
