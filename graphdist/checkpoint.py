@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from graphdist.distribute.variables import Variable
 from graphdist.errors import CheckpointError
 from graphdist.fsutil import atomic_write_bytes
+from graphdist.trace.variables import Variable
 
 __all__ = ["Checkpoint", "FORMAT_VERSION"]
 

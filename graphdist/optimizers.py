@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from graphdist.distribute.variables import Variable, read_variable
 from graphdist.errors import InvalidArgumentError, TracingError
 from graphdist.trace.tracer import current_trace
+from graphdist.trace.variables import Variable, read_variable
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "get", "deserialize"]
 

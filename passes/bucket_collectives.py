@@ -67,9 +67,9 @@ from typing import Any
 import numpy as np
 
 from graphdist.errors import InvalidArgumentError
+from graphdist.ir.comm_ops import is_communication
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
 from passes.base import PassBase, PassContext, PassResult
-from passes.partition import is_communication
 
 __all__ = ["BucketCollectivesPass", "pack_groups"]
 

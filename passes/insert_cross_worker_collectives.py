@@ -30,38 +30,11 @@ from typing import Any
 
 from graphdist.errors import GraphError
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
-from graphdist.ir.ops import OpDef, _unary, get_opdef, register_op
+from graphdist.ir.ops import get_opdef
 from passes.base import PassBase, PassContext, PassResult
 
-__all__ = ["InsertCrossWorkerCollectivesPass", "register_cross_worker_ops"]
+__all__ = ["InsertCrossWorkerCollectivesPass"]
 
-
-def _reference_unavailable(*_: Any, **__: Any) -> tuple:
-    raise NotImplementedError("cross-worker collectives run in the MPI communicator between processes, not in a "
-                              "backend; run the plan with the scheduler under graphdist launch")
-
-
-def _infer_cross_gather(node: Node, _: int | None) -> Any:
-    x = node.inputs[0]
-    workers = int(node.attrs.get("num_workers", 1))
-    axis = int(node.attrs.get("axis", 0)) % max(len(x.shape), 1)
-    shape = list(x.shape)
-    dim = shape[axis]
-    shape[axis] = dim * workers if isinstance(dim, int) else f"{dim}*{workers}"
-    return [(x.dtype, tuple(shape))]
-
-
-def register_cross_worker_ops() -> None:
-    """Registers ``CrossWorkerAllReduce`` and ``CrossWorkerAllGather`` in the OpDef registry."""
-    register_op(OpDef("CrossWorkerAllReduce", GRAPHDIST_DOMAIN, _unary(), reference=_reference_unavailable,
-                      doc="Reduce a value over the workers (processes) through MPI; every worker gets the result.",
-                      attrs={"reduce_op": "SUM", "num_workers": 1}))
-    register_op(OpDef("CrossWorkerAllGather", GRAPHDIST_DOMAIN, _infer_cross_gather, reference=_reference_unavailable,
-                      doc="Concatenate a value over the workers along `axis` (worker order) through MPI.",
-                      attrs={"axis": 0, "num_workers": 1}))
-
-
-register_cross_worker_ops()
 
 _CROSS = {"AllReduce": "CrossWorkerAllReduce", "AllGather": "CrossWorkerAllGather"}
 

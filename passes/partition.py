@@ -23,16 +23,11 @@ Cases:
 
 from __future__ import annotations
 
+from graphdist.ir.comm_ops import is_communication
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node
-from graphdist.ir.verify import CROSS_DEVICE_OPS
 from passes.base import PassBase, PassContext, PassResult
 
-__all__ = ["PartitionPass", "is_communication", "segment_name"]
-
-
-def is_communication(node: Node) -> bool:
-    """True for collectives and transfers (executed by the communicator, not a backend)."""
-    return node.domain == GRAPHDIST_DOMAIN and node.op_type in CROSS_DEVICE_OPS
+__all__ = ["PartitionPass", "segment_name"]
 
 
 def segment_name(device: str, phase: int | None = None) -> str:

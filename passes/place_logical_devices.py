@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from graphdist.ir.comm_ops import is_communication
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node
 from graphdist.ir.placement_ops import LOGICAL_DEVICE
-from graphdist.ir.verify import CROSS_DEVICE_OPS
 from passes.base import PassBase, PassContext, PassResult
 
 __all__ = ["PlaceLogicalDevicesPass"]
@@ -60,7 +60,7 @@ class PlaceLogicalDevicesPass(PassBase):
             value = node.inputs[0]
             producer = value.producer
             computed_here = producer is not None and producer.domain != GRAPHDIST_DOMAIN \
-                and producer.op_type not in CROSS_DEVICE_OPS
+                and not is_communication(producer)
             if computed_here:
                 if producer.device is None:
                     producer.device, producer.replica = device, node.meta.get("replica")

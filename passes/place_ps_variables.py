@@ -30,37 +30,10 @@ from typing import Any
 import numpy as np
 
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
-from graphdist.ir.ops import OpDef, get_opdef, register_op
+from graphdist.ir.ops import get_opdef
 from passes.base import PassBase, PassContext, PassResult
 
-__all__ = ["PlacePSVariablesPass", "register_ps_ops"]
-
-
-def _infer_shard(node: Node, _: int | None) -> Any:
-    x = node.inputs[0]
-    start, stop = int(node.attrs.get("row_start", 0)), node.attrs.get("row_stop")
-    shape = list(x.shape)
-    if shape and stop is not None:
-        shape[0] = int(stop) - start
-    return [(x.dtype, tuple(shape))]
-
-
-def _reference_unavailable(*_: Any, **__: Any) -> tuple:
-    raise NotImplementedError("PSPull/PSPush talk to parameter server processes; run the plan with the scheduler "
-                              "under graphdist launch")
-
-
-def register_ps_ops() -> None:
-    """Registers ``PSPull`` and ``PSPush`` in the OpDef registry."""
-    register_op(OpDef("PSPull", GRAPHDIST_DOMAIN, _infer_shard, reference=_reference_unavailable,
-                      doc="Fetch a variable shard (rows row_start:row_stop) from its ps task.",
-                      attrs={"ps": 0, "key": ""}))
-    register_op(OpDef("PSPush", GRAPHDIST_DOMAIN, _infer_shard, reference=_reference_unavailable,
-                      doc="Add an update to a variable shard on its ps task; returns the shard's new value.",
-                      attrs={"ps": 0, "key": ""}))
-
-
-register_ps_ops()
+__all__ = ["PlacePSVariablesPass"]
 
 
 class PlacePSVariablesPass(PassBase):

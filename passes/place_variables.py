@@ -55,10 +55,10 @@ from __future__ import annotations
 from typing import Any
 
 from graphdist.errors import GraphError
+from graphdist.ir.comm_ops import is_communication
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
 from graphdist.runtime.devices import parse_device
 from passes.base import PassBase, PassContext, PassResult
-from passes.partition import is_communication
 
 __all__ = ["PlaceVariablesPass"]
 

@@ -206,7 +206,7 @@ def _build_target(args: argparse.Namespace) -> _Built:
     target = args.target
     strategy = _make_strategy(args.strategy, args.devices)
     if _is_onnx_path(target):
-        from graphdist.trace.inline import make_inference_step
+        from graphdist.compile.inference import make_inference_step
 
         graph = _load_onnx_graph(target)
         strategy = strategy or gd.OneDeviceStrategy("cpu:0")

@@ -59,10 +59,9 @@ import onnx
 
 from graphdist import nest
 from graphdist.compile.plan import CommTask, Plan, Segment
-from graphdist.distribute.values import DistributedValues, PerReplica
-from graphdist.distribute.variables import MirroredVariable
 from graphdist.errors import GraphdistError, PlanError
 from graphdist.ir.graph import Graph
+from graphdist.trace.values import DistributedValues, PerReplica
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "LoadedPlan", "VariableRecord", "export_concrete", "export_plan", "load_plan",
            "write_plan_directory"]
@@ -389,13 +388,12 @@ def _concrete_interface(concrete: Any) -> _Interface:
     variables, arrays = [], []
     for index, (name, variable) in enumerate(concrete._variable_feeds):
         array = np.array(variable._value, order="C", copy=True)
-        mirrored = isinstance(variable, MirroredVariable)
+        placement, components = variable._placement()
         readers = [s.name for s in plan.segments if name in s.inputs] + [c.name for c in plan.comms if name in c.inputs]
-        components = [c.device for c in variable.values] if mirrored else [variable.device]
         variables.append({
             "name": variable.name, "input": name, "kind": type(variable).__name__, "dtype": array.dtype.str,
-            "shape": list(array.shape), "device": variable.device, "placement": "mirrored" if mirrored else "single",
-            "devices": [d for d in components if d], "read_by": readers,
+            "shape": list(array.shape), "device": variable.device, "placement": placement,
+            "devices": components, "read_by": readers,
             "trainable": bool(variable.trainable), "update_output": update_of.get(id(variable)),
             "entry": f"v{index}", "sha256": _array_digest(array),
         })
@@ -817,7 +815,7 @@ class LoadedPlan:
                 raise PlanError(f"plan {self.name!r}: argument leaf {index} needs {count} replica components, got "
                                 f"{len(value.values)}")
             return [self._tensor(v, n, index) for v, n in zip(value.values, names)]
-        from graphdist.distribute.input import split_global_batch
+        from graphdist.data.split import split_global_batch
 
         array = np.asarray(value)
         shapes = [self._inputs[n]["shape"] for n in names]

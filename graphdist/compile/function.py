@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 
 from graphdist import nest, stats
-from graphdist.distribute.values import DistributedValues, PerReplica
-from graphdist.distribute.variables import Variable, read_variable
 from graphdist.errors import InvalidArgumentError, TracingError
 from graphdist.ir.graph import Graph
 from graphdist.trace.tracer import TensorSpec, TraceContext, call_user_function, current_trace
+from graphdist.trace.values import DistributedValues, PerReplica
+from graphdist.trace.variables import Variable, read_variable
 
 __all__ = ["function", "Function", "ConcreteFunction"]
 

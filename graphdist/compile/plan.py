@@ -8,65 +8,17 @@ run segments in. ``compile`` turns each segment into a backend executable
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import onnx
 
 from graphdist.errors import GraphError, PlanError
+from graphdist.ir.comm_ops import is_communication
 from graphdist.ir.graph import Graph, Node, Value
 from graphdist.runtime.devices import parse_device, thread_budget
+from graphdist.runtime.tasks import CommTask, Segment
 
 __all__ = ["Segment", "CommTask", "Plan", "extract_subgraph"]
-
-
-@dataclass
-class Segment:
-    """One device's share of a plan.
-
-    Attributes:
-        name: Segment name (unique in the plan).
-        device: Device string.
-        graph: The segment's sub-graph.
-        inputs: Names of the values it reads (graph inputs or other segments' outputs).
-        outputs: Names of the values it produces for others.
-    """
-
-    name: str
-    device: str
-    graph: Graph
-    inputs: list[str]
-    outputs: list[str]
-    _model: onnx.ModelProto | None = field(default=None, repr=False)
-
-    @property
-    def model(self) -> onnx.ModelProto:
-        """The segment lowered to ONNX (cached)."""
-        if self._model is None:
-            self._model = self.graph.to_onnx()
-        return self._model
-
-
-@dataclass
-class CommTask:
-    """A collective or transfer executed by the communicator between segments.
-
-    Attributes:
-        name: Task name (the group key of a collective, the node name of a transfer).
-        op: ``AllReduce``, ``AllGather`` or ``Transfer``.
-        attrs: The op's attributes (``reduce_op``, ``algorithm``, ``axis``...).
-        inputs: Input value names, one per participant in replica order.
-        outputs: Output value names, one per participant.
-        devices: Device of each participant.
-    """
-
-    name: str
-    op: str
-    attrs: dict[str, Any]
-    inputs: list[str]
-    outputs: list[str]
-    devices: list[str]
 
 
 def extract_subgraph(graph: Graph, nodes: list[Node], name: str, outputs: list[Value]) -> Graph:
@@ -142,8 +94,6 @@ class Plan:
         (``attrs["group_key"]``) become one :class:`CommTask`, as does each
         ``Transfer``.
         """
-        from passes.partition import is_communication
-
         if graph.stage != "partitioned":
             raise GraphError(f"Plan.from_graph needs a partitioned graph, got stage {graph.stage!r}")
         members: dict[str, list[Node]] = {}

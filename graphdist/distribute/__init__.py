@@ -18,7 +18,7 @@ from graphdist.distribute.strategy import (
     get_strategy,
     has_strategy,
 )
-from graphdist.distribute.values import DistributedValues, PerReplica, ValueContext
+from graphdist.trace.values import DistributedValues, PerReplica, ValueContext
 
 __all__ = [
     "Strategy",

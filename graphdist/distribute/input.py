@@ -4,7 +4,7 @@
 A :class:`DistributedDataset` turns a dataset of numpy nests into one that
 yields, per step, the inputs of every local replica: with several local
 replicas each element is the dataset's structure with a
-:class:`~graphdist.distribute.values.PerReplica` at every leaf (like
+:class:`~graphdist.trace.values.PerReplica` at every leaf (like
 ``tf.distribute``); with one replica the element itself.
 
 ``experimental_distribute_dataset(dataset)`` *rebatches*: every element of
@@ -42,8 +42,9 @@ import numpy as np
 
 from graphdist import nest
 from graphdist.data.dataset import Dataset, as_dataset, prefetch_iterator
-from graphdist.distribute.values import PerReplica
+from graphdist.data.split import split_global_batch
 from graphdist.errors import InvalidArgumentError
+from graphdist.trace.values import PerReplica
 
 __all__ = [
     "InputContext",
@@ -264,27 +265,6 @@ def distribute_dataset(strategy: Any, dataset: Any, options: Any = None) -> Dist
             yield _regroup_leaves(treedef, parts)
 
     return DistributedDataset(steps, strategy, _buffer_size(options, local), source._description)
-
-
-def split_global_batch(leaves: list[Any], full: int, total: int, replicas: Any) -> list[list[Any]]:
-    """Slices one global batch for ``replicas`` (indices among ``total`` replicas in sync).
-
-    ``leaves`` share their first dimension, the batch; ``full`` is the size of
-    a full global batch. Each replica gets ``ceil(full / total)`` rows, filled
-    in replica order, so a partial batch goes to the first replicas and the
-    replicas past its end get empty slices (see the module docstring).
-
-    Returns:
-        One list of slices (one per leaf) per replica in ``replicas``.
-    """
-    batch = int(np.shape(leaves[0])[0]) if leaves else 0
-    per_replica = -(-full // total)
-    parts = []
-    for replica in replicas:
-        start = min(replica * per_replica, batch)
-        stop = min(start + per_replica, batch)
-        parts.append([leaf[start:stop] for leaf in leaves])
-    return parts
 
 
 def _batch_dimension(leaves: list[Any], element: Any, index: int, total: int) -> int:

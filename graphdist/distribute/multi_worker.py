@@ -55,10 +55,10 @@ from graphdist.distribute.strategy import (
     _divide_keep_dtype,
     _is_traced,
 )
-from graphdist.distribute.values import DistributedValues, ValueContext, regroup
 from graphdist.distribute.variables import MirroredVariable
 from graphdist.errors import ClusterConfigError, InvalidArgumentError
 from graphdist.runtime.devices import num_gpus
+from graphdist.trace.values import DistributedValues, ValueContext, regroup
 
 __all__ = ["MultiWorkerMirroredStrategy", "CommunicationImplementation", "CollectiveCommunication"]
 

@@ -46,9 +46,9 @@ from graphdist.distribute.cluster import ClusterResolver
 from graphdist.distribute.cross_device_ops import NcclAllReduce
 from graphdist.distribute.pipelines import sync_pipeline
 from graphdist.distribute.strategy import Strategy, StrategyExtended
-from graphdist.distribute.variables import Variable
 from graphdist.errors import ClusterConfigError, InvalidArgumentError
 from graphdist.runtime.devices import num_gpus
+from graphdist.trace.variables import Variable
 
 __all__ = [
     "ParameterServerStrategy",
@@ -363,7 +363,6 @@ def _shared_client(spec: Any) -> Any:
 
 
 def _register() -> None:
-    import passes.place_ps_variables  # noqa: F401  (registers the ops' shape rules)
     from graphdist.runtime.scheduler import register_comm_handler
 
     for op in ("PSPull", "PSPush"):

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from graphdist import nest
-from graphdist.distribute import context
 from graphdist.distribute.reduce_op import ReduceOp
 from graphdist.errors import InvalidArgumentError
 from graphdist.ir.graph import GRAPHDIST_DOMAIN
+from graphdist.trace import context
 from graphdist.trace.tracer import axis_tuple, current_trace
 
 __all__ = ["ReplicaContext", "get_replica_context", "in_cross_replica_context", "emit_collective"]

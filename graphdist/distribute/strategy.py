@@ -18,13 +18,13 @@ from typing import Any
 import numpy as np
 
 from graphdist import nest
-from graphdist.distribute import context
 from graphdist.distribute.reduce_op import ReduceOp
 from graphdist.distribute.replica_context import ReplicaContext, emit_collective, new_group_key
-from graphdist.distribute.values import DistributedValues, PerReplica, ValueContext, regroup
 from graphdist.errors import AxisError, InvalidArgumentError
 from graphdist.runtime.devices import Device, check_available, parse_device
+from graphdist.trace import context
 from graphdist.trace.tracer import axis_tuple, call_user_function, current_trace
+from graphdist.trace.values import DistributedValues, PerReplica, ValueContext, regroup
 
 __all__ = ["Strategy", "StrategyExtended", "get_strategy", "has_strategy", "experimental_set_strategy"]
 
@@ -127,7 +127,7 @@ class Strategy:
 
     def _variable_class(self) -> type:
         """The class of variables created in this strategy's scope."""
-        from graphdist.distribute.variables import Variable
+        from graphdist.trace.variables import Variable
 
         return Variable
 

@@ -1,8 +1,10 @@
 """graphdist's intermediate representation: values, nodes, graphs and ops."""
 
 from graphdist.ir import (
+    comm_ops,  # noqa: F401,E402 - registers collectives, transfers, ps pulls/pushes
     gradients,  # noqa: F401,E402 - attaches gradient rules to the OpDefs
     placement_ops,  # noqa: F401,E402 - registers TPUStrategy's logical-device annotations
+    replica_ops,  # noqa: F401,E402 - registers ReplicaId and the cross-replica ops
     state_ops,  # noqa: F401,E402 - registers AssignVariable and Gradient
 )
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Node, Value

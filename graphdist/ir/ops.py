@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 
 from graphdist.errors import GraphError
-from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Dim, Node, Shape, Value
+from graphdist.ir.graph import ONNX_DOMAIN, Dim, Node, Shape, Value
 
 __all__ = [
     "OPSET",
@@ -552,41 +552,6 @@ def _infer_random_like(node: Node, _: int | None) -> TypeList:
     return [(dtype, x.shape)]
 
 
-# --------------------------------------------------------- graphdist ops
-def _infer_replica_id(node: Node, _: int | None) -> TypeList:
-    return [(np.dtype(np.int32), ())]
-
-
-def _infer_all_gather(node: Node, _: int | None) -> TypeList:
-    x = _in(node, 0)
-    group = int(node.attrs.get("group_size", 1))
-    axis = normalize_axis(node.attrs.get("axis", 0), x.rank, "AllGather axis")
-    shape = list(x.shape)
-    dim = shape[axis]
-    shape[axis] = dim * group if isinstance(dim, int) else f"{dim}*{group}"
-    return [(x.dtype, tuple(shape))]
-
-
-_REDUCERS = {"SUM": np.add, "MEAN": np.add, "MAX": np.maximum, "MIN": np.minimum}
-
-
-def _reference_all_reduce(*values: np.ndarray, reduce_op: str = "SUM", **_: Any) -> tuple[np.ndarray, ...]:
-    """All-reduce over the given participants; every participant gets the result."""
-    total = values[0]
-    for other in values[1:]:
-        total = _REDUCERS[reduce_op](total, other)
-    if reduce_op == "MEAN":
-        # Integer means floor, as Strategy.reduce and the local communicator do.
-        total = total // len(values) if total.dtype.kind in "iu" else (total / len(values)).astype(total.dtype)
-    return tuple(np.array(total, copy=True) for _ in values)
-
-
-def _reference_all_gather(*values: np.ndarray, axis: int = 0, **_: Any) -> tuple[np.ndarray, ...]:
-    """All-gather over the given participants."""
-    joined = np.concatenate(values, axis=axis)
-    return tuple(np.array(joined, copy=True) for _ in values)
-
-
 def _register_defaults() -> None:
     onnx_ops: dict[str, InferFn] = {}
     for name in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Mod"):
@@ -619,16 +584,6 @@ def _register_defaults() -> None:
     register_op(OpDef("Pad", ONNX_DOMAIN, _infer_pad, doc="Pads (or crops) axes by constant begin/end amounts."))
     register_op(OpDef("RandomUniformLike", ONNX_DOMAIN, _infer_random_like,
                       doc="Uniform random values in [low, high) with the shape of the input."))
-
-    register_op(OpDef("ReplicaId", GRAPHDIST_DOMAIN, _infer_replica_id,
-                      reference=lambda replica=0, **_: (np.array(replica, np.int32),),
-                      doc="The replica's index in its sync group (int32 scalar)."))
-    register_op(OpDef("AllReduce", GRAPHDIST_DOMAIN, _unary(), reference=_reference_all_reduce,
-                      doc="Reduce a value over a replica group; every member gets the result.",
-                      attrs={"reduce_op": "SUM", "group_size": 1}))
-    register_op(OpDef("AllGather", GRAPHDIST_DOMAIN, _infer_all_gather, reference=_reference_all_gather,
-                      doc="Concatenate a value over a replica group along `axis`.",
-                      attrs={"axis": 0, "group_size": 1}))
 
 
 _register_defaults()

@@ -36,9 +36,9 @@ from typing import Any
 import numpy as np
 
 from graphdist.errors import GraphdistError, InvalidArgumentError
+from graphdist.ir.comm_ops import is_communication
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
 from graphdist.ir.printer import format_table
-from graphdist.ir.verify import CROSS_DEVICE_OPS
 
 __all__ = [
     "graph_overview",
@@ -89,11 +89,6 @@ def format_bytes(count: int | None) -> str:
 def _short(text: str, limit: int = 24) -> str:
     """``text`` elided to ``limit`` characters (as the node listing elides attribute values)."""
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def is_communication(node: Node) -> bool:
-    """Collectives and transfers (run by the communicator, not a backend)."""
-    return node.domain == GRAPHDIST_DOMAIN and node.op_type in CROSS_DEVICE_OPS
 
 
 def moved_bytes(op: str, participants: int, nbytes: int | None, attrs: dict | None = None) -> int | None:

@@ -5,8 +5,6 @@
   ``LowerVariableUpdatesPass`` turns updates into plan outputs.
 * ``StopGradient(value) -> value``: the identity, treated as a constant by
   autodiff (``gd.stop_gradient``); removed after ``AutodiffPass``.
-* ``Transfer(value) -> value``: copies a value to the node's device; the only
-  way a compute node reads a value produced on another device.
 * ``Gradient(target, *sources) -> *grads`` : d(sum(target))/d(source) for each
   source; ``AutodiffPass`` expands it into backward ops from the OpDef
   gradient rules.
@@ -49,11 +47,9 @@ def _reference_gradient(*_: Any, **__: Any) -> tuple[np.ndarray, ...]:
 
 
 def register_state_ops() -> None:
-    """Registers ``AssignVariable``, ``Gradient`` and ``Transfer`` in the OpDef registry."""
+    """Registers ``StopGradient``, ``AssignVariable`` and ``Gradient`` in the OpDef registry."""
     register_op(OpDef("StopGradient", GRAPHDIST_DOMAIN, _infer_assign, reference=_reference_assign,
                       doc="Identity whose gradient is zero (lowered to nothing after autodiff)."))
-    register_op(OpDef("Transfer", GRAPHDIST_DOMAIN, _infer_assign, reference=_reference_assign,
-                      doc="Moves a value to the node's device (inserted by PartitionPass)."))
     register_op(OpDef("AssignVariable", GRAPHDIST_DOMAIN, _infer_assign, reference=_reference_assign,
                       doc="Update of a variable; output is the new value.", attrs={"variable": ""}))
     register_op(OpDef("Gradient", GRAPHDIST_DOMAIN, _infer_gradient, reference=_reference_gradient,

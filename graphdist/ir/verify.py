@@ -17,17 +17,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from graphdist.errors import GraphError
-from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node
+from graphdist.ir.comm_ops import is_communication
+from graphdist.ir.graph import Graph, Node
 from graphdist.ir.ops import get_opdef
 
-__all__ = ["verify", "STAGES", "CROSS_DEVICE_OPS"]
+__all__ = ["verify", "STAGES"]
 
 STAGES = ("traced", "rewritten", "partitioned")
 
-#: graphdist ops allowed to read values placed on another device.
-CROSS_DEVICE_OPS = frozenset({"AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Send", "Recv", "Transfer",
-                              # between processes (graphdist.runtime.comm.mpi, graphdist.runtime.ps_server)
-                              "CrossWorkerAllReduce", "CrossWorkerAllGather", "PSPull", "PSPush"})
 
 
 def verify(graph: Graph, stage: str | None = None) -> None:
@@ -118,7 +115,7 @@ def _static(shape: tuple) -> tuple:
 def _check_cross_device_edges(graph: Graph) -> list[str]:
     problems = []
     for node in graph.nodes:
-        if node.domain == GRAPHDIST_DOMAIN and node.op_type in CROSS_DEVICE_OPS:
+        if is_communication(node):
             continue
         for value in node.inputs:
             producer = value.producer if value is not None else None

@@ -27,10 +27,10 @@ import numpy as np
 
 from graphdist.distribute.replica_context import get_replica_context
 from graphdist.distribute.strategy import get_strategy, has_strategy
-from graphdist.distribute.variables import Variable
 from graphdist.errors import InvalidArgumentError
 from graphdist.keras import activations, initializers
 from graphdist.trace import nn
+from graphdist.trace.variables import Variable
 
 __all__ = [
     "Layer",

@@ -31,7 +31,6 @@ import numpy as np
 from graphdist import nest
 from graphdist import optimizers as optimizers_lib
 from graphdist.distribute.strategy import get_strategy
-from graphdist.distribute.variables import Variable
 from graphdist.errors import InvalidArgumentError
 from graphdist.keras import callbacks as callbacks_lib
 from graphdist.keras import functional, initializers
@@ -42,6 +41,7 @@ from graphdist.keras.data_adapter import make_source
 from graphdist.keras.layers import Layer, get_layer_class
 from graphdist.keras.progress import Progress
 from graphdist.keras.training import Engine, NotCompiledError, check_strategy
+from graphdist.trace.variables import Variable
 
 __all__ = ["Model", "Sequential", "FunctionalModel"]
 

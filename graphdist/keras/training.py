@@ -47,12 +47,12 @@ from graphdist import nest
 from graphdist.compile.function import function as gd_function
 from graphdist.data.dataset import Dataset
 from graphdist.distribute.strategy import DefaultStrategy, get_strategy, has_strategy
-from graphdist.distribute.values import DistributedValues
 from graphdist.errors import GraphdistError, InvalidArgumentError
 from graphdist.keras import losses as losses_lib
 from graphdist.keras import metrics as metrics_lib
 from graphdist.keras.progress import Progress
 from graphdist.trace.tape import GradientTape
+from graphdist.trace.values import DistributedValues
 
 __all__ = ["NotCompiledError", "Engine", "check_strategy", "split_global_batch"]
 

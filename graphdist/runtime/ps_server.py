@@ -41,8 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from graphdist.distribute.cluster import ClusterSpec, TFConfigClusterResolver, rank_task, task_rank
 from graphdist.errors import ClusterConfigError, CollectiveTimeoutError, GraphdistError, InvalidArgumentError
+from graphdist.runtime.cluster_spec import ClusterSpec, environment_config, rank_task, task_rank
 
 __all__ = ["Server", "PSClient", "TAG_REQUEST", "TAG_PAYLOAD", "TAG_REPLY", "main"]
 
@@ -264,13 +264,13 @@ def _byte() -> Any:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m graphdist.runtime.ps_server``: serve this process's ps task (from ``GRAPHDIST_CONFIG``)."""
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
-    resolver = TFConfigClusterResolver()
-    if resolver.task_type != "ps":
-        print(f"graphdist ps server: this task is {resolver.task_type!r}, not 'ps' (GRAPHDIST_CONFIG / TF_CONFIG)",
+    spec, task_type, task_id, _, _ = environment_config()
+    if task_type != "ps":
+        print(f"graphdist ps server: this task is {task_type!r}, not 'ps' (GRAPHDIST_CONFIG / TF_CONFIG)",
               file=sys.stderr)
         return 2
     try:
-        Server(resolver.cluster_spec(), job_name="ps", task_index=resolver.task_id).join()
+        Server(spec, job_name="ps", task_index=task_id).join()
     except GraphdistError as err:
         print(f"graphdist ps server: {type(err).__name__}: {err}", file=sys.stderr)
         sys.stderr.flush()

@@ -15,16 +15,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from graphdist import stats
 from graphdist.errors import PlanError
 from graphdist.runtime.comm import local
-
-if TYPE_CHECKING:
-    from graphdist.compile.plan import CommTask, Plan, Segment
+from graphdist.runtime.tasks import CommTask, Segment
 
 __all__ = ["Scheduler", "register_comm_handler"]
 
@@ -47,9 +45,18 @@ class _Task:
 
 
 class Scheduler:
-    """Runs a compiled :class:`~graphdist.compile.plan.Plan`."""
+    """Runs a plan's tasks with their compiled executables.
 
-    def __init__(self, plan: Plan, executables: Sequence[Any]) -> None:
+    Args:
+        plan: What to run: ``segments`` (:class:`Segment`, one executable
+            each), ``comms`` (:class:`CommTask`), ``constants`` (values that
+            are outputs or collective inputs), ``input_names`` and
+            ``output_names``. The scheduler reads nothing else: it does not
+            know which compiler or strategy made the plan.
+        executables: One compiled executable per segment, in order.
+    """
+
+    def __init__(self, plan: Any, executables: Sequence[Any]) -> None:
         self._plan = plan
         self._executables = list(executables)
         self._single = (len(plan.segments) == 1 and not plan.comms and not plan.constants

@@ -3,16 +3,9 @@
 :func:`inline_graph` re-emits a graph's nodes into the trace being recorded,
 with the given tensors in place of the graph's inputs, so an imported model
 can run inside ``strategy.run`` / ``gd.function`` like any numpy code.
-:func:`graph_function` wraps that as a callable, and
-:func:`make_inference_step` builds the data-parallel inference step that
-``graphdist inspect/export model.onnx`` compile: the global batch is split
-across the strategy's replicas, each replica evaluates the model on its
-share, and the results are gathered back into the global batch::
-
-    graph = gd.ir.from_onnx("model.onnx")
-    strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"])
-    step, example_args = make_inference_step(graph, strategy, batch=16)
-    logits = step(*example_args)                    # (16, classes), computed 8 + 8
+:func:`graph_function` wraps that as a callable; :func:`example_batch` makes
+example inputs for it (:mod:`graphdist.compile.inference` builds the
+data-parallel inference step of an imported model from both).
 """
 
 from __future__ import annotations
@@ -26,7 +19,7 @@ from graphdist.errors import InvalidArgumentError, TracingError
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Value
 from graphdist.trace.tracer import current_trace
 
-__all__ = ["inline_graph", "graph_function", "make_inference_step", "example_batch"]
+__all__ = ["inline_graph", "graph_function", "example_batch"]
 
 
 def _check_argument(graph: Graph, spec: Value, arg: Any, index: int, batch_axis: int | None) -> None:
@@ -143,60 +136,3 @@ def example_batch(graph: Graph, batch: int, seed: int = 0) -> list[np.ndarray]:
         else:
             arrays.append(np.zeros(shape, value.dtype))
     return arrays
-
-
-def make_inference_step(graph: Graph, strategy: Any, batch: int | None = None, *, backend: str | None = None,
-                        seed: int = 0) -> tuple[Any, tuple[Any, ...]]:
-    """A data-parallel inference step for ``graph`` under ``strategy``, with example arguments.
-
-    The step takes every graph input as a per-replica value (each replica's
-    share of the global batch, split along axis 0), evaluates the graph on
-    every replica and gathers each output along axis 0, so it returns the
-    outputs for the whole global batch.
-
-    Args:
-        graph: The model (e.g. ``from_onnx(path)``).
-        strategy: A ``gd.Strategy``.
-        batch: Global batch size; default: the first input's static first
-            dimension when it divides by the replica count, else 8 per replica.
-        backend: Backend of the ``gd.function``.
-        seed: Seed of the example inputs.
-
-    Returns:
-        ``(step, example_args)``: ``step`` is a ``gd.function``; call it (or
-        ``step.get_concrete_function(*example_args)``).
-
-    Raises:
-        InvalidArgumentError: ``batch`` does not divide by the number of replicas,
-            or the graph has no inputs or a scalar input.
-    """
-    from graphdist.compile.function import function
-    from graphdist.distribute.values import PerReplica
-
-    replicas = strategy.num_replicas_in_sync
-    if not graph.inputs:
-        raise InvalidArgumentError(f"graph {graph.name!r} has no inputs: there is no batch to split across replicas")
-    if batch is None:
-        first = graph.inputs[0].shape[0] if graph.inputs[0].rank else None
-        batch = first if isinstance(first, int) and first % replicas == 0 else 8 * replicas
-    if batch <= 0 or batch % replicas:
-        raise InvalidArgumentError(f"the global batch ({batch}) must be a positive multiple of the number of "
-                                   f"replicas ({replicas}); pick another batch size")
-    arrays = example_batch(graph, batch, seed)
-    share = batch // replicas
-    if replicas == 1:
-        example = tuple(arrays)
-    else:
-        example = tuple(PerReplica([a[r * share:(r + 1) * share] for r in range(replicas)]) for a in arrays)
-    model = graph_function(graph, batch_axis=0)
-
-    def inference_step(*args: Any) -> Any:
-        result = strategy.run(model, args=args)
-        if replicas == 1:
-            return result
-        if isinstance(result, tuple):
-            return tuple(strategy.gather(r, axis=0) for r in result)
-        return strategy.gather(result, axis=0)
-
-    name = f"{model.__name__}_inference"
-    return function(inference_step, backend=backend, name=name), example

@@ -71,7 +71,7 @@ def _read(x: Any) -> Any:
     """A ``gd.Variable``'s value (a traced tensor inside a trace); anything else unchanged."""
     if x is None or isinstance(x, (Tensor, np.ndarray, np.generic, int, float)):
         return x
-    from graphdist.distribute.variables import Variable, read_variable
+    from graphdist.trace.variables import Variable, read_variable
 
     return read_variable(x) if isinstance(x, Variable) else x
 

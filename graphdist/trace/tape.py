@@ -26,9 +26,9 @@ _EAGER_HINT = (
 
 
 def _as_traced(ctx: Any, source: Any) -> Any:
-    from graphdist.distribute.variables import Variable, read_variable
     from graphdist.trace.numpy_api import _as_tensor
     from graphdist.trace.tensor import Tensor
+    from graphdist.trace.variables import Variable, read_variable
 
     if isinstance(source, Variable):
         return read_variable(source)
@@ -45,7 +45,7 @@ def gradients(target: Any, sources: Any) -> Any:
     target = _as_traced(ctx, target)
     if target.dtype.kind != "f":
         raise TracingError(f"gradient target must be floating point, got {target.dtype}")
-    from graphdist.distribute.variables import Variable
+    from graphdist.trace.variables import Variable
 
     leaves, treedef = nest.flatten(sources)
     if not leaves:

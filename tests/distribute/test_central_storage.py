@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import graphdist as gd
+from graphdist.ir.comm_ops import is_communication
 from models.datasets import digits
 from models.mlp import MLP
-from passes.partition import is_communication
 
 
 def _devices(n: int) -> list[str]:

@@ -9,13 +9,14 @@ import pytest
 import graphdist as gd
 from graphdist.backends import default_cache, get_backend
 from graphdist.ir import Graph, verify
+from graphdist.ir.comm_ops import is_communication
 from graphdist.runtime.devices import parse_device
 from passes.assign_devices import AssignDevicesPass
 from passes.base import PassContext, PassManager
 from passes.eliminate_dead_nodes import EliminateDeadNodesPass
 from passes.lower_collectives import LowerCollectivesPass
 from passes.materialize_replica_ids import MaterializeReplicaIdsPass
-from passes.partition import PartitionPass, is_communication
+from passes.partition import PartitionPass
 
 X = np.arange(6, dtype=np.float32).reshape(2, 3)
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import graphdist as gd
-from graphdist.distribute.variables import Variable
 from graphdist.errors import InvalidArgumentError
 from graphdist.runtime.comm import local
+from graphdist.trace.variables import Variable
 
 ALGORITHMS = local.ALGORITHMS
 OPS = ("SUM", "MEAN", "MAX", "MIN")

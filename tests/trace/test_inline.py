@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 import graphdist as gd
+from graphdist.compile.inference import make_inference_step
 from graphdist.ir import from_onnx
-from graphdist.trace.inline import example_batch, graph_function, inline_graph, make_inference_step
+from graphdist.trace.inline import example_batch, graph_function, inline_graph
 from models.mlp import MLP
 
 

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["strategy_stack", "push_strategy", "replica_stack", "replica_scope", "CROSS_REPLICA"]
+__all__ = ["strategy_stack", "current_strategy", "push_strategy", "replica_stack", "replica_scope", "CROSS_REPLICA"]
 
 _local = threading.local()
 
@@ -28,6 +28,12 @@ def strategy_stack() -> list[Any]:
     if stack is None:
         stack = _local.strategies = []
     return stack
+
+
+def current_strategy() -> Any | None:
+    """The innermost strategy whose scope is entered in this thread, or ``None`` outside every scope."""
+    stack = strategy_stack()
+    return stack[-1] if stack else None
 
 
 def replica_stack() -> list[Any]:

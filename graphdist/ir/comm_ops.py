@@ -1,0 +1,131 @@
+"""Communication ops of the ``graphdist`` domain, and the one list of them.
+
+Communication ops move values between devices or processes; a communicator
+runs them between the backends' segments, never a backend:
+
+* ``AllReduce(x) -> y`` (``reduce_op``, ``group_key``, ``group_size``,
+  ``algorithm``): one node per participant of a replica group; every
+  participant gets the reduction;
+* ``AllGather(x) -> y`` (``axis``, ``group_key``, ``group_size``): the
+  participants' values concatenated along ``axis`` in replica order;
+* ``CrossWorkerAllReduce`` / ``CrossWorkerAllGather`` (``num_workers``,
+  ``sequence``, ``comm_group``): the same between worker processes, through MPI;
+* ``PSPull`` / ``PSPush`` (``ps``, ``key``, ``row_start``, ``row_stop``): read a
+  variable shard from its parameter-server task, add an update to it;
+* ``Transfer(x) -> x``: copies a value to the node's device.
+
+:data:`COMMUNICATION_OPS` lists them (and the op names reserved for point to
+point and rooted collectives); :func:`is_communication` is the test every
+pass, the verifier, the plan builder and the renderer use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from graphdist.ir.graph import GRAPHDIST_DOMAIN, Node
+from graphdist.ir.ops import OpDef, TypeList, _in, _unary, normalize_axis, register_op
+
+__all__ = ["COMMUNICATION_OPS", "is_communication", "register_comm_ops"]
+
+#: graphdist ops run by a communicator; the only nodes that may read values placed on another device.
+COMMUNICATION_OPS = frozenset({"AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Send", "Recv", "Transfer",
+                               # between processes (graphdist.runtime.comm.mpi, graphdist.runtime.ps_server)
+                               "CrossWorkerAllReduce", "CrossWorkerAllGather", "PSPull", "PSPush"})
+
+
+def is_communication(node: Node) -> bool:
+    """True for collectives, transfers and ps pulls/pushes (run by a communicator, not a backend)."""
+    return node.domain == GRAPHDIST_DOMAIN and node.op_type in COMMUNICATION_OPS
+
+
+def _infer_all_gather(node: Node, _: int | None) -> TypeList:
+    x = _in(node, 0)
+    group = int(node.attrs.get("group_size", 1))
+    axis = normalize_axis(node.attrs.get("axis", 0), x.rank, "AllGather axis")
+    shape = list(x.shape)
+    dim = shape[axis]
+    shape[axis] = dim * group if isinstance(dim, int) else f"{dim}*{group}"
+    return [(x.dtype, tuple(shape))]
+
+
+def _infer_cross_gather(node: Node, _: int | None) -> TypeList:
+    x = _in(node, 0)
+    workers = int(node.attrs.get("num_workers", 1))
+    axis = int(node.attrs.get("axis", 0)) % max(len(x.shape), 1)
+    shape = list(x.shape)
+    dim = shape[axis]
+    shape[axis] = dim * workers if isinstance(dim, int) else f"{dim}*{workers}"
+    return [(x.dtype, tuple(shape))]
+
+
+def _infer_shard(node: Node, _: int | None) -> TypeList:
+    x = _in(node, 0)
+    start, stop = int(node.attrs.get("row_start", 0)), node.attrs.get("row_stop")
+    shape = list(x.shape)
+    if shape and stop is not None:
+        shape[0] = int(stop) - start
+    return [(x.dtype, tuple(shape))]
+
+
+_REDUCERS = {"SUM": np.add, "MEAN": np.add, "MAX": np.maximum, "MIN": np.minimum}
+
+
+def _reference_all_reduce(*values: np.ndarray, reduce_op: str = "SUM", **_: Any) -> tuple[np.ndarray, ...]:
+    """All-reduce over the given participants; every participant gets the result."""
+    total = values[0]
+    for other in values[1:]:
+        total = _REDUCERS[reduce_op](total, other)
+    if reduce_op == "MEAN":
+        # Integer means floor, as Strategy.reduce and the local communicator do.
+        total = total // len(values) if total.dtype.kind in "iu" else (total / len(values)).astype(total.dtype)
+    return tuple(np.array(total, copy=True) for _ in values)
+
+
+def _reference_all_gather(*values: np.ndarray, axis: int = 0, **_: Any) -> tuple[np.ndarray, ...]:
+    """All-gather over the given participants."""
+    joined = np.concatenate(values, axis=axis)
+    return tuple(np.array(joined, copy=True) for _ in values)
+
+
+def _reference_identity(value: np.ndarray, **_: Any) -> tuple[np.ndarray]:
+    return (value,)
+
+
+def _between_processes(what: str) -> Any:
+    def unavailable(*_: Any, **__: Any) -> tuple:
+        raise NotImplementedError(f"{what} run between processes, not in a backend; run the plan with the "
+                                  "scheduler under graphdist launch")
+
+    return unavailable
+
+
+def register_comm_ops() -> None:
+    """Registers every communication op in the OpDef registry."""
+    register_op(OpDef("AllReduce", GRAPHDIST_DOMAIN, _unary(), reference=_reference_all_reduce,
+                      doc="Reduce a value over a replica group; every member gets the result.",
+                      attrs={"reduce_op": "SUM", "group_size": 1}))
+    register_op(OpDef("AllGather", GRAPHDIST_DOMAIN, _infer_all_gather, reference=_reference_all_gather,
+                      doc="Concatenate a value over a replica group along `axis`.",
+                      attrs={"axis": 0, "group_size": 1}))
+    register_op(OpDef("Transfer", GRAPHDIST_DOMAIN, _unary(), reference=_reference_identity,
+                      doc="Moves a value to the node's device (inserted by PartitionPass)."))
+    cross_worker = _between_processes("cross-worker collectives (the MPI communicator)")
+    register_op(OpDef("CrossWorkerAllReduce", GRAPHDIST_DOMAIN, _unary(), reference=cross_worker,
+                      doc="Reduce a value over the workers (processes) through MPI; every worker gets the result.",
+                      attrs={"reduce_op": "SUM", "num_workers": 1}))
+    register_op(OpDef("CrossWorkerAllGather", GRAPHDIST_DOMAIN, _infer_cross_gather, reference=cross_worker,
+                      doc="Concatenate a value over the workers along `axis` (worker order) through MPI.",
+                      attrs={"axis": 0, "num_workers": 1}))
+    parameter_servers = _between_processes("PSPull/PSPush (parameter server processes)")
+    register_op(OpDef("PSPull", GRAPHDIST_DOMAIN, _infer_shard, reference=parameter_servers,
+                      doc="Fetch a variable shard (rows row_start:row_stop) from its ps task.",
+                      attrs={"ps": 0, "key": ""}))
+    register_op(OpDef("PSPush", GRAPHDIST_DOMAIN, _infer_shard, reference=parameter_servers,
+                      doc="Add an update to a variable shard on its ps task; returns the shard's new value.",
+                      attrs={"ps": 0, "key": ""}))
+
+
+register_comm_ops()

@@ -1,0 +1,287 @@
+"""``gd.Variable``: mutable state that traced steps read and update.
+
+Eagerly a variable behaves like its numpy value. Inside a trace, reading it
+makes it a graph input (``value.meta["variable"]``) fed from the variable's
+current value on every call, and ``assign*`` records a
+``graphdist.AssignVariable`` node; the runtime writes the new value back
+after the step. Reads after an assign in the same step see the new value.
+
+Creation goes through a creator hook: the innermost strategy whose scope is
+entered (:func:`graphdist.trace.context.current_strategy`) picks the class
+(``_variable_class()``, e.g. a mirrored variable) and places the new
+variable (``_create_variable(variable)``). Without one, a variable is a plain
+:class:`Variable` on ``cpu:0``. This module knows nothing else of strategies.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import threading
+from typing import Any
+
+import numpy as np
+
+from graphdist.errors import InvalidArgumentError
+from graphdist.ir.graph import GRAPHDIST_DOMAIN
+from graphdist.runtime.buffers import aligned
+from graphdist.trace import context
+
+__all__ = ["Variable", "read_variable", "is_variable"]
+
+#: Where a variable lives when no strategy places it.
+DEFAULT_DEVICE = "cpu:0"
+
+_ids = itertools.count()
+_ids_lock = threading.Lock()
+
+
+def _next_id() -> int:
+    with _ids_lock:
+        return next(_ids)
+
+
+def _initial_array(initial_value: Any, dtype: Any) -> np.ndarray:
+    value = initial_value() if callable(initial_value) else initial_value
+    if isinstance(value, Variable):
+        value = value.numpy()
+    if dtype is None and isinstance(value, float):
+        dtype = np.float32  # like tf.Variable(1.)
+    elif dtype is None and isinstance(value, bool):
+        dtype = np.bool_
+    elif dtype is None and isinstance(value, int):
+        dtype = np.int32
+    try:
+        array = np.array(value, dtype=dtype, copy=True)
+    except (TypeError, ValueError) as err:
+        raise InvalidArgumentError(
+            f"Variable: initial_value {value!r} cannot become an array of dtype {dtype}") from err
+    if array.dtype == object or array.dtype.kind in "USV":
+        raise InvalidArgumentError(f"Variable: initial_value must be numeric, got dtype {array.dtype}")
+    return aligned(array)
+
+
+class Variable:
+    """A mutable tensor (like ``tf.Variable``).
+
+    Args:
+        initial_value: Array-like (or a callable returning one).
+        name: Name (default ``"Variable"``; like TF eager, names need not be unique:
+            each variable also has a unique ``uid``).
+        trainable: Whether optimizers and ``model.trainable_variables`` see it.
+        dtype: numpy dtype; Python floats default to float32 as in TF.
+    """
+
+    __array_priority__ = 1000
+    _graphdist_variable = True  # lets traced tensors defer numpy dispatch to the variable
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Variable:
+        creator = context.current_strategy()
+        if cls is Variable and creator is not None:
+            # The current strategy decides the kind (MirroredVariable under MirroredStrategy).
+            cls = creator._variable_class()
+        return super().__new__(cls)
+
+    def __init__(self, initial_value: Any, name: str | None = None, trainable: bool = True,
+                 dtype: Any = None) -> None:
+        self._value = _initial_array(initial_value, dtype)
+        self._name = re.sub(r"[^A-Za-z0-9_./-]", "_", name or "Variable")
+        self.uid = f"{self._name}#{_next_id()}"
+        self.trainable = bool(trainable)
+        self._strategy: Any = None
+        self._device: str | None = DEFAULT_DEVICE
+        creator = context.current_strategy()
+        if creator is not None:
+            creator._create_variable(self)
+
+    # ----------------------------------------------------------- metadata
+    @property
+    def name(self) -> str:
+        """Unique name (TF style, with ``:0``)."""
+        return f"{self._name}:0"
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Static shape."""
+        return self._value.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The numpy dtype."""
+        return self._value.dtype
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions."""
+        return self._value.ndim
+
+    @property
+    def device(self) -> str | None:
+        """Device the strategy placed it on."""
+        return self._device
+
+    def _placement(self) -> tuple[str, list[str]]:
+        """``(kind, devices)``: ``("single", [device])``; subclasses that keep copies say so."""
+        return "single", [self._device] if self._device else []
+
+    def numpy(self) -> np.ndarray:
+        """A copy of the current value (a numpy scalar for rank 0)."""
+        value = self._value.copy()
+        return value[()] if value.ndim == 0 else value
+
+    def value(self) -> Any:
+        """The current value (traced read inside a trace)."""
+        return read_variable(self)
+
+    read_value = value
+
+    # -------------------------------------------------------------- update
+    def _checked(self, value: Any, what: str) -> Any:
+        shape = tuple(np.shape(value))
+        if shape != self.shape:
+            raise InvalidArgumentError(
+                f"{what}: variable {self.name} has shape {self.shape}, the new value has shape {shape}; "
+                "a variable's shape cannot change"
+            )
+        return value
+
+    def assign(self, value: Any, read_value: bool = True) -> Any:
+        """Sets the value (recorded as an update inside a trace)."""
+        from graphdist.trace.tracer import current_trace
+
+        ctx = current_trace()
+        if ctx is None:
+            value = np.asarray(self._checked(value, "assign"))
+            # Replace rather than write in place: an earlier array may be shared with a step's result.
+            self._value = aligned(value.astype(self.dtype, copy=True))
+            return self if read_value else None
+        return _assign_traced(ctx, self, self._checked(value, "assign"))
+
+    def assign_add(self, delta: Any, read_value: bool = True) -> Any:
+        """Adds ``delta`` to the value."""
+        return self.assign(np.add(read_variable(self), delta).astype(self.dtype), read_value)
+
+    def assign_sub(self, delta: Any, read_value: bool = True) -> Any:
+        """Subtracts ``delta`` from the value."""
+        return self.assign(np.subtract(read_variable(self), delta).astype(self.dtype), read_value)
+
+    def _write(self, array: np.ndarray) -> None:
+        """Stores a step's update (called by the runtime).
+
+        A fresh array of the right type is adopted without a copy (the
+        runtime hands over its output buffers); anything else is copied.
+        """
+        if not (type(array) is np.ndarray and array.dtype == self._value.dtype and array.flags.c_contiguous
+                and array.flags.writeable):
+            array = aligned(np.array(array, dtype=self._value.dtype, order="C", copy=True))
+        if array.shape != self._value.shape:
+            raise InvalidArgumentError(f"update of {self.name} has shape {array.shape}, expected {self.shape}")
+        self._value = array
+
+    # ------------------------------------------------------ numpy protocols
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        from graphdist.trace.tracer import current_trace
+
+        if current_trace() is not None:
+            return np.asarray(read_variable(self), dtype=dtype)  # raises the tracer's clear error
+        return self._value if dtype is None else self._value.astype(dtype)
+
+    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        inputs = tuple(read_variable(x) if isinstance(x, Variable) else x for x in inputs)
+        return getattr(ufunc, method)(*inputs, **kwargs)
+
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        from graphdist import nest
+
+        args, kwargs = nest.map_structure(lambda v: read_variable(v) if isinstance(v, Variable) else v,
+                                          (tuple(args), dict(kwargs)))
+        return func(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        # ndarray/Tensor methods (reshape, sum, T, mean...) act on the current value.
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(read_variable(self), name)
+
+    def __getitem__(self, key: Any) -> Any:
+        return read_variable(self)[key]
+
+    def __repr__(self) -> str:
+        value = str(self._value[()]) if self.ndim == 0 else np.array2string(self._value, separator=", ")
+        return f"<gd.Variable '{self.name}' shape={self.shape} dtype={self.dtype.name}, numpy={value}>"
+
+    __hash__ = object.__hash__
+
+    def __bool__(self) -> bool:
+        return bool(read_variable(self))
+
+    def __len__(self) -> int:
+        return len(self._value)
+
+
+def _binary(ufunc: np.ufunc, reverse: bool = False) -> Any:
+    def method(self: Variable, other: Any) -> Any:
+        return ufunc(other, read_variable(self)) if reverse else ufunc(read_variable(self), other)
+
+    return method
+
+
+for _name, _ufunc in {"add": np.add, "sub": np.subtract, "mul": np.multiply, "truediv": np.true_divide,
+                      "floordiv": np.floor_divide, "mod": np.remainder, "pow": np.power, "matmul": np.matmul}.items():
+    setattr(Variable, f"__{_name}__", _binary(_ufunc))
+    setattr(Variable, f"__r{_name}__", _binary(_ufunc, reverse=True))
+for _name, _ufunc in {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
+                      "eq": np.equal, "ne": np.not_equal}.items():
+    setattr(Variable, f"__{_name}__", _binary(_ufunc))
+Variable.__neg__ = lambda self: np.negative(read_variable(self))
+Variable.__pos__ = lambda self: np.positive(read_variable(self))
+Variable.__abs__ = lambda self: np.absolute(read_variable(self))
+
+
+def is_variable(value: Any) -> bool:
+    """True for :class:`Variable` objects."""
+    return isinstance(value, Variable)
+
+
+def read_variable(variable: Variable) -> Any:
+    """The variable's value: its array eagerly, a traced tensor inside a trace."""
+    from graphdist.trace.tracer import current_trace
+
+    ctx = current_trace()
+    if ctx is None:
+        return variable._value
+    state = ctx.graph.meta.setdefault("variable_state", {})
+    # Each replica sees its own copy: an assign in replica 0 is not visible to replica 1's reads.
+    replica = _current_replica(ctx)
+    key = (id(variable), replica)
+    current = state.get(key)
+    if current is None and replica is None:
+        current = state.get((id(variable), 0))  # cross-replica reads see the (mirrored) updated value
+    if current is None:
+        current = state.get((id(variable), "input"))
+        if current is None:
+            current = ctx.input(variable._name, variable.dtype, variable.shape)
+            current.value.meta["variable"] = variable
+            ctx.graph.meta.setdefault("variables", []).append((current.value.name, variable))
+            state[(id(variable), "input")] = current
+        state[key] = current
+    return current
+
+
+def _current_replica(ctx: Any) -> int | None:
+    for region in reversed(ctx.regions):
+        if "replica" in region:
+            return region["replica"]
+    return None
+
+
+def _assign_traced(ctx: Any, variable: Variable, value: Any) -> Any:
+    from graphdist.trace.numpy_api import _as_tensor, cast_tensor
+
+    read_variable(variable)  # the variable is an input of the step even if never read
+    tensor = cast_tensor(_as_tensor(ctx, value), variable.dtype)
+    node_out = ctx.emit1("AssignVariable", [tensor.value], {"variable": variable.uid},
+                         domain=GRAPHDIST_DOMAIN, name="assign")
+    node_out.value.producer.meta["side_effect"] = True
+    ctx.graph.meta["variable_state"][(id(variable), _current_replica(ctx))] = node_out
+    return node_out
