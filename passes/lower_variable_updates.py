@@ -2,13 +2,15 @@
 
 Invariant established: no ``AssignVariable`` node remains; the final value
 assigned to each variable in the step is a graph output, and
-``graph.meta["variable_updates"]`` lists ``(output name, variable)`` pairs the
-runtime writes back after the step.
+``graph.meta["variable_updates"]`` lists ``(output name, variable uid)`` pairs
+the runtime writes back after the step.
 
 Cases:
 * one assign of a variable: its value becomes an output;
 * several assigns of one variable: reads in between already use the earlier
-  values; only the last value is written back;
+  values; only the last value is written back (after ``ReplicatePass``,
+  every replica assigns: the last replica's value is written, which equals
+  the others' when the update is computed from all-reduced values);
 * an assigned value that is also a user output or an input: an ``Identity``
   gives the update its own output name.
 """
@@ -28,7 +30,6 @@ class LowerVariableUpdatesPass(PassBase):
         assigns = graph.find_nodes("AssignVariable", GRAPHDIST_DOMAIN)
         if not assigns:
             return PassResult(graph, modified=False)
-        variables = {var.uid: var for _, var in graph.meta.get("variables", [])}
         last = {}
         for node in assigns:
             last[node.attrs["variable"]] = node
@@ -43,6 +44,6 @@ class LowerVariableUpdatesPass(PassBase):
             if value.producer is None or id(value) in taken:
                 value = graph.add_node("Identity", [value], name="update").outputs[0]
             graph.outputs.append(value)
-            updates.append((value.name, variables[node.attrs["variable"]]))
+            updates.append((value.name, str(node.attrs["variable"])))
         graph.meta["variable_updates"] = updates
         return PassResult(graph, modified=True)

@@ -1,7 +1,8 @@
 """PlacePSVariablesPass: read and update parameter-server variables through their ps tasks.
 
 Invariant established: every graph input that feeds a variable stored on
-parameter servers (a variable with ``_ps_shards``) is read only through
+parameter servers (placement kind ``"ps"`` in the graph's placement spec,
+``graph.meta["placement"]``, with one shard per ps part) is read only through
 ``graphdist.PSPull`` nodes (one per shard, concatenated along axis 0 when
 the variable is sharded), and its update output (from
 ``LowerVariableUpdatesPass``) is replaced by the values the ps tasks return
@@ -19,7 +20,7 @@ Cases:
 * variable only read: pulls only;
 * variable only assigned (not read): the pull still happens (the update is a
   delta against the pulled value);
-* variables without ps shards: unchanged;
+* variables not placed on ps tasks: unchanged;
 * graph already rewritten (no raw variable inputs left with readers): unchanged.
 """
 
@@ -31,6 +32,7 @@ import numpy as np
 
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
 from graphdist.ir.ops import get_opdef
+from graphdist.ir.placement import Shard, placement_of
 from passes.base import PassBase, PassContext, PassResult
 
 __all__ = ["PlacePSVariablesPass"]
@@ -42,19 +44,21 @@ class PlacePSVariablesPass(PassBase):
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
         inputs = {v.name: v for v in graph.inputs}
         updates = list(graph.meta.get("variable_updates", []))
-        update_of = {id(var): name for name, var in updates}
+        update_of = {uid: name for name, uid in updates}
+        placements = placement_of(graph)
         modified = False
         for name, variable in graph.meta.get("variables", []):
-            shards = getattr(variable, "_ps_shards", None)
+            placement = placements.get(name)
             value = inputs.get(name)
-            if not shards or value is None or self._already_pulled(value):
+            if placement is None or placement.kind != "ps" or value is None or self._already_pulled(value):
                 continue
             device = ctx.devices[0]
-            pulled = self._pull(graph, value, variable, shards, device)
-            update_name = update_of.get(id(variable))
+            shards = list(placement.shards)
+            pulled = self._pull(graph, value, variable.name, shards, device)
+            update_name = update_of.get(variable.uid)
             if update_name is not None:
-                fresh = self._push(graph, update_name, pulled, variable, shards, device)
-                updates = [(fresh.name if var is variable else n, var) for n, var in updates]
+                fresh = self._push(graph, update_name, pulled, variable.name, shards, device)
+                updates = [(fresh.name if uid == variable.uid else n, uid) for n, uid in updates]
             modified = True
         graph.meta["variable_updates"] = updates
         return PassResult(graph, modified)
@@ -63,9 +67,9 @@ class PlacePSVariablesPass(PassBase):
     def _already_pulled(value: Value) -> bool:
         return bool(value.uses) and all(user.op_type == "PSPull" for user, _ in value.uses)
 
-    def _pull(self, graph: Graph, value: Value, variable: Any, shards: list[Any], device: str) -> Value:
+    def _pull(self, graph: Graph, value: Value, variable: str, shards: list[Shard], device: str) -> Value:
         readers = [user for user, _ in value.uses]
-        parts = [self._comm_node(graph, "PSPull", value, variable, shard, device) for shard in shards]
+        parts = [self._comm_node(graph, "PSPull", value, variable, shard, shards, device) for shard in shards]
         pulled = parts[0] if len(parts) == 1 else self._concat(graph, parts, device)
         for user in readers:
             for index, current in enumerate(user.inputs):
@@ -73,20 +77,21 @@ class PlacePSVariablesPass(PassBase):
                     user.replace_input(index, pulled)
         return pulled
 
-    def _push(self, graph: Graph, update_name: str, pulled: Value, variable: Any, shards: list[Any],
+    def _push(self, graph: Graph, update_name: str, pulled: Value, variable: str, shards: list[Shard],
               device: str) -> Value:
         position = max(i for i, v in enumerate(graph.outputs) if v.name == update_name)
         new = graph.outputs[position]
         delta = self._node(graph, "Sub", [new, pulled], {}, device, "ps_update").outputs[0]
-        parts = [self._comm_node(graph, "PSPush", delta, variable, shard, device) for shard in shards]
+        parts = [self._comm_node(graph, "PSPush", delta, variable, shard, shards, device) for shard in shards]
         fresh = parts[0] if len(parts) == 1 else self._concat(graph, parts, device)
         graph.outputs[position] = fresh
         return fresh
 
-    def _comm_node(self, graph: Graph, op: str, source: Value, variable: Any, shard: Any, device: str) -> Value:
-        attrs = {"ps": int(shard.ps), "key": shard.key, "variable": variable._name,
+    def _comm_node(self, graph: Graph, op: str, source: Value, variable: str, shard: Shard, shards: list[Shard],
+                   device: str) -> Value:
+        attrs = {"ps": int(shard.ps), "key": shard.key, "variable": variable,
                  "group_key": graph.unique_name(f"{op.lower()}_{shard.key}", node=True)}
-        if len(variable._ps_shards) > 1:
+        if len(shards) > 1:
             attrs.update(row_start=int(shard.start), row_stop=int(shard.stop))
         return self._node(graph, op, [source], attrs, device, op.lower(), domain=GRAPHDIST_DOMAIN).outputs[0]
 

@@ -61,9 +61,10 @@ from graphdist import nest
 from graphdist.compile.plan import CommTask, Plan, Segment
 from graphdist.errors import GraphdistError, PlanError
 from graphdist.ir.graph import Graph
+from graphdist.ir.placement import KINDS, PlacementSpec, VariablePlacement, VariableSpec
 from graphdist.trace.values import DistributedValues, PerReplica
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "LoadedPlan", "VariableRecord", "export_concrete", "export_plan", "load_plan",
+__all__ = ["FORMAT", "FORMAT_VERSION", "LoadedPlan", "export_concrete", "export_plan", "load_plan",
            "write_plan_directory"]
 
 logger = logging.getLogger(__name__)
@@ -386,14 +387,15 @@ def _concrete_interface(concrete: Any) -> _Interface:
     num_results = concrete._num_results
     update_of = {id(v): out for out, v in concrete._updates}
     variables, arrays = [], []
+    placements = concrete.graph("rewritten").meta.get("placement") or PlacementSpec()
     for index, (name, variable) in enumerate(concrete._variable_feeds):
         array = np.array(variable._value, order="C", copy=True)
-        placement, components = variable._placement()
+        where = placements.get(variable.uid) or VariablePlacement("local", (variable.device or "cpu:0",))
         readers = [s.name for s in plan.segments if name in s.inputs] + [c.name for c in plan.comms if name in c.inputs]
         variables.append({
             "name": variable.name, "input": name, "kind": type(variable).__name__, "dtype": array.dtype.str,
-            "shape": list(array.shape), "device": variable.device, "placement": placement,
-            "devices": components, "read_by": readers,
+            "shape": list(array.shape), "device": variable.device, "placement": where.kind,
+            "devices": list(where.devices), "read_by": readers,
             "trainable": bool(variable.trainable), "update_output": update_of.get(id(variable)),
             "entry": f"v{index}", "sha256": _array_digest(array),
         })
@@ -657,43 +659,14 @@ def _check_dag(reader: _Reader, plan: Plan, doc: dict[str, Any], available: set[
         raise reader.error(f"plan.json: the outputs {missing[:3]} are produced by no task; {_REEXPORT}")
 
 
-class VariableRecord:
-    """What a loaded plan knows of a variable (for inspection): name, dtype, shape, device(s).
-
-    Loaded plans have no :class:`~graphdist.Variable` objects; their graph's
-    ``meta["variables"]`` holds these instead (one subclass per recorded kind,
-    named like it, e.g. ``MirroredVariable``).
-    """
-
-    def __init__(self, entry: dict[str, Any]) -> None:
-        self.name: str = entry["name"]
-        self.dtype = np.dtype(entry["dtype"])
-        self.shape = tuple(entry["shape"])
-        self.device: str | None = entry.get("device")
-        self.trainable = bool(entry.get("trainable", True))
-        devices = entry.get("devices") or []
-        self.values = tuple(_Component(d) for d in devices) if entry.get("placement") == "mirrored" else None
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} (loaded) {self.name!r} shape={self.shape} dtype={self.dtype.name}>"
-
-
-class _Component:
-    def __init__(self, device: str) -> None:
-        self.device = device
-
-
-_RECORD_CLASSES: dict[str, type] = {}
-
-
-def _variable_record(entry: dict[str, Any]) -> VariableRecord:
-    kind = entry.get("kind")
-    if not isinstance(kind, str) or not kind.isidentifier():
-        kind = "VariableRecord"
-    cls = _RECORD_CLASSES.get(kind)
-    if cls is None:
-        cls = _RECORD_CLASSES[kind] = type(kind, (VariableRecord,), {"__module__": __name__})
-    return cls(entry)
+def _variable_spec(entry: dict[str, Any]) -> tuple[VariableSpec, VariablePlacement]:
+    """What a loaded plan knows of a variable: its spec (the uid is its input name) and placement."""
+    name = str(entry["name"]).removesuffix(":0")
+    spec = VariableSpec(str(entry["input"]), name, np.dtype(entry["dtype"]).str, tuple(int(d) for d in entry["shape"]),
+                        bool(entry.get("trainable", True)), str(entry.get("kind", "Variable")))
+    kind = entry.get("placement")
+    devices = tuple(str(d) for d in entry.get("devices") or ([entry["device"]] if entry.get("device") else []))
+    return spec, VariablePlacement(kind if kind in KINDS else "local", devices)
 
 
 def _restore_placement(graph: Graph, model: onnx.ModelProto, segments: list[Segment]) -> None:
@@ -1017,9 +990,10 @@ def load_plan(directory: str | os.PathLike[str], backend: str | None = None) -> 
         raise reader.error(f"graph partitioned cannot be imported: {err}") from None
     graph.stage = "partitioned"
     _restore_placement(graph, models["partitioned"], segments)
-    records = {e["input"]: _variable_record(e) for e in var_entries}
-    graph.meta["variables"] = list(records.items())
-    graph.meta["variable_updates"] = [(u["output"], records[u["variable"]]) for u in updates]
+    records = {e["input"]: _variable_spec(e) for e in var_entries}
+    graph.meta["variables"] = [(name, spec) for name, (spec, _) in records.items()]
+    graph.meta["placement"] = PlacementSpec({spec.uid: where for spec, where in records.values()})
+    graph.meta["variable_updates"] = [(u["output"], records[u["variable"]][0].uid) for u in updates]
     if [v.name for v in graph.inputs] != plan_inputs or [v.name for v in graph.outputs] != plan_outputs:
         raise reader.error(f"the partitioned graph's inputs/outputs do not match plan.json's "
                            f"plan_inputs/plan_outputs; {_REEXPORT}")

@@ -2,10 +2,13 @@
 
 A :class:`Function` wraps a Python step. On a call it computes the input
 signature (array shapes and dtypes, Python constants, distributed-value
-structure); the first call with a signature traces the step (including any
-``strategy.run`` / ``strategy.reduce`` inside it), runs the strategy's pass
-pipeline, partitions the graph into a :class:`~graphdist.compile.plan.Plan`
-and compiles it. Later calls with the same signature only execute.
+structure); the first call with a signature traces the step once, as one
+replica (including any ``strategy.run`` / ``strategy.reduce`` inside it),
+runs the pass pipeline the strategy's configuration builds (which makes the
+replicas, collectives and placement), partitions the graph into a
+:class:`~graphdist.compile.plan.Plan` and compiles it. Later calls with the
+same signature only execute. This module knows strategies only through
+their :class:`~graphdist.compile.pipeline.PipelineConfig`.
 """
 
 from __future__ import annotations
@@ -19,10 +22,15 @@ from typing import Any
 import numpy as np
 
 from graphdist import nest, stats
+from graphdist.compile.interface import ArgumentFeed, Resolved, ResultLeaf, StepInterface
+from graphdist.compile.pipeline import Pipeline, PipelineConfig, build_pipeline
 from graphdist.errors import InvalidArgumentError, TracingError
 from graphdist.ir.graph import Graph
+from graphdist.ir.placement import PlacementSpec, VariablePlacement
+from graphdist.trace import context
+from graphdist.trace.tensor import Tensor
 from graphdist.trace.tracer import TensorSpec, TraceContext, call_user_function, current_trace
-from graphdist.trace.values import DistributedValues, PerReplica
+from graphdist.trace.values import DistributedValues, PerReplica, TracedPerReplica
 from graphdist.trace.variables import Variable, read_variable
 
 __all__ = ["function", "Function", "ConcreteFunction"]
@@ -37,10 +45,8 @@ def _is_distributed(value: Any) -> bool:
 
 
 def _is_dataset(value: Any) -> bool:
-    from graphdist.data.dataset import Dataset
-    from graphdist.distribute.input import DistributedDataset, DistributedIterator
-
-    return isinstance(value, (Dataset, DistributedDataset, DistributedIterator))
+    # Datasets and distributed datasets/iterators mark themselves (this module is below them).
+    return bool(getattr(type(value), "_graphdist_dataset", False))
 
 
 def _leaf_signature(leaf: Any, arrays: list[Any]) -> Any:
@@ -106,23 +112,30 @@ class ConcreteFunction:
 
     Attributes:
         plan: The compiled :class:`~graphdist.compile.plan.Plan`.
-        strategy: The strategy whose pipeline rewrote the step.
+        strategy: The strategy whose configuration rewrote the step (``None``: the default).
+        config: That configuration.
+        interface: How the call's arguments and results map to the traced graph.
     """
 
-    def __init__(self, name: str, graphs: dict[str, Graph], plan: Any, strategy: Any,
-                 input_names: list[str], output_spec: tuple[Any, list[int | None]]) -> None:
+    def __init__(self, name: str, graphs: dict[str, Graph], plan: Any, strategy: Any, interface: StepInterface,
+                 resolved: Resolved, variables: dict[str, Variable], config: PipelineConfig,
+                 output_treedef: Any) -> None:
         self.name = name
         self._graphs = graphs
         self.plan = plan
         self.strategy = strategy
-        self._input_names = input_names
+        self.config = config
+        self.interface = interface
         self._signature: Any = None  # set by Function once cached
-        self._output_treedef, self._output_counts = output_spec
-        self._plain_outputs = all(c is None for c in self._output_counts)
+        self._function: Any = None  # the Function that traced it (set by Function)
         rewritten = graphs["rewritten"]
+        self._input_names = resolved.input_names
+        self._output_treedef, self._output_counts = output_treedef, resolved.counts
+        self._plain_outputs = all(c is None for c in self._output_counts)
         # Variables are fed from their current values and written back after the step.
-        self._variable_feeds = list(graphs["traced"].meta.get("variables", []))
-        self._updates = list(rewritten.meta.get("variable_updates", []))
+        self._variable_feeds = list(variables.items())
+        by_uid = {v.uid: v for v in variables.values()}
+        self._updates = [(out, by_uid[uid]) for out, uid in rewritten.meta.get("variable_updates", [])]
         self._num_results = len(rewritten.outputs) - len(self._updates)
         if plan is not None:
             plan._owner = weakref.ref(self)  # plan.export() exports through this function
@@ -232,82 +245,203 @@ class Function:
 
     # -------------------------------------------------------------- build
     def _build(self, key: Any, args: tuple, kwargs: dict) -> ConcreteFunction:
-        from graphdist.backends import get_backend
-        from graphdist.compile.plan import Plan
-        from graphdist.distribute.strategy import get_strategy
-        from passes.base import PassContext, PassManager
-        from passes.partition import PartitionPass
-
-        traced, input_names, output_spec = self._trace(args, kwargs)
-        strategy = self._pick_strategy(traced) or get_strategy()
-        ctx = PassContext(devices=tuple(strategy.extended.worker_devices))
-        rewritten = PassManager(strategy.pipeline()).run(traced.copy(), ctx).graph
-        partitioned = PassManager([PartitionPass()]).run(rewritten.copy(), ctx).graph
-        plan = Plan.from_graph(partitioned).compile(get_backend(self._backend or strategy._preferred_backend()))
-        graphs = {"traced": traced, "rewritten": rewritten, "partitioned": partitioned}
-        concrete = ConcreteFunction(self._name, graphs, plan, strategy, input_names, output_spec)
+        traced, interface, variables, strategies, treedef = self._trace(args, kwargs)
+        strategy = self._pick_strategy(strategies)
+        config = strategy.pipeline_config() if strategy is not None else PipelineConfig()
+        pipeline = strategy.pipeline() if strategy is not None else build_pipeline(config)
+        placement = _placement(strategy, traced, variables)
+        graphs, plan, resolved = compile_traced(traced, interface, pipeline, placement,
+                                                self._backend or config.backend)
+        concrete = ConcreteFunction(self._name, graphs, plan, strategy, interface, resolved, variables, config,
+                                    treedef)
         concrete._signature = key
+        concrete._function = self
         self._concrete[key] = concrete
         logger.info("compiled %s for signature #%d: %d nodes, %d segment(s)", self._name, len(self._concrete),
-                    len(partitioned.nodes), len(plan.segments))
+                    len(graphs["partitioned"].nodes), len(plan.segments))
         return concrete
 
-    def _pick_strategy(self, graph: Graph) -> Any:
-        strategies = graph.meta.get("strategies", [])
+    def _pick_strategy(self, strategies: list[Any]) -> Any:
         if len(strategies) > 1:
             names = ", ".join(type(s).__name__ for s in strategies)
             raise NotImplementedError(f"a step may use one strategy; {self._name} uses {names}")
-        return strategies[0] if strategies else self._strategy
+        if strategies:
+            return strategies[0]
+        if self._strategy is not None:
+            return self._strategy
+        current = context.current_strategy()
+        return current if current is not None and hasattr(current, "pipeline_config") else None
 
-    def _trace(self, args: tuple, kwargs: dict) -> tuple[Graph, list[str], tuple[Any, list[int | None]]]:
+    def _trace(self, args: tuple, kwargs: dict) -> tuple[Graph, StepInterface, dict[str, Variable], list[Any], Any]:
         ctx = TraceContext(self._name)
+        ctx.replicated = True  # the strategy's pipeline makes the replicas
         with ctx.activate():
-            proxy_args, proxy_kwargs, input_names = _make_inputs(ctx, args, kwargs)
+            proxy_args, proxy_kwargs, feeds = _make_inputs(ctx, args, kwargs)
             with _strategy_scope(self._strategy):
                 result = call_user_function(self._fn, proxy_args, proxy_kwargs)
             result = nest.map_structure(lambda v: read_variable(v) if isinstance(v, Variable) else v, result)
             leaves, treedef = nest.flatten(result, is_leaf=_is_distributed)
-            counts = [len(leaf.values) if _is_distributed(leaf) else None for leaf in leaves]
-            flat = [v for leaf in leaves for v in (leaf.values if _is_distributed(leaf) else (leaf,))]
+            flat: list[Any] = []
+            results = [_result_leaf(ctx, leaf, flat) for leaf in leaves]
             ctx.set_outputs(flat)
         stats.increment("traces")
-        return ctx.graph, input_names, (treedef, counts)
+        return ctx.graph, StepInterface(feeds, results), dict(ctx.variables), list(ctx.strategies), treedef
 
     def __repr__(self) -> str:
         return f"<graphdist.Function {self._name} signatures={len(self._concrete)}>"
 
 
+def compile_traced(traced: Graph, interface: StepInterface, pipeline: Pipeline | list[Any],
+                   placement: PlacementSpec, backend: str | None) -> tuple[dict[str, Graph], Any, Resolved]:
+    """Rewrites, partitions and compiles a traced step.
+
+    Returns:
+        ``({"traced", "rewritten", "partitioned"} graphs, compiled plan, resolved interface)``; the
+        rewritten graph's results are in result order (``resolved.output_order`` is the identity).
+    """
+    from graphdist.backends import get_backend
+    from graphdist.compile.plan import Plan
+    from passes.base import PassContext, PassManager
+    from passes.partition import PartitionPass
+
+    config = pipeline.config if isinstance(pipeline, Pipeline) else PipelineConfig()
+    ctx = PassContext(devices=tuple(config.devices))
+    graph = traced.copy()
+    graph.meta["placement"] = placement
+    rewritten = PassManager(list(pipeline)).run(graph, ctx).graph
+    resolved = _arrange_results(rewritten, interface)
+    partitioned = PassManager([PartitionPass()]).run(rewritten.copy(), ctx).graph
+    plan = Plan.from_graph(partitioned).compile(get_backend(backend))
+    return {"traced": traced, "rewritten": rewritten, "partitioned": partitioned}, plan, resolved
+
+
+def _arrange_results(graph: Graph, interface: StepInterface) -> Resolved:
+    """Puts the result outputs in result order, each per-replica leaf's replicas together and in order
+    (variable updates stay last, where ``LowerVariableUpdatesPass`` put them).
+    """
+    resolved = interface.resolve(graph)
+    order = resolved.output_order
+    updates = len(graph.meta.get("variable_updates", []))
+    results = graph.outputs[: len(graph.outputs) - updates]
+    if sorted(order) != list(range(len(results))):
+        raise TracingError(f"graph {graph.name!r}: the step's results do not map one to one onto its outputs")
+    if order != list(range(len(order))):
+        graph.outputs = [results[p] for p in order] + graph.outputs[len(results):]
+    return Resolved(resolved.input_names, list(range(len(order))), resolved.counts)
+
+
+def _placement(strategy: Any, traced: Graph, variables: dict[str, Variable]) -> PlacementSpec:
+    """Where each variable of the step lives, as the strategy decides (data, not objects)."""
+    spec = PlacementSpec()
+    for name, variable_spec in traced.meta.get("variables", []):
+        variable = variables.get(name)
+        if strategy is not None:
+            spec.variables[variable_spec.uid] = strategy._variable_placement(variable_spec, variable)
+        else:
+            spec.variables[variable_spec.uid] = VariablePlacement("local", (variable.device or "cpu:0",)
+                                                                   if variable is not None else ("cpu:0",))
+    return spec
+
+
 def _strategy_scope(strategy: Any) -> Any:
     import contextlib
 
-    from graphdist.distribute.strategy import get_strategy
-
-    if strategy is None or get_strategy() is strategy:
+    if strategy is None or context.current_strategy() is strategy:
         return contextlib.nullcontext()
     return strategy.scope()
 
 
-def _make_inputs(ctx: TraceContext, args: tuple, kwargs: dict) -> tuple[tuple, dict, list[str]]:
-    """Graph inputs for every array leaf (per-replica components included)."""
+def _make_inputs(ctx: TraceContext, args: tuple, kwargs: dict) -> tuple[tuple, dict, list[ArgumentFeed]]:
+    """Graph inputs for every array leaf; a per-replica leaf gets one input per distinct component shape."""
     leaves, treedef = nest.flatten((args, kwargs), is_leaf=_is_distributed)
-    names: list[str] = []
+    feeds: list[ArgumentFeed] = []
 
     def make(leaf: Any, hint: str) -> Any:
         if isinstance(leaf, (np.ndarray, np.generic, TensorSpec)):
-            spec = leaf if isinstance(leaf, TensorSpec) else TensorSpec(np.shape(leaf), np.asarray(leaf).dtype)
-            if any(d is None for d in spec.shape):
-                raise TracingError(f"input {hint}: symbolic dimensions are not supported by gd.function yet; "
-                                   "give a full static shape")
-            proxy = ctx.input(spec.name or hint, spec.dtype, spec.shape)
-            names.append(proxy.value.name)
+            proxy = _input(ctx, leaf, hint)
+            feeds.append(ArgumentFeed("tensor", (proxy.value.name,)))
             return proxy
         if isinstance(leaf, DistributedValues):
-            return type(leaf)([make(v, f"{hint}_r{i}") for i, v in enumerate(leaf.values)])
+            replica_values, names = _per_replica_inputs(ctx, leaf.values, hint)
+            feeds.append(ArgumentFeed("per_replica", tuple(names)))
+            return TracedPerReplica(replica_values)
+        feeds.append(ArgumentFeed("none"))
         return leaf
 
     proxies = [make(leaf, f"arg{i}") for i, leaf in enumerate(leaves)]
     new_args, new_kwargs = nest.unflatten(treedef, proxies)
-    return new_args, new_kwargs, names
+    return new_args, new_kwargs, feeds
+
+
+def _input(ctx: TraceContext, leaf: Any, hint: str) -> Any:
+    spec = leaf if isinstance(leaf, TensorSpec) else TensorSpec(np.shape(leaf), np.asarray(leaf).dtype)
+    if any(d is None for d in spec.shape):
+        raise TracingError(f"input {hint}: symbolic dimensions are not supported by gd.function yet; "
+                           "give a full static shape")
+    return ctx.input(spec.name or hint, spec.dtype, spec.shape)
+
+
+def _per_replica_inputs(ctx: TraceContext, components: tuple[Any, ...], hint: str) -> tuple[list[Any], list[Any]]:
+    """One input per distinct (shape, dtype) among the array components; a variant per group when they differ."""
+    groups: dict[Any, list[int]] = {}
+    for replica, component in enumerate(components):
+        if isinstance(component, (np.ndarray, np.generic, TensorSpec)):
+            spec = component if isinstance(component, TensorSpec) else np.asarray(component)
+            groups.setdefault((tuple(spec.shape), np.dtype(spec.dtype).str), []).append(replica)
+    values: list[Any] = list(components)
+    names: list[Any] = [None] * len(components)
+    per_replica = ctx.graph.meta.setdefault("per_replica_inputs", {})
+    for replicas in groups.values():
+        proxy = _input(ctx, components[replicas[0]], hint)
+        per_replica[proxy.value.name] = None if len(replicas) == len(components) else new_variant(ctx, replicas)
+        for replica in replicas:
+            values[replica], names[replica] = proxy, proxy.value.name
+    return values, names
+
+
+def new_variant(ctx: TraceContext, replicas: list[int] | tuple[int, ...]) -> str:
+    """Registers a replica variant (replicas traced together because their arguments had one shape)."""
+    variants = ctx.graph.meta.setdefault("replica_variants", {})
+    for key, members in variants.items():
+        if list(members) == list(replicas):
+            return key
+    key = f"v{len(variants) + 1}"
+    variants[key] = list(replicas)
+    return key
+
+
+def _result_leaf(ctx: TraceContext, leaf: Any, flat: list[Any]) -> ResultLeaf:
+    """Appends ``leaf``'s values to the traced outputs ``flat``; says how the result is rebuilt."""
+    if isinstance(leaf, TracedPerReplica) and all(isinstance(v, Tensor) for v in leaf.replica_values):
+        positions: dict[int, int] = {}
+        per_replica = ctx.graph.meta.setdefault("per_replica_outputs", {})
+        outputs = []
+        for value in leaf.replica_values:
+            if id(value) not in positions:
+                positions[id(value)] = len(flat)
+                members = [r for r, v in enumerate(leaf.replica_values) if v is value]
+                variant = None if len(members) == len(leaf) else new_variant(ctx, members)
+                per_replica[len(flat)] = variant
+                flat.append(_replica_output(ctx, value, variant, flat))
+            outputs.append(positions[id(value)])
+        return ResultLeaf("per_replica", tuple(outputs))
+    if isinstance(leaf, DistributedValues):
+        start = len(flat)
+        flat.extend(leaf.values)
+        return ResultLeaf("components", tuple(range(start, len(flat))))
+    flat.append(leaf)
+    return ResultLeaf("plain", (len(flat) - 1,))
+
+
+def _replica_output(ctx: TraceContext, value: Tensor, variant: str | None, flat: list[Any]) -> Tensor:
+    """``value`` as a replica output: a per-replica input, or a value already output, gets an
+    ``Identity`` in the replica region (each output needs its own node, and each replica's copy its own).
+    """
+    if value.value.producer is not None and not any(f is value for f in flat):
+        return value
+    region = {"context": "replica"} if variant is None else {"context": "replica", "variant": variant}
+    with ctx.region(**region):
+        return ctx.emit1("Identity", [value.value], name="output")
 
 
 def function(fn: Callable[..., Any] | None = None, *, backend: str | None = None,

@@ -119,6 +119,8 @@ class Dataset:
     :meth:`as_numpy_iterator`; every iteration starts from the beginning.
     """
 
+    _graphdist_dataset = True  # gd.function refuses datasets as step arguments (it cannot import this)
+
     def __init__(self, factory: Callable[[], Iterable[Any]], cardinality: int = _UNKNOWN,
                  description: str = "Dataset", batch_size: int | None = None) -> None:
         # Private: build datasets with the classmethods and transformations.

@@ -1,8 +1,9 @@
 """``CentralStorageStrategy``: synchronous data parallelism with variables on one device.
 
 Replicas run on the compute devices exactly as with ``MirroredStrategy`` (the
-replica function is traced once per replica; ``all_reduce``, the optimizer's
-gradient sums and ``strategy.reduce`` become ``graphdist.AllReduce`` groups),
+replica function is traced once and replicated by ``ReplicatePass``;
+``all_reduce``, the optimizer's gradient sums and ``strategy.reduce`` become
+``graphdist.AllReduce`` groups),
 but every variable has a single copy on the parameter device:
 
 * variables created in the scope are plain :class:`~graphdist.distribute.variables.Variable`
@@ -29,9 +30,10 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from graphdist.compile.pipeline import PipelineConfig
 from graphdist.distribute.cross_device_ops import CrossDeviceOps, NcclAllReduce, ReductionToOneDevice
-from graphdist.distribute.pipelines import sync_pipeline
 from graphdist.distribute.strategy import Strategy
+from graphdist.ir.placement import VariablePlacement, VariableSpec
 from graphdist.runtime.devices import Device, check_available, num_gpus, parse_device
 
 __all__ = ["CentralStorageStrategy"]
@@ -81,9 +83,16 @@ class CentralStorageStrategy(Strategy):
     def _parameter_devices(self) -> tuple[Device, ...]:
         return (self._parameter_device,)
 
-    def pipeline(self) -> list[Any]:
+    def pipeline_config(self) -> PipelineConfig:
         """The synchronous pipeline with variables placed on the parameter device."""
-        return sync_pipeline(self.cross_device_ops, parameter_device=self.parameter_device)
+        return PipelineConfig(devices=self.extended.worker_devices, strategy=type(self).__name__,
+                              collective_attrs=self.cross_device_ops.collective_attrs(),
+                              bucketing=self.cross_device_ops.bucketing() or None,
+                              parameter_device=self.parameter_device)
+
+    def _variable_placement(self, spec: VariableSpec, variable: Any = None) -> VariablePlacement:
+        """Every variable has one copy, on the parameter device."""
+        return VariablePlacement("central", (self.parameter_device,))
 
     def __repr__(self) -> str:
         devices = list(self.extended.worker_devices)

@@ -176,6 +176,8 @@ class DistributedDataset:
     distributing it.
     """
 
+    _graphdist_dataset = True  # gd.function refuses datasets as step arguments (it cannot import this)
+
     def __init__(self, make_steps: Callable[[], Iterator[Any]], strategy: Any, buffer_size: int,
                  description: str) -> None:
         # Private: created by the strategy's distribute methods.
@@ -204,6 +206,8 @@ class DistributedIterator:
     """Iterator over a :class:`DistributedDataset`; ``next()`` raises
     ``StopIteration`` at the end.
     """
+
+    _graphdist_dataset = True  # gd.function refuses datasets as step arguments (it cannot import this)
 
     def __init__(self, steps: Iterator[Any]) -> None:
         self._steps = steps

@@ -1,10 +1,11 @@
 """``MirroredStrategy``: synchronous data parallelism, one replica per device.
 
-The replica function is traced once per replica (as tf.distribute does in
-graph mode); ``all_reduce`` calls, ``apply_gradients``' gradient sums and
-``strategy.reduce`` become ``graphdist.AllReduce`` groups, lowered to the
-algorithm of ``cross_device_ops`` and executed by the local communicator
-between the devices' segments. Variables created in the scope are
+The replica function is traced once, as one replica; ``ReplicatePass``
+makes one copy per device, and ``all_reduce`` calls, ``apply_gradients``'
+gradient sums and ``strategy.reduce`` become ``graphdist.AllReduce`` groups
+(``InsertCollectivesPass``), lowered to the algorithm of
+``cross_device_ops`` and executed by the local communicator between the
+devices' segments. Variables created in the scope are
 :class:`MirroredVariable`s: one logical value with a copy per replica, kept in
 sync because every replica applies the same (all-reduced) update.
 """
@@ -15,8 +16,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from graphdist.compile.pipeline import PipelineConfig
 from graphdist.distribute.cross_device_ops import CrossDeviceOps, NcclAllReduce
-from graphdist.distribute.pipelines import sync_pipeline
 from graphdist.distribute.strategy import Strategy
 from graphdist.distribute.variables import MirroredVariable
 from graphdist.errors import InvalidArgumentError
@@ -55,9 +56,11 @@ class MirroredStrategy(Strategy):
         """The all-reduce algorithm."""
         return self._cross_device_ops
 
-    def pipeline(self) -> list[Any]:
-        """The synchronous pipeline with this strategy's all-reduce algorithm."""
-        return sync_pipeline(self._cross_device_ops)
+    def pipeline_config(self) -> PipelineConfig:
+        """The synchronous pipeline with this strategy's all-reduce algorithm (and bucketing)."""
+        return PipelineConfig(devices=self.extended.worker_devices, strategy=type(self).__name__,
+                              collective_attrs=self._cross_device_ops.collective_attrs(),
+                              bucketing=self._cross_device_ops.bucketing() or None)
 
     def _variable_class(self) -> type:
         return MirroredVariable

@@ -1,15 +1,15 @@
 """``MultiWorkerMirroredStrategy``: synchronous data parallelism across processes.
 
 Each worker (an MPI rank started by ``graphdist launch`` or ``mpiexec``)
-runs the same program on its local devices, like ``MirroredStrategy``; the
-strategy's pipeline is the synchronous one plus two passes:
+runs the same program on its local devices, like ``MirroredStrategy``; its
+pipeline configuration is the synchronous one with two differences:
 
-* :class:`passes.offset_replica_ids.OffsetReplicaIdsPass` numbers the local
-  replicas among all workers' (``replica_id_in_sync_group`` is global);
+* ``ReplicatePass`` numbers the local replicas among all workers'
+  (``replica_offset``: ``replica_id_in_sync_group`` is global);
 * :class:`passes.insert_cross_worker_collectives.InsertCrossWorkerCollectivesPass`
-  follows every local all-reduce / all-gather group with a cross-worker one
-  (hierarchical reduction: the local devices first, then the workers through
-  MPI, :mod:`graphdist.runtime.comm.mpi`).
+  (the ``cross_worker`` slot) follows every local all-reduce / all-gather
+  group with a cross-worker one (hierarchical reduction: the local devices
+  first, then the workers through MPI, :mod:`graphdist.runtime.comm.mpi`).
 
 Variables are :class:`~graphdist.distribute.variables.MirroredVariable` objects:
 every worker holds its own copy, initialised from worker 0's value (a
@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from graphdist import nest
+from graphdist.compile.pipeline import PipelineConfig
 from graphdist.distribute.cluster import (
     ClusterResolver,
     MPIClusterResolver,
@@ -46,7 +47,6 @@ from graphdist.distribute.cluster import (
     task_rank,
 )
 from graphdist.distribute.cross_device_ops import NcclAllReduce
-from graphdist.distribute.pipelines import sync_pipeline
 from graphdist.distribute.reduce_op import ReduceOp
 from graphdist.distribute.strategy import (
     Strategy,
@@ -222,20 +222,15 @@ class MultiWorkerMirroredStrategy(Strategy):
                                                    name=f"initial value of {variable._name}")
 
     # ------------------------------------------------------------- pipeline
-    def pipeline(self) -> list[Any]:
-        """The synchronous pipeline plus global replica ids and cross-worker collectives."""
-        from passes.insert_cross_worker_collectives import InsertCrossWorkerCollectivesPass
-        from passes.lower_collectives import LowerCollectivesPass
-        from passes.materialize_replica_ids import MaterializeReplicaIdsPass
-        from passes.offset_replica_ids import OffsetReplicaIdsPass
-
-        passes = sync_pipeline(self._cross_device_ops)
-        _insert_before(passes, MaterializeReplicaIdsPass,
-                       OffsetReplicaIdsPass(self._worker_index * len(self._devices)))
+    def pipeline_config(self) -> PipelineConfig:
+        """The synchronous pipeline with global replica ids and cross-worker collectives."""
         algorithm = "ring" if self._communication is CommunicationImplementation.RING else "auto"
-        _insert_before(passes, LowerCollectivesPass,
-                       InsertCrossWorkerCollectivesPass(self._num_workers, self._group, algorithm))
-        return passes
+        return PipelineConfig(devices=self.extended.worker_devices, strategy=type(self).__name__,
+                              replicas_in_sync=self.num_replicas_in_sync,
+                              replica_offset=self._worker_index * len(self._devices),
+                              collective_attrs=self._cross_device_ops.collective_attrs(),
+                              multi_worker={"num_workers": self._num_workers, "comm_group": self._group,
+                                            "algorithm": algorithm})
 
     # ------------------------------------------------------ cross-replica API
     def experimental_distribute_values_from_function(self, value_fn: Any) -> Any:
@@ -264,13 +259,6 @@ class MultiWorkerMirroredStrategy(Strategy):
             return _scalar(_divide_keep_dtype(total, int(counts)))
         local = super().reduce(op, value, axis)
         return _scalar(self._comm.all_reduce(np.asarray(local), op.value, name="reduce"))
-
-    def _reduce_traced(self, op: ReduceOp, value: Any, axis: int | None) -> Any:
-        if self._num_workers > 1 and op is ReduceOp.MEAN and axis is not None:
-            total = super()._reduce_traced(ReduceOp.SUM, value, axis)
-            count = sum(c.shape[_check_axis(c, axis)] for c in self._local(value)) * self._num_workers
-            return _divide_keep_dtype(total, count)
-        return super()._reduce_traced(op, value, axis)
 
     def gather(self, value: Any, axis: int) -> Any:
         """Concatenates every replica's component of ``value`` along ``axis`` (worker-major order)."""
@@ -394,14 +382,6 @@ def _rank_name(spec: Any, rank: int) -> str:
 
     job, index = rank_task(spec, rank)
     return f"{job} {index} (rank {rank})"
-
-
-def _insert_before(passes: list[Any], kind: type, new: Any) -> None:
-    for index, item in enumerate(passes):
-        if isinstance(item, kind):
-            passes.insert(index, new)
-            return
-    raise InvalidArgumentError(f"the synchronous pipeline has no {kind.__name__}; cannot place {type(new).__name__}")
 
 
 def _scalar(value: Any) -> Any:

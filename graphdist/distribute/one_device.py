@@ -4,16 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from graphdist.distribute.pipelines import sync_pipeline
 from graphdist.distribute.strategy import Strategy
-from graphdist.runtime.devices import Device, parse_device
+from graphdist.runtime.devices import parse_device
 
-__all__ = ["OneDeviceStrategy", "single_device_pipeline"]
-
-
-def single_device_pipeline(device: Device) -> list[Any]:
-    """Passes that prepare a one-replica graph for ``device``."""
-    return sync_pipeline()
+__all__ = ["OneDeviceStrategy"]
 
 
 class OneDeviceStrategy(Strategy):
@@ -34,10 +28,6 @@ class OneDeviceStrategy(Strategy):
     def device(self) -> str:
         """The strategy's device."""
         return str(self._devices[0])
-
-    def pipeline(self) -> list[Any]:
-        """Autodiff, variable updates, replica ids, single-replica collectives, placement."""
-        return single_device_pipeline(self._devices[0])
 
     def __repr__(self) -> str:
         return f"OneDeviceStrategy(device={self.device!r})"

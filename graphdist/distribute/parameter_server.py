@@ -37,16 +37,16 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from graphdist.compile.pipeline import PipelineConfig
 from graphdist.distribute.cluster import ClusterResolver
 from graphdist.distribute.cross_device_ops import NcclAllReduce
-from graphdist.distribute.pipelines import sync_pipeline
 from graphdist.distribute.strategy import Strategy, StrategyExtended
 from graphdist.errors import ClusterConfigError, InvalidArgumentError
+from graphdist.ir.placement import Shard, VariablePlacement, VariableSpec
 from graphdist.runtime.devices import num_gpus
 from graphdist.trace.variables import Variable
 
@@ -122,16 +122,6 @@ class MaxSizePartitioner(_Partitioner):
 
 
 # ------------------------------------------------------------ variables
-@dataclass(frozen=True)
-class Shard:
-    """Rows ``start:stop`` (axis 0) of a variable, stored on ps task ``ps`` under ``key``."""
-
-    ps: int
-    key: str
-    start: int
-    stop: int
-
-
 class PSVariable(Variable):
     """A variable stored on parameter servers (one ps per shard).
 
@@ -296,20 +286,22 @@ class ParameterServerStrategy(Strategy):
             self._client.request("assign", s.ps, s.key, part, part)
 
     # ------------------------------------------------------------- pipeline
-    def pipeline(self) -> list[Any]:
-        """The synchronous pipeline of the local replicas, with variables read and
-        updated through the ps tasks.
+    def pipeline_config(self) -> PipelineConfig:
+        """The synchronous pipeline of the local replicas, with variables read and updated through the
+        ps tasks (``PlacePSVariablesPass`` reads the shards from the graph's placement spec).
         """
-        from passes.lower_variable_updates import LowerVariableUpdatesPass
-        from passes.place_ps_variables import PlacePSVariablesPass
+        return PipelineConfig(devices=self.extended.worker_devices, strategy=type(self).__name__,
+                              collective_attrs=NcclAllReduce().collective_attrs(), parameter_servers=True)
 
-        passes = sync_pipeline(NcclAllReduce())
-        for index, item in enumerate(passes):
-            if isinstance(item, LowerVariableUpdatesPass):
-                passes.insert(index + 1, PlacePSVariablesPass())
-                return passes
-        raise InvalidArgumentError("the synchronous pipeline has no LowerVariableUpdatesPass to place ps "
-                                   "variables after")
+    def _variable_placement(self, spec: VariableSpec, variable: Any = None) -> VariablePlacement:
+        """The shards the variable was created with on the ps tasks."""
+        shards = getattr(variable, "_ps_shards", None)
+        if not shards:
+            raise ClusterConfigError(
+                f"variable {spec.name!r} was not created in this ParameterServerStrategy's scope, so it has no "
+                "place on the parameter servers; create it inside strategy.scope()")
+        devices = tuple(sorted({f"/job:ps/replica:0/task:{s.ps}/device:CPU:0" for s in shards}))
+        return VariablePlacement("ps", devices, tuple(shards))
 
     def __repr__(self) -> str:
         return (f"ParameterServerStrategy({self._resolver.task_type} {self._resolver.task_id}, "

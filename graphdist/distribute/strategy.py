@@ -1,11 +1,15 @@
 """``Strategy``: the tf.distribute programming model over traced graphs.
 
-A strategy is configuration: devices, a replica count, and the pass pipeline
-(:meth:`Strategy.pipeline`) that rewrites a traced step for those devices.
+A strategy is configuration: devices, a replica count, where variables live,
+and the :class:`~graphdist.compile.pipeline.PipelineConfig` from which the
+passes that distribute a traced step are built (:meth:`Strategy.pipeline`).
 ``run`` traces the replica function once per input signature (through
 :class:`graphdist.compile.function.Function`), rewrites, compiles and
-executes it. Inside a trace (``gd.function``), ``run``, ``reduce`` and
-``gather`` record nodes instead of executing.
+executes it. Inside a trace (``gd.function``) the replica function is traced
+once, as one replica, whatever the number of replicas: ``run`` returns
+per-replica values standing for every replica's copy, and ``reduce`` /
+``gather`` record cross-replica nodes (``graphdist.CrossReplicaReduce`` /
+``CrossReplicaGather``) that the pipeline's passes turn into collectives.
 """
 
 from __future__ import annotations
@@ -18,13 +22,17 @@ from typing import Any
 import numpy as np
 
 from graphdist import nest
+from graphdist.compile.function import new_variant
+from graphdist.compile.pipeline import Pipeline, PipelineConfig, build_pipeline
 from graphdist.distribute.reduce_op import ReduceOp
-from graphdist.distribute.replica_context import ReplicaContext, emit_collective, new_group_key
+from graphdist.distribute.replica_context import ReplicaContext, emit_cross_replica, new_group_key, replica_region
 from graphdist.errors import AxisError, InvalidArgumentError
+from graphdist.ir.placement import VariablePlacement, VariableSpec
 from graphdist.runtime.devices import Device, check_available, parse_device
 from graphdist.trace import context
+from graphdist.trace.tensor import Tensor
 from graphdist.trace.tracer import axis_tuple, call_user_function, current_trace
-from graphdist.trace.values import DistributedValues, PerReplica, ValueContext, regroup
+from graphdist.trace.values import DistributedValues, TracedPerReplica, ValueContext, regroup
 
 __all__ = ["Strategy", "StrategyExtended", "get_strategy", "has_strategy", "experimental_set_strategy"]
 
@@ -144,11 +152,24 @@ class Strategy:
         """Backend this strategy's steps compile with when ``gd.function`` names none (``None``: the
         default, ``$GRAPHDIST_BACKEND`` or ``"ort"``). TPU-like cores need ``"tvm"``.
         """
-        return None
+        return self.pipeline_config().backend
 
-    def pipeline(self) -> list[Any]:
-        """The passes that rewrite a traced step for this strategy."""
-        raise NotImplementedError(f"{type(self).__name__} does not define a pass pipeline")
+    def pipeline_config(self) -> PipelineConfig:
+        """What this strategy decides about distributing a traced step (data; see
+        :mod:`graphdist.compile.pipeline`).
+        """
+        return PipelineConfig(devices=self.extended.worker_devices, strategy=type(self).__name__)
+
+    def pipeline(self) -> Pipeline:
+        """The passes that distribute a traced step for this strategy (built from :meth:`pipeline_config`)."""
+        return build_pipeline(self.pipeline_config())
+
+    def _variable_placement(self, spec: VariableSpec, variable: Any = None) -> VariablePlacement:
+        """Where a variable of a step lives under this strategy (data for the pipeline, the plan and its
+        summary): a copy on every replica's device, or the one device.
+        """
+        devices = self.extended.worker_devices
+        return VariablePlacement("mirrored" if len(devices) > 1 else "local", tuple(devices))
 
     # -------------------------------------------------------------- scope
     @contextlib.contextmanager
@@ -214,28 +235,35 @@ class Strategy:
                 same_code + 1, code.co_filename, code.co_firstlineno)
 
     def _run_traced(self, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
+        """Traces ``fn`` once, as one replica (once per shape when the replicas' arguments differ)."""
         ctx = current_trace()
-        strategies = ctx.graph.meta.setdefault("strategies", [])
-        if self not in strategies:
-            strategies.append(self)
+        self._note_traced(ctx)
         count = self._num_local_replicas()
-        group_keys: list[str] = []
-        results = []
-        for replica in range(count):
-            replica_args, replica_kwargs = _select_replica((args, kwargs), replica, count)
-            replica_ctx = ReplicaContext(self, replica, group_keys)
-            with ctx.region(context="replica", replica=replica), context.replica_scope(replica_ctx):
-                results.append(call_user_function(fn, replica_args, replica_kwargs))
+        groups = _replica_groups((args, kwargs), count)
+        keys: list[str] = []  # the n-th collective call of every variant joins group n
+        results: dict[int, Any] = {}
+        for replicas, (replica_args, replica_kwargs) in groups:
+            variant = None if len(groups) == 1 else new_variant(ctx, replicas)
+            replica_ctx = ReplicaContext(self, replicas, keys, variant)
+            region = {"context": "replica"} if variant is None else {"context": "replica", "variant": variant}
+            with ctx.region(**region), context.replica_scope(replica_ctx):
+                result = call_user_function(fn, replica_args, replica_kwargs)
+            results.update(dict.fromkeys(replicas, result))
         if count == 1:
             return results[0]
         try:
-            return nest.map_structure(lambda *vs: PerReplica(vs), *results)
+            return nest.map_structure(lambda *vs: TracedPerReplica(vs), *(results[r] for r in range(count)))
         except ValueError:
-            kinds = ", ".join(f"replica {i}: {type(r).__name__}" for i, r in enumerate(results))
+            kinds = ", ".join(f"replica {i}: {type(results[i]).__name__}" for i in range(count))
             raise InvalidArgumentError(
                 f"{getattr(fn, '__name__', 'fn')} returned different structures on different replicas ({kinds}); "
                 "every replica must return the same nest of values"
             ) from None
+
+    def _note_traced(self, ctx: Any) -> None:
+        """Records that the step being traced uses this strategy (its pipeline distributes the step)."""
+        if self not in ctx.strategies:
+            ctx.strategies.append(self)
 
     # ------------------------------------------------------------- reduce
     def reduce(self, reduce_op: Any, value: Any, axis: int | None = None) -> Any:
@@ -262,57 +290,61 @@ class Strategy:
         return (value,)
 
     def _reduce_traced(self, op: ReduceOp, value: Any, axis: int | None) -> Any:
+        """A ``CrossReplicaReduce`` of the replica value (of each variant's value); along ``axis`` each
+        replica reduces its own part first, and a MEAN divides by the element count summed over replicas.
+        """
         ctx = current_trace()
-        components = self._local(value)
+        self._note_traced(ctx)
+        if context.replica_stack() and context.replica_stack()[-1] is not context.CROSS_REPLICA:
+            raise InvalidArgumentError("strategy.reduce was called inside strategy.run (replica context); call it "
+                                       "on run's result in cross-replica code, or use "
+                                       "gd.get_replica_context().all_reduce(...) inside the replica function")
+        parts = _replica_parts(value)
         key = new_group_key("reduce")
-        counts = []
-        partials = []
-        for replica, component in enumerate(components):
-            with ctx.region(context="replica", replica=replica):
-                partial, count = _reduce_local(op, component, axis)
+        if axis is None:
+            return emit_cross_replica("CrossReplicaReduce", parts, {"reduce_op": op.value, "group_key": key})
+        partials, counts = [], []
+        for part in parts:
+            with ctx.region(**replica_region(part)):
+                partial, count = _reduce_local(op, part, axis)
                 partials.append(partial)
-                counts.append(count)
-        cross_op = ReduceOp.SUM if op is ReduceOp.MEAN and axis is not None else op
-        attrs = {"reduce_op": cross_op.value, "group_size": len(components), "group_key": key}
-        reduced = []
-        for replica, partial in enumerate(partials):
-            with ctx.region(context="replica", replica=replica):
-                reduced.append(emit_collective("AllReduce", partial, attrs))
-        result = reduced[0]
-        if op is ReduceOp.MEAN and axis is not None:
-            result = _divide_keep_dtype(result, sum(counts))
-        return result
+                counts.append(_as_replica_value(ctx, np.asarray(count, _count_dtype(partial))))
+        cross_op = ReduceOp.SUM if op is ReduceOp.MEAN else op
+        total = emit_cross_replica("CrossReplicaReduce", partials, {"reduce_op": cross_op.value, "group_key": key})
+        if op is not ReduceOp.MEAN:
+            return total
+        count = emit_cross_replica("CrossReplicaReduce", counts, {"reduce_op": "SUM", "group_key": f"{key}.count"})
+        return _divide_keep_dtype(total, count)
 
     # ------------------------------------------------------------- gather
     def gather(self, value: Any, axis: int) -> Any:
         """Concatenates ``value``'s per-replica components along ``axis``."""
         with self._ensure_scope():
-            components = self._local(value)
+            traced = _is_traced(value)
+            components = _replica_parts(value) if traced else self._local(value)
             for component in components:
                 if np.ndim(component) == 0:
                     raise InvalidArgumentError("gather: values must have rank >= 1 (scalars cannot be concatenated)")
                 axis_tuple(axis, np.ndim(component), "gather axis")
-            if _is_traced(value):
+            if traced:
                 return self._gather_traced(components, axis)
             (normalized,) = axis_tuple(axis, np.ndim(components[0]), "gather axis")
             return np.concatenate([np.asarray(c) for c in components], axis=normalized)
 
-    def _gather_traced(self, components: Sequence[Any], axis: int) -> Any:
-        ctx = current_trace()
-        key = new_group_key("gather")
-        outs = []
-        for replica, component in enumerate(components):
-            (normalized,) = axis_tuple(axis, np.ndim(component), "gather axis")
-            # Typed for every replica in sync (other workers' too, as ReplicaContext.all_gather is); the
-            # cross-worker pass sets the local group size.
-            attrs = {"axis": normalized, "group_size": self.num_replicas_in_sync, "group_key": key}
-            with ctx.region(context="replica", replica=replica):
-                outs.append(emit_collective("AllGather", component, attrs))
-        return outs[0]
+    def _gather_traced(self, parts: Sequence[Any], axis: int) -> Any:
+        self._note_traced(current_trace())
+        (normalized,) = axis_tuple(axis, np.ndim(parts[0]), "gather axis")
+        # Typed for every replica in sync (other workers' too); the cross-worker pass narrows the local group.
+        attrs = {"axis": normalized, "num_replicas": self.num_replicas_in_sync, "group_key": new_group_key("gather")}
+        return emit_cross_replica("CrossReplicaGather", parts, attrs)
 
     # ------------------------------------------------------- distributed values
     def experimental_local_results(self, value: Any) -> tuple[Any, ...]:
-        """The per-replica components of ``value`` as a tuple (``(value,)`` for a plain value)."""
+        """The per-replica components of ``value`` as a tuple (``(value,)`` for a plain value).
+
+        In traced code a per-replica result's components are ``graphdist.ReadReplica`` nodes: replica
+        ``i``'s copy, wired once the replicas exist.
+        """
         if isinstance(value, DistributedValues):
             return value.values
         if hasattr(value, "_replica_components"):
@@ -353,31 +385,97 @@ class Strategy:
 
 
 def _is_traced(value: Any) -> bool:
-    from graphdist.trace.tensor import Tensor
-
     if current_trace() is None:
         return False
     leaves, _ = nest.flatten(value, is_leaf=lambda v: isinstance(v, DistributedValues))
     for leaf in leaves:
-        parts = leaf.values if isinstance(leaf, DistributedValues) else (leaf,)
+        if isinstance(leaf, TracedPerReplica):
+            parts = leaf.replica_values
+        else:
+            parts = leaf.values if isinstance(leaf, DistributedValues) else (leaf,)
         if any(isinstance(p, Tensor) for p in parts):
             return True
+        if hasattr(leaf, "_replica_components"):
+            return True  # a mirrored variable read in a trace
     return False
 
 
 def _select_replica(structure: Any, replica: int, count: int) -> Any:
     def pick(leaf: Any) -> Any:
         if isinstance(leaf, DistributedValues):
-            if len(leaf.values) != count:
+            values = leaf.replica_values if isinstance(leaf, TracedPerReplica) else leaf.values
+            if len(values) != count:
                 raise InvalidArgumentError(
-                    f"a distributed value has {len(leaf.values)} components but the strategy has {count} "
+                    f"a distributed value has {len(values)} components but the strategy has {count} "
                     "replicas; create it with this strategy"
                 )
-            return leaf.values[replica]
+            return values[replica]
         return leaf
 
     leaves, treedef = nest.flatten(structure, is_leaf=lambda v: isinstance(v, DistributedValues))
     return nest.unflatten(treedef, [pick(leaf) for leaf in leaves])
+
+
+def _replica_groups(structure: Any, count: int) -> list[tuple[tuple[int, ...], Any]]:
+    """Replicas whose arguments are the same traced values and constants, with those arguments.
+
+    Usually one group (every replica reads the same traced inputs); a partial batch split
+    unevenly gives one group per shape, each traced once.
+    """
+    groups: dict[Any, list[int]] = {}
+    arguments: dict[Any, Any] = {}
+    for replica in range(count):
+        chosen = _select_replica(structure, replica, count)
+        key = tuple(_identity(leaf) for leaf in nest.flatten(chosen)[0])
+        groups.setdefault(key, []).append(replica)
+        arguments.setdefault(key, chosen)
+    return [(tuple(replicas), arguments[key]) for key, replicas in groups.items()]
+
+
+def _identity(leaf: Any) -> Any:
+    if isinstance(leaf, Tensor) or not _hashable(leaf):
+        return ("object", id(leaf))
+    return ("value", type(leaf), leaf)
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return not isinstance(value, np.ndarray)
+
+
+def _replica_parts(value: Any) -> list[Any]:
+    """The distinct traced values standing for the replicas' components (one per variant)."""
+    if isinstance(value, TracedPerReplica):
+        parts: list[Any] = []
+        for part in value.replica_values:
+            if not any(part is p for p in parts):
+                parts.append(part)
+        return parts
+    if isinstance(value, DistributedValues):
+        return list(value.values)
+    if hasattr(value, "_replica_components"):
+        # A mirrored variable: every replica holds a copy, so every replica contributes one.
+        from graphdist.trace.variables import read_variable
+
+        ctx = current_trace()
+        with ctx.region(context="replica"):
+            return [ctx.emit1("Identity", [read_variable(value).value], name="replica_copy")]
+    return [value]
+
+
+def _as_replica_value(ctx: Any, array: np.ndarray) -> Any:
+    """A constant as a value of the current replica region (an ``Identity`` node), so that each replica
+    contributes its own copy to a cross-replica reduction.
+    """
+    return ctx.emit1("Identity", [ctx.constant(array, name="count")], name="count")
+
+
+def _count_dtype(partial: Any) -> np.dtype:
+    dtype = np.dtype(partial.dtype) if hasattr(partial, "dtype") else np.result_type(partial)
+    return dtype if dtype.kind in "fiu" else np.dtype(np.int64)
 
 
 _NUMPY_REDUCERS = {ReduceOp.SUM: np.sum, ReduceOp.MEAN: np.sum, ReduceOp.MAX: np.max, ReduceOp.MIN: np.min}
@@ -399,11 +497,13 @@ def _reduce_local(op: ReduceOp, component: Any, axis: int | None) -> tuple[Any, 
     return _NUMPY_REDUCERS[op](component, axis=normalized), np.shape(component)[normalized]
 
 
-def _divide_keep_dtype(total: Any, count: int) -> Any:
+def _divide_keep_dtype(total: Any, count: Any) -> Any:
     dtype = total.dtype if hasattr(total, "dtype") else np.result_type(total)
+    if isinstance(count, Tensor):
+        count = count.astype(dtype)
     if dtype.kind in "iu":
         return total // count
-    return total / np.asarray(count, dtype=dtype)
+    return total / (count if isinstance(count, Tensor) else np.asarray(count, dtype=dtype))
 
 
 def _reduce_eager(op: ReduceOp, components: Sequence[Any], axis: int | None) -> Any:
@@ -439,11 +539,6 @@ class DefaultStrategy(Strategy):
         if DefaultStrategy._instance is not None:
             raise InvalidArgumentError("the default strategy is a singleton; use gd.get_strategy() outside any scope")
         super().__init__(["cpu:0"])
-
-    def pipeline(self) -> list[Any]:
-        from graphdist.distribute.one_device import single_device_pipeline
-
-        return single_device_pipeline(self._devices[0])
 
     def _create_variable(self, variable: Any) -> None:
         variable._strategy = None  # the default strategy does not capture variables

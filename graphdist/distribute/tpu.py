@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from graphdist.compile.pipeline import PipelineConfig
 from graphdist.distribute.cross_device_ops import NcclAllReduce
-from graphdist.distribute.pipelines import sync_pipeline
 from graphdist.distribute.strategy import Strategy
 from graphdist.distribute.variables import MirroredVariable
 from graphdist.errors import InvalidArgumentError, PlanError
@@ -261,19 +261,13 @@ class TPUStrategy(Strategy):
         """Which cores run which replica's logical cores."""
         return self._device_assignment
 
-    def pipeline(self) -> list[Any]:
-        """The synchronous pipeline plus logical-device placement before dead-code elimination."""
-        from passes.eliminate_dead_nodes import EliminateDeadNodesPass
-        from passes.place_logical_devices import PlaceLogicalDevicesPass
-        from passes.shard_logical_devices import ShardLogicalDevicesPass
-
-        passes = sync_pipeline(self._cross_device_ops)
-        at = next(i for i, p in enumerate(passes) if isinstance(p, EliminateDeadNodesPass))
-        cores = self._device_assignment.cores()
-        return [*passes[:at], ShardLogicalDevicesPass(cores), PlaceLogicalDevicesPass(cores), *passes[at:]]
-
-    def _preferred_backend(self) -> str:
-        return "tvm"
+    def pipeline_config(self) -> PipelineConfig:
+        """The synchronous pipeline (a ring along the mesh) plus the device assignment's logical cores,
+        compiled whole by TVM.
+        """
+        return PipelineConfig(devices=self.extended.worker_devices, strategy=type(self).__name__,
+                              collective_attrs=self._cross_device_ops.collective_attrs(),
+                              logical_cores=tuple(tuple(c) for c in self._device_assignment.cores()), backend="tvm")
 
     def _variable_class(self) -> type:
         return MirroredVariable

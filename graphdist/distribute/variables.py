@@ -67,9 +67,6 @@ class MirroredVariable(Variable):
         """The per-replica copies."""
         return self._replica_components()
 
-    def _placement(self) -> tuple[str, list[str]]:
-        return "mirrored", [c.device for c in self._replica_components() if c.device]
-
     def __repr__(self) -> str:
         body = ",\n".join(f"  {i}: {c!r}" for i, c in enumerate(self._replica_components()))
         return f"MirroredVariable:{{\n{body}\n}}"

@@ -7,6 +7,7 @@ from graphdist.ir import (
     replica_ops,  # noqa: F401,E402 - registers ReplicaId and the cross-replica ops
     state_ops,  # noqa: F401,E402 - registers AssignVariable and Gradient
 )
+from graphdist.ir.compare import assert_structural_equal, structural_diff
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Node, Value
 from graphdist.ir.onnx_io import from_onnx, to_onnx
 from graphdist.ir.ops import OPSET, OpDef, get_opdef, register_op, registered_ops
@@ -26,4 +27,6 @@ __all__ = [
     "verify",
     "to_onnx",
     "from_onnx",
+    "structural_diff",
+    "assert_structural_equal",
 ]

@@ -994,19 +994,3 @@ def _conv_transpose(b: GradBuilder, node: Node, g: list[Value | None]) -> list[V
 @register_gradient("StopGradient", GRAPHDIST_DOMAIN)
 def _stop_gradient(b: GradBuilder, node: Node, g: list[Value | None]) -> list[Value | None]:
     return [None]
-
-
-
-@register_gradient("AllReduce", GRAPHDIST_DOMAIN)
-def _all_reduce(b: GradBuilder, node: Node, g: list[Value | None]) -> list[Value | None]:
-    """SUM/MEAN all-reduce: every replica's input reaches every replica's output, so the input's
-    gradient is the same all-reduce of the output gradients (one backward group per forward group).
-    """
-    op = node.attrs.get("reduce_op", "SUM")
-    if str(op).upper() not in ("SUM", "MEAN"):
-        raise GraphError(f"no gradient for a {op} all-reduce ({node.name}); only SUM and MEAN are differentiable")
-    attrs = dict(node.attrs)
-    attrs["group_key"] = f"{attrs.get('group_key', node.name)}.grad"
-    out = b.op("AllReduce", [g[0]], attrs, domain=GRAPHDIST_DOMAIN)[0]
-    out.producer.meta["side_effect"] = True  # every member of the backward group must run
-    return [out]

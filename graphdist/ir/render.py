@@ -38,6 +38,7 @@ import numpy as np
 from graphdist.errors import GraphdistError, InvalidArgumentError
 from graphdist.ir.comm_ops import is_communication
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
+from graphdist.ir.placement import VariableSpec, placement_of, variable_specs
 from graphdist.ir.printer import format_table
 
 __all__ = [
@@ -148,47 +149,38 @@ def _transfer_route(graph: Graph, source: Value, destination: str) -> str:
     """
     origin = source.producer.device if source.producer is not None else None
     if origin is None:
-        origin = next((getattr(var, "device", None) for name, var in _variables(graph) if name == source.name), None)
+        placement = placement_of(graph).get(source.name)
+        origin = placement.devices[0] if placement is not None and placement.devices else None
     return f"{origin or 'host'} -> {destination}"
 
 
-def _variables(graph: Graph) -> list[tuple[str, Any]]:
-    return [(name, var) for name, var in graph.meta.get("variables", []) if isinstance(name, str)]
-
-
-def _variable_placement(var: Any) -> str:
-    values = getattr(var, "values", None)
-    if values is not None and not callable(values):
-        devices = [getattr(v, "device", None) for v in values]
-        devices = [d for d in devices if d]
-        if devices:
-            return "mirrored on " + ", ".join(devices)
-    device = getattr(var, "device", None)
-    return f"on {device}" if device else "-"
+def _variables(graph: Graph) -> list[tuple[str, VariableSpec]]:
+    return [(name, spec) for name, spec in variable_specs(graph) if isinstance(name, str)]
 
 
 def _variable_rows(graph: Graph) -> list[list[str]]:
     by_name = {v.name: v for v in graph.inputs}
-    updates = {}
-    for out_name, var in graph.meta.get("variable_updates", []):
-        updates[id(var)] = out_name
+    updates = {uid: out_name for out_name, uid in graph.meta.get("variable_updates", [])}
+    placements = placement_of(graph)
     produced = {out.name: node for node in graph.nodes for out in node.outputs}
     rows = []
-    for name, var in _variables(graph):
+    for name, spec in _variables(graph):
         value = by_name.get(name)
         if value is None:
             continue
         readers = sorted({n.device for n, _ in value.uses if n.device}, key=_device_key)
         via = any(n.op_type == "Transfer" for n, _ in value.uses)
         read_on = _join(readers) + (" (transfers)" if via else "")
-        update = updates.get(id(var))
+        update = updates.get(spec.uid)
         if update is None:
             updated = "-"
         else:
             node = produced.get(update)
             updated = (node.device if node is not None and node.device else "yes") if node is not None else "yes"
-        rows.append([name, value.type_str(), format_bytes(value.nbytes), type(var).__name__,
-                     _variable_placement(var), read_on if value.uses else "-", updated])
+        placement = placements.get(name)
+        rows.append([name, value.type_str(), format_bytes(value.nbytes), spec.kind,
+                     placement.describe() if placement is not None else "-", read_on if value.uses else "-",
+                     updated])
     return rows
 
 
@@ -417,7 +409,8 @@ def graph_to_dot(graph: Graph, *, title: str | None = None, constants: bool = Tr
     lines = _header(graph.name, title or f"{graph.name} ({graph.stage})", rankdir=rankdir, nodesep="0.25",
                     ranksep="0.35", **fast)
     variable_inputs = {name for name, _ in _variables(graph)}
-    update_outputs = dict(graph.meta.get("variable_updates", []))
+    names_by_uid = {spec.uid: f"{spec.name}:0" for _, spec in _variables(graph)}
+    update_outputs = {out: names_by_uid.get(uid, out) for out, uid in graph.meta.get("variable_updates", [])}
 
     for index, value in enumerate(graph.inputs):
         ids[id(value)] = f"in{index}"
@@ -462,10 +455,9 @@ def graph_to_dot(graph: Graph, *, title: str | None = None, constants: bool = Tr
         lines.append("  }")
 
     for index, value in enumerate(graph.outputs):
-        var = update_outputs.get(value.name)
-        if var is not None:
-            lines.append(_stmt("  ", f"out{index}", label=f"update {getattr(var, 'name', value.name)}\n"
-                               f"{value.type_str()}", **_UPDATE))
+        variable = update_outputs.get(value.name)
+        if variable is not None:
+            lines.append(_stmt("  ", f"out{index}", label=f"update {variable}\n{value.type_str()}", **_UPDATE))
         else:
             lines.append(_stmt("  ", f"out{index}", label=f"output {index}\n{value.type_str()}", **_OUTPUT))
 

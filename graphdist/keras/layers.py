@@ -661,7 +661,8 @@ class BatchNormalization(Layer):
         total, squares = np.squeeze(total, axis=squeeze), np.squeeze(squares, axis=squeeze)
         context = get_replica_context()
         denominator: Any = np.asarray(max(count, 1), dtype=inputs.dtype)
-        if self.synchronized and context is not None and context.num_replicas_in_sync > 1:
+        if self.synchronized and context is not None:
+            # Traced once for any replica count: with one replica the all-reduce is lowered away.
             total, squares, denominator = context.all_reduce(
                 "SUM", [total, squares, np.asarray(count, dtype=inputs.dtype)])
             denominator = np.maximum(denominator, np.asarray(1, dtype=inputs.dtype))
@@ -674,7 +675,7 @@ class BatchNormalization(Layer):
         new_mean = self.moving_mean * keep + mean * (self.dtype.type(1) - keep)
         new_variance = self.moving_variance * keep + variance * (self.dtype.type(1) - keep)
         context = get_replica_context()
-        if not self.synchronized and context is not None and context.num_replicas_in_sync > 1:
+        if not self.synchronized and context is not None:
             # Replicas saw different slices: move every mirrored copy by the replicas' mean.
             new_mean, new_variance = context.all_reduce("MEAN", [new_mean, new_variance])
         self.moving_mean.assign(new_mean)

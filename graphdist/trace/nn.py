@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from graphdist.errors import InvalidArgumentError, TracingError
+from graphdist.ir.graph import GRAPHDIST_DOMAIN
 from graphdist.ir.ops import onnx_dtype
 from graphdist.trace.numpy_api import _as_tensor, _context, _result_dtype, cast_tensor
 from graphdist.trace.tensor import Tensor
@@ -506,20 +507,31 @@ def compute_average_loss(per_example_loss: Any, global_batch_size: int | None = 
     if global_batch_size is not None:
         denominator = _int(global_batch_size, f"{what}: global_batch_size", 1)
         return np.sum(loss) / np.asarray(denominator, dtype=loss.dtype)
-    from graphdist.distribute.replica_context import in_cross_replica_context
-    from graphdist.distribute.strategy import get_strategy, has_strategy
+    from graphdist.trace import context
 
-    if has_strategy() and in_cross_replica_context():
+    strategy = context.current_strategy()
+    stack = context.replica_stack()
+    if strategy is not None and stack and stack[-1] is context.CROSS_REPLICA:
         raise InvalidArgumentError(
             f"{what} without global_batch_size was called in cross-replica context, where the batch is not a "
             "replica's batch; call it inside strategy.run(...) or pass global_batch_size"
         )
-    replicas = get_strategy().num_replicas_in_sync
+    replicas = _num_replicas(loss, strategy)
     batch = loss.shape[0]
     if isinstance(batch, int):
-        return np.sum(loss) / np.asarray(max(batch * replicas, 1), dtype=loss.dtype)
+        return np.sum(loss) / (replicas * np.asarray(max(batch, 1), dtype=loss.dtype))
     per_example = np.sum(loss, axis=tuple(range(1, loss.ndim))) if loss.ndim > 1 else loss
-    return np.mean(per_example) / np.asarray(replicas, dtype=loss.dtype)
+    return np.mean(per_example) / replicas
+
+
+def _num_replicas(loss: Any, strategy: Any) -> Any:
+    """The replicas in sync, in ``loss``'s dtype: a ``graphdist.NumReplicas`` node in a ``gd.function``
+    trace (the step is traced once for any replica count), else the current strategy's count.
+    """
+    if isinstance(loss, Tensor) and loss.tracer.replicated:
+        count = loss.tracer.emit1("NumReplicas", [], {}, domain=GRAPHDIST_DOMAIN, name="num_replicas")
+        return count.astype(loss.dtype)
+    return np.asarray(getattr(strategy, "num_replicas_in_sync", 1), dtype=loss.dtype)
 
 
 # ------------------------------------------------------------ convolution

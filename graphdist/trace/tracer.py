@@ -10,6 +10,7 @@ returned structure becomes the graph outputs (``graph.meta["output_tree"]``).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import sys
@@ -93,6 +94,20 @@ class TraceContext:
         self.regions: list[dict[str, Any]] = []
         self._constants: dict[Any, Value] = {}
         self._captured: dict[int, tuple[Any, Value]] = {}
+        #: Variable objects read by the step, by input name (the graph holds their specs only).
+        self.variables: dict[str, Any] = {}
+        #: Per variable (by id): its input and latest assigns (see graphdist.trace.variables).
+        self.variable_state: dict[int, Any] = {}
+        #: Strategies whose ``run`` / ``reduce`` / ``gather`` the step called.
+        self.strategies: list[Any] = []
+        #: True when a pass pipeline makes the replicas of this trace (``gd.function``): the number of
+        #: replicas is then a ``graphdist.NumReplicas`` node, not a constant.
+        self.replicated = False
+        self._sequence = itertools.count()
+
+    def next_sequence(self) -> int:
+        """A number larger than every earlier one (orders assigns within the trace)."""
+        return next(self._sequence)
 
     @contextlib.contextmanager
     def activate(self) -> Iterator[TraceContext]:

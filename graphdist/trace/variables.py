@@ -120,10 +120,6 @@ class Variable:
         """Device the strategy placed it on."""
         return self._device
 
-    def _placement(self) -> tuple[str, list[str]]:
-        """``(kind, devices)``: ``("single", [device])``; subclasses that keep copies say so."""
-        return "single", [self._device] if self._device else []
-
     def numpy(self) -> np.ndarray:
         """A copy of the current value (a numpy scalar for rank 0)."""
         value = self._value.copy()
@@ -244,35 +240,70 @@ def is_variable(value: Any) -> bool:
 
 
 def read_variable(variable: Variable) -> Any:
-    """The variable's value: its array eagerly, a traced tensor inside a trace."""
+    """The variable's value: its array eagerly, a traced tensor inside a trace.
+
+    Inside a trace the first read makes the variable a graph input
+    (``value.meta["variable"]`` and ``graph.meta["variables"]`` hold its
+    :class:`~graphdist.ir.placement.VariableSpec`; the trace keeps the object
+    in ``ctx.variables``). Later reads see the latest value assigned in the
+    same context: a replica sees its own assigns and those made in
+    cross-replica code before; cross-replica code sees its own and those of
+    replica 0 (every replica of a sync strategy assigns the same value).
+    """
     from graphdist.trace.tracer import current_trace
 
     ctx = current_trace()
     if ctx is None:
         return variable._value
-    state = ctx.graph.meta.setdefault("variable_state", {})
-    # Each replica sees its own copy: an assign in replica 0 is not visible to replica 1's reads.
-    replica = _current_replica(ctx)
-    key = (id(variable), replica)
-    current = state.get(key)
-    if current is None and replica is None:
-        current = state.get((id(variable), 0))  # cross-replica reads see the (mirrored) updated value
-    if current is None:
-        current = state.get((id(variable), "input"))
-        if current is None:
-            current = ctx.input(variable._name, variable.dtype, variable.shape)
-            current.value.meta["variable"] = variable
-            ctx.graph.meta.setdefault("variables", []).append((current.value.name, variable))
-            state[(id(variable), "input")] = current
-        state[key] = current
-    return current
+    state = _state(ctx, variable)
+    region = _region_key(ctx)
+    candidates = [state.cross] if region is None else [state.replicas.get(region), state.cross]
+    if region is None:
+        candidates += [v for k, v in state.replicas.items() if _covers_first_replica(ctx, k)]
+    latest = max((c for c in candidates if c is not None), key=lambda c: c[0], default=None)
+    return latest[1] if latest is not None else state.input
 
 
-def _current_replica(ctx: Any) -> int | None:
+class _VariableState:
+    """What a trace knows of one variable: its input and the latest assigns, per context."""
+
+    __slots__ = ("input", "cross", "replicas")
+
+    def __init__(self, input_tensor: Any) -> None:
+        self.input = input_tensor
+        self.cross: tuple[int, Any] | None = None
+        self.replicas: dict[Any, tuple[int, Any]] = {}
+
+
+def _state(ctx: Any, variable: Variable) -> _VariableState:
+    state = ctx.variable_state.get(id(variable))
+    if state is None:
+        from graphdist.ir.placement import VariableSpec
+
+        spec = VariableSpec.of(variable)
+        with ctx.region(context="cross"):
+            tensor = ctx.input(variable._name, variable.dtype, variable.shape)
+        tensor.value.meta["variable"] = spec
+        ctx.graph.meta.setdefault("variables", []).append((tensor.value.name, spec))
+        ctx.variables[tensor.value.name] = variable
+        state = ctx.variable_state[id(variable)] = _VariableState(tensor)
+    return state
+
+
+def _region_key(ctx: Any) -> Any:
+    """``None`` in cross-replica code, else ``("replica", variant)``."""
     for region in reversed(ctx.regions):
-        if "replica" in region:
-            return region["replica"]
+        context = region.get("context")
+        if context == "replica":
+            return ("replica", region.get("variant"))
+        if context is not None:
+            return None
     return None
+
+
+def _covers_first_replica(ctx: Any, key: Any) -> bool:
+    variant = key[1]
+    return variant is None or 0 in ctx.graph.meta.get("replica_variants", {}).get(variant, ())
 
 
 def _assign_traced(ctx: Any, variable: Variable, value: Any) -> Any:
@@ -283,5 +314,11 @@ def _assign_traced(ctx: Any, variable: Variable, value: Any) -> Any:
     node_out = ctx.emit1("AssignVariable", [tensor.value], {"variable": variable.uid},
                          domain=GRAPHDIST_DOMAIN, name="assign")
     node_out.value.producer.meta["side_effect"] = True
-    ctx.graph.meta["variable_state"][(id(variable), _current_replica(ctx))] = node_out
+    state = _state(ctx, variable)
+    entry = (ctx.next_sequence(), node_out)
+    region = _region_key(ctx)
+    if region is None:
+        state.cross = entry
+    else:
+        state.replicas[region] = entry
     return node_out

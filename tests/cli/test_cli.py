@@ -208,7 +208,8 @@ def test_inspect_diff_stage() -> None:
     for name in ("AutodiffPass", "LowerVariableUpdatesPass", "LowerCollectivesPass", "AssignDevicesPass",
                  "PartitionPass"):
         assert name in out
-    assert "-graphdist.Gradient x2" in out and "attrs +algorithm" in out
+    assert "-graphdist.Gradient x1" in out and "attrs +algorithm" in out  # traced once: one Gradient node
+    assert "+graphdist.AllReduce x10" in out  # InsertCollectivesPass: (4 gradients + the loss) x 2 replicas
 
 
 def test_inspect_central_storage_and_one_device() -> None:

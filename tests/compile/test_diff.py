@@ -70,11 +70,12 @@ def test_op_change_under_one_name_counts_as_replacement() -> None:
 def test_traced_vs_rewritten(mirrored: gd.ConcreteFunction) -> None:
     diff = diff_graphs(mirrored.graph("traced"), mirrored.graph("rewritten"))
     ops = diff.by_op()
-    assert ops["graphdist.Gradient"]["removed"] == 2  # autodiff expanded one Gradient node per replica
-    assert ops["graphdist.AssignVariable"]["removed"] == 10  # 5 variables x 2 replicas became outputs
-    assert ops["graphdist.AllReduce"]["changed"] == 10 and ops["graphdist.AllReduce"]["added"] == 0
-    allreduce = next(c for c in diff.changed if c.op == "graphdist.AllReduce")
-    assert "attrs +algorithm" in allreduce.aspects
+    # Traced once, as one replica: one Gradient node, one replica's assigns and cross-replica ops.
+    assert ops["graphdist.Gradient"]["removed"] == 1
+    assert ops["graphdist.AssignVariable"]["removed"] == 5  # 4 weights and the step counter became outputs
+    assert ops["graphdist.ReplicaAllReduce"]["removed"] == 4  # the 4 gradients' aggregation
+    assert ops["graphdist.CrossReplicaReduce"]["removed"] == 1  # strategy.reduce of the loss
+    assert ops["graphdist.AllReduce"] == {"added": 10, "removed": 0, "changed": 0}  # (4 + 1) x 2 replicas
     assert len(diff.outputs_added) == 5  # the variable updates
     assert diff.nodes_before == len(mirrored.graph("traced").nodes)
     assert diff.nodes_after == len(mirrored.graph("rewritten").nodes)
@@ -85,12 +86,19 @@ def test_strategy_pass_diffs(mirrored: gd.ConcreteFunction) -> None:
     names = [p.name for p in report.passes]
     assert names[0] == "AutodiffPass" and names[-2:] == ["AssignDevicesPass", "PartitionPass"]
     by_name = {p.name: p for p in report.passes}
-    assert by_name["AutodiffPass"].diff.by_op()["graphdist.Gradient"]["removed"] == 2
+    assert by_name["AutodiffPass"].diff.by_op()["graphdist.Gradient"]["removed"] == 1
+    traced_matmuls = len(mirrored.graph("traced").find_nodes("MatMul"))
+    replicated = by_name["ReplicatePass"].diff.by_op()
+    assert replicated["graphdist.AssignVariable"]["added"] == 5  # replica 1's copies
+    assert replicated["MatMul"]["added"] > traced_matmuls  # replica 1's forward and backward
     assert by_name["LowerVariableUpdatesPass"].diff.by_op() == {
         "graphdist.AssignVariable": {"added": 0, "removed": 10, "changed": 0}}
+    assert by_name["InsertCollectivesPass"].diff.by_op() == {
+        "graphdist.AllReduce": {"added": 10, "removed": 0, "changed": 0},
+        "graphdist.ReplicaAllReduce": {"added": 0, "removed": 8, "changed": 0},
+        "graphdist.CrossReplicaReduce": {"added": 0, "removed": 1, "changed": 0}}
     lowered = by_name["LowerCollectivesPass"].diff
     assert lowered.aspects() == {"attrs": 10} and not lowered.added and not lowered.removed
-    assert by_name["MaterializeReplicaIdsPass"].diff.empty and not by_name["MaterializeReplicaIdsPass"].modified
     assert by_name["AssignDevicesPass"].diff.aspects()["device"] == len(mirrored.graph("rewritten").nodes)
     assert by_name["PartitionPass"].diff.aspects().keys() == {"segment"}
     assert by_name["PartitionPass"].stage == "partitioned"
@@ -102,10 +110,12 @@ def test_strategy_pass_diffs(mirrored: gd.ConcreteFunction) -> None:
     text = report.format()
     assert text.splitlines()[0].startswith("passes of MirroredStrategy on cpu:0, cpu:1 for 'mlp_train_step'")
     lower = names.index("LowerCollectivesPass") + 1
-    materialize = names.index("MaterializeReplicaIdsPass") + 1
     assert f"[{lower}] LowerCollectivesPass (stage traced)" in text and "attrs +algorithm" in text
-    assert f"{materialize}  MaterializeReplicaIdsPass" in text and "no change" in text
-    assert f"[{materialize}]" not in text  # passes that changed nothing get no detail section
+    # a pass that changed nothing gets a summary line and no detail section
+    graph = gd.trace(lambda x: (x + 1, x * 2)[0], np.ones(2, np.float32))
+    twice = pipeline_diffs(graph, [EliminateDeadNodesPass(), EliminateDeadNodesPass()], PassContext(dump_dir=None))
+    text = twice.format()
+    assert "2  EliminateDeadNodesPass" in text and "no change" in text and "[2]" not in text
 
 
 def test_pass_manager_calls_on_pass_after_each_pass() -> None:

@@ -249,7 +249,9 @@ def test_keyword_constant_arguments_and_namedtuple_results(tmp_path: Path) -> No
 
 def test_loaded_graphs_and_summary(mirrored_plan) -> None:
     loaded = gd.load_plan(mirrored_plan[0])
-    assert loaded.graph("traced").find_nodes("AllReduce", "graphdist")
+    traced = loaded.graph("traced")  # one replica, cross-replica ops still abstract
+    assert traced.find_nodes("ReplicaAllReduce", "graphdist") and not traced.find_nodes("AllReduce", "graphdist")
+    assert loaded.graph("rewritten").find_nodes("AllReduce", "graphdist")
     partitioned = loaded.graph("partitioned")
     assert partitioned.stage == "partitioned" and {n.device for n in partitioned.nodes} == {"cpu:0", "cpu:1"}
     assert "AllReduce" in loaded.summary() and "cpu1" in loaded.summary()

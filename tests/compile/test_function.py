@@ -59,7 +59,7 @@ def test_concrete_function_stages() -> None:
     concrete = step.get_concrete_function(gd.TensorSpec((4, 3), np.float32), gd.TensorSpec((3, 5), np.float32))
     traced = concrete.graph("traced")
     assert traced.stage == "traced"
-    assert traced.find_nodes("AllReduce", "graphdist")
+    assert traced.find_nodes("CrossReplicaReduce", "graphdist") and not traced.find_nodes("AllReduce", "graphdist")
     rewritten = concrete.graph("rewritten")
     assert rewritten.stage == "rewritten" and not rewritten.find_nodes("AllReduce", "graphdist")
     assert all(n.device == "cpu:0" for n in rewritten.nodes)

@@ -135,10 +135,11 @@ def test_plan_places_updates_on_the_parameter_device(parameter_device: str, opti
     gd.verify(graph)
     by_name = {out.name: node for node in graph.nodes for out in node.outputs}
     updates = graph.meta["variable_updates"]
-    assert {id(v) for _, v in updates} == {id(v) for v in [*model.trainable_variables, *optimizer.variables()]}
-    for name, variable in updates:
-        assert variable.device == parameter_device
-        assert by_name[name].device == parameter_device, f"update of {variable.name} computed elsewhere"
+    assert {uid for _, uid in updates} == {v.uid for v in [*model.trainable_variables, *optimizer.variables()]}
+    placement = graph.meta["placement"]
+    for name, uid in updates:
+        assert placement[uid].kind == "central" and placement[uid].devices == (parameter_device,)
+        assert by_name[name].device == parameter_device, f"update of {uid} computed elsewhere"
     # the optimizer math (everything after the all-reduce) runs on the parameter device
     math = [n for n in graph.nodes if not is_communication(n) and n.op_type in ("Sqrt", "Pow", "Sub")
             and n.replica is None]

@@ -11,8 +11,9 @@ import graphdist as gd
 from models.datasets import digits
 from models.mlp import MLP
 from passes.base import PassContext, PassManager
+from passes.insert_collectives import InsertCollectivesPass
 from passes.insert_cross_worker_collectives import InsertCrossWorkerCollectivesPass
-from passes.offset_replica_ids import OffsetReplicaIdsPass
+from passes.replicate import ReplicatePass
 from tests.distribute import mpi_jobs
 from tests.distribute.mw_train_worker import GLOBAL_BATCH, SIZES
 
@@ -54,9 +55,12 @@ def test_single_worker_trains_like_mirrored() -> None:
 
 
 def test_pipeline_adds_global_replica_ids_and_cross_worker_collectives() -> None:
-    names = [type(p).__name__ for p in gd.MultiWorkerMirroredStrategy().pipeline()]
-    assert names.index("OffsetReplicaIdsPass") < names.index("MaterializeReplicaIdsPass")
+    pipeline = gd.MultiWorkerMirroredStrategy().pipeline()
+    names = [type(p).__name__ for p in pipeline]
+    assert names.index("ReplicatePass") < names.index("InsertCollectivesPass")
+    assert names.index("InsertCollectivesPass") < names.index("InsertCrossWorkerCollectivesPass")
     assert names.index("InsertCrossWorkerCollectivesPass") < names.index("LowerCollectivesPass")
+    assert [type(p).__name__ for p in pipeline.slots["cross_worker"]] == ["InsertCrossWorkerCollectivesPass"]
 
 
 def test_communication_choices() -> None:
@@ -80,8 +84,9 @@ def test_values_from_function_use_global_replica_ids() -> None:
     assert [v.tolist() for v in values.values] == [[0, 2], [1, 2]]
 
 
-def _collective_graph(workers: int = 3) -> gd.Graph:
-    # Traced as worker 0 of `workers` with two devices: collectives are typed for all replicas in sync.
+def _collective_graph(workers: int = 3, offset: int = 0) -> gd.Graph:
+    # Worker 0 of `workers` with two devices, replicated and its collectives inserted: they are typed for all
+    # replicas in sync (the input of InsertCrossWorkerCollectivesPass in the strategy's pipeline).
     strategy = gd.MultiWorkerMirroredStrategy(devices=["cpu:0", "cpu:1"])
     strategy._num_workers = workers
 
@@ -94,7 +99,9 @@ def _collective_graph(workers: int = 3) -> gd.Graph:
 
     x = gd.PerReplica([np.ones((2, 3), np.float32)] * 2)
     with strategy.scope():
-        return gd.function(step).get_concrete_function(x).graph("traced")
+        traced = gd.function(step).get_concrete_function(x).graph("traced")
+    passes = [ReplicatePass(2, offset, 2 * workers), InsertCollectivesPass(workers)]
+    return PassManager(passes).run(traced.copy(), PassContext(devices=("cpu:0", "cpu:1"))).graph
 
 
 def test_cross_worker_pass_follows_each_local_group() -> None:
@@ -137,9 +144,8 @@ def test_cross_worker_pass_rejects_a_step_traced_for_other_replica_counts() -> N
         PassManager([InsertCrossWorkerCollectivesPass(3)]).run(graph, PassContext(devices=("cpu:0", "cpu:1")))
 
 
-def test_offset_replica_ids_number_replicas_globally() -> None:
-    graph = _collective_graph()
-    rewritten = PassManager([OffsetReplicaIdsPass(4)]).run(graph, PassContext(devices=("cpu:0", "cpu:1"))).graph
+def test_replicate_numbers_replicas_globally() -> None:
+    rewritten = _collective_graph(workers=3, offset=4)
     assert not rewritten.find_nodes("ReplicaId", "graphdist")
     ids = sorted(int(v.const_value) for v in rewritten.initializers.values() if v.name.startswith("replica_id"))
     assert ids == [4, 5]

@@ -134,7 +134,7 @@ def test_all_reduce_in_replica_context(strategy: gd.OneDeviceStrategy) -> None:
 
     assert run() == 0
     graph = run.get_concrete_function().graph("traced")
-    assert graph.find_nodes("AllReduce", "graphdist"), "all_reduce must go through a graphdist.AllReduce node"
+    assert graph.find_nodes("ReplicaAllReduce", "graphdist"), "all_reduce must be a graphdist.ReplicaAllReduce node"
 
 
 @pytest.mark.parametrize("axis", [0, 1, 2])

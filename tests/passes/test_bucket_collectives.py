@@ -9,8 +9,8 @@ import pytest
 
 import graphdist as gd
 from graphdist.backends import default_cache, get_backend
+from graphdist.compile.pipeline import PipelineConfig, build_pipeline
 from graphdist.compile.plan import Plan
-from graphdist.distribute.pipelines import sync_pipeline
 from graphdist.ir import Graph, verify
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Node, Value
 from graphdist.runtime.devices import parse_device
@@ -272,12 +272,14 @@ def _names(passes) -> list[str]:
 
 
 def test_pipeline_runs_the_pass_only_when_asked() -> None:
-    assert "BucketCollectivesPass" not in _names(sync_pipeline(gd.NcclAllReduce()))
-    assert "BucketCollectivesPass" not in _names(sync_pipeline(gd.NcclAllReduce(num_packs=0)))
-    assert "BucketCollectivesPass" not in _names(sync_pipeline())
-    names = _names(sync_pipeline(gd.HierarchicalCopyAllReduce(bytes_per_pack=4096)))
+    assert "BucketCollectivesPass" not in _names(gd.MirroredStrategy(["cpu:0"], gd.NcclAllReduce()).pipeline())
+    assert "BucketCollectivesPass" not in _names(
+        gd.MirroredStrategy(["cpu:0"], gd.NcclAllReduce(num_packs=0)).pipeline())
+    assert "BucketCollectivesPass" not in _names(build_pipeline(PipelineConfig()))
+    names = _names(gd.MirroredStrategy(["cpu:0"], gd.HierarchicalCopyAllReduce(bytes_per_pack=4096)).pipeline())
     at = names.index("BucketCollectivesPass")
-    assert names[at - 1] == "LowerCollectivesPass" and names[at + 1:] == ["EliminateDeadNodesPass",
+    assert names[at - 1] == "LowerCollectivesPass" and names[at + 1:] == ["FoldConstantsPass", "EliminateDeadNodesPass",
                                                                           "AssignDevicesPass"]
-    (bucket,) = [p for p in sync_pipeline(gd.NcclAllReduce(num_packs=3)) if p.name == "BucketCollectivesPass"]
+    (bucket,) = [p for p in gd.MirroredStrategy(["cpu:0"], gd.NcclAllReduce(num_packs=3)).pipeline()
+                 if p.name == "BucketCollectivesPass"]
     assert bucket.num_packs == 3 and bucket.bytes_per_pack is None

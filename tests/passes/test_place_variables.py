@@ -11,14 +11,16 @@ import graphdist as gd
 from graphdist.backends import get_backend
 from graphdist.compile.plan import Plan
 from graphdist.ir import Graph, verify
+from graphdist.ir.placement import VariableSpec
 from passes.assign_devices import AssignDevicesPass
 from passes.autodiff import AutodiffPass
 from passes.base import PassContext, PassManager
+from passes.insert_collectives import InsertCollectivesPass
 from passes.lower_collectives import LowerCollectivesPass
 from passes.lower_variable_updates import LowerVariableUpdatesPass
-from passes.materialize_replica_ids import MaterializeReplicaIdsPass
 from passes.partition import PartitionPass
 from passes.place_variables import PlaceVariablesPass
+from passes.replicate import ReplicatePass
 
 CTX = PassContext(devices=("cpu:0", "cpu:1"))
 RNG = np.random.default_rng(0)
@@ -47,7 +49,7 @@ def _step_graph(with_collective: bool = True) -> Graph:
     computed in replica 1 (as ``LowerVariableUpdatesPass`` leaves the last replica's copy)."""
     graph = Graph("step")
     w, m = graph.add_input("w", np.float32, (3,)), graph.add_input("m", np.float32, (3,))
-    w.meta["variable"], m.meta["variable"] = gd.Variable(FEEDS["w"], name="w"), gd.Variable(FEEDS["m"], name="m")
+    w.meta["variable"], m.meta["variable"] = _spec("w"), _spec("m")
     xs = [graph.add_input(f"x{r}", np.float32, (3,)) for r in range(2)]
     two, momentum = graph.add_initializer("two", np.float32(2.0)), graph.add_initializer("mu", np.float32(0.9))
     losses, grads = [], []
@@ -71,7 +73,7 @@ def _step_graph(with_collective: bool = True) -> Graph:
         node.meta["replica"] = 1
     new_m, new_w = chain[1].outputs[0], chain[2].outputs[0]
     graph.outputs = [*losses, new_m, new_w]
-    graph.meta["variable_updates"] = [(new_m.name, m.meta["variable"]), (new_w.name, w.meta["variable"])]
+    graph.meta["variable_updates"] = [(new_m.name, "m#1"), (new_w.name, "w#0")]
     verify(graph)
     return graph
 
@@ -91,9 +93,13 @@ def _check_pass(pass_, graph: Graph, expected_ops: list[str], ctx: PassContext =
     return result.graph
 
 
+def _spec(name: str) -> VariableSpec:
+    return VariableSpec({"w": "w#0", "m": "m#1"}.get(name, f"{name}#9"), name, "<f4", (3,))
+
+
 def _updates(graph: Graph) -> dict[str, object]:
     producers = {out.name: node for node in graph.nodes for out in node.outputs}
-    return {variable._name: producers[name] for name, variable in graph.meta["variable_updates"]}
+    return {uid.split("#")[0]: producers[name] for name, uid in graph.meta["variable_updates"]}
 
 
 BODY = ["Mul", "ReduceSum", "Mul", "graphdist.AllReduce", "Mul", "ReduceSum", "Mul", "graphdist.AllReduce"]
@@ -184,7 +190,7 @@ def test_no_variables_is_unchanged() -> None:
 def _read_only_graph() -> Graph:
     graph = Graph("read_only")
     w = graph.add_input("w", np.float32, (2,))
-    w.meta["variable"] = gd.Variable(np.ones(2, np.float32), name="w")
+    w.meta["variable"] = VariableSpec("w#0", "w", "<f4", (2,))
     x = graph.add_input("x", np.float32, (2,))
     graph.outputs = graph.add_node("Mul", [x, w]).outputs
     return graph
@@ -221,7 +227,7 @@ def test_traced_adam_step_in_the_strategy_pipeline() -> None:
     x = gd.PerReplica((RNG.standard_normal((2, 4)).astype(np.float32),) * 2)
     y = gd.PerReplica((np.array([0, 1]), np.array([2, 1])))
     traced = strategy._function_for(step).get_concrete_function(x, y).graph("traced")
-    graph = PassManager([AutodiffPass(), LowerVariableUpdatesPass(), MaterializeReplicaIdsPass()]).run(
+    graph = PassManager([AutodiffPass(), ReplicatePass(2), LowerVariableUpdatesPass(), InsertCollectivesPass()]).run(
         traced.copy(), CTX).graph
     feeds = {v.name: RNG.standard_normal(v.shape).astype(v.dtype) if v.dtype.kind == "f"
              else np.zeros(v.shape, v.dtype) for v in graph.inputs}

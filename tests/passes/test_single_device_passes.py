@@ -14,9 +14,10 @@ from graphdist.runtime.devices import parse_device
 from passes.assign_devices import AssignDevicesPass
 from passes.base import PassContext, PassManager
 from passes.eliminate_dead_nodes import EliminateDeadNodesPass
+from passes.insert_collectives import InsertCollectivesPass
 from passes.lower_collectives import LowerCollectivesPass
-from passes.materialize_replica_ids import MaterializeReplicaIdsPass
 from passes.partition import PartitionPass
+from passes.replicate import ReplicatePass
 
 X = np.arange(6, dtype=np.float32).reshape(2, 3)
 
@@ -58,16 +59,18 @@ def _check_pass(pass_, graph: Graph, expected_ops: list[str], ctx: PassContext |
     return result.graph
 
 
-def test_materialize_replica_ids(traced: Graph) -> None:
+def test_one_replica_materializes_the_replica_id(traced: Graph) -> None:
     assert "graphdist.ReplicaId" in _ops(traced)
-    graph = _check_pass(MaterializeReplicaIdsPass(), traced,
-                        ["Mul", "graphdist.AllReduce", "graphdist.AllGather", "Cast", "Add"])
+    graph = _check_pass(ReplicatePass(1), traced,
+                        ["Mul", "graphdist.ReplicaAllReduce", "graphdist.ReplicaAllGather", "Cast", "Add"])
     constants = [v for v in graph.initializers.values() if v.name.startswith("replica_id")]
     assert [int(c.const_value) for c in constants] == [0]
 
 
 def test_lower_single_replica_collectives(traced: Graph) -> None:
-    _check_pass(LowerCollectivesPass(), traced, ["Mul", "graphdist.ReplicaId", "Cast", "Add"])
+    graph = PassManager([ReplicatePass(1), InsertCollectivesPass()]).run(traced, PassContext()).graph
+    assert _ops(graph) == ["Mul", "graphdist.AllReduce", "graphdist.AllGather", "Cast", "Add"]
+    _check_pass(LowerCollectivesPass(), graph, ["Mul", "Cast", "Add"])
 
 
 @pytest.mark.parametrize(("attrs", "expected"), [
@@ -101,6 +104,7 @@ def test_eliminate_dead_nodes() -> None:
 
 def test_assign_devices_and_partition(traced: Graph) -> None:
     ctx = PassContext(devices=("cpu:0",))
+    traced = PassManager([ReplicatePass(1), InsertCollectivesPass()]).run(traced, ctx).graph
     graph = _check_pass(AssignDevicesPass(), traced, _ops(traced), ctx)
     assert graph.stage == "rewritten"
     assert {n.device for n in graph.nodes} == {"cpu:0"}
@@ -132,5 +136,5 @@ def test_dump_writes_every_stage(tmp_path, traced: Graph) -> None:
     PassManager(strategy.pipeline()).run(traced, PassContext(dump_dir=str(tmp_path)))
     names = sorted(p.name for p in tmp_path.iterdir())
     assert any(n.endswith("00.traced.txt") for n in names)
-    assert any("MaterializeReplicaIdsPass.onnx" in n for n in names)
+    assert any("ReplicatePass.onnx" in n for n in names)
     assert len([n for n in names if n.endswith(".txt")]) == 1 + len(strategy.pipeline())

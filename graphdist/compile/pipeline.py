@@ -1,0 +1,180 @@
+"""Pass pipelines as configuration: a strategy describes itself, :func:`build_pipeline` makes the passes.
+
+A strategy returns a :class:`PipelineConfig` (devices, replica counts, the
+all-reduce algorithm, where variables live, workers, logical cores): plain
+data, so a stored plan can be re-planned for another strategy by building
+another pipeline over the same traced graph. :func:`build_pipeline` fills
+the named slots of a :class:`Pipeline` in a fixed order; a slot a strategy
+does not need stays empty. No pass branches on the strategy, and no
+pipeline is made by searching and splicing another one.
+
+Slots, in order (the passes each slot holds when filled):
+
+=====================  ==================================================  ============================
+slot                   passes                                               filled when
+=====================  ==================================================  ============================
+``differentiate``      ``AutodiffPass``, ``LowerStopGradientsPass``         always
+``replicate``          ``ReplicatePass``                                    always (one replica too)
+``variable_updates``   ``LowerVariableUpdatesPass``                         always
+``parameter_servers``  ``PlacePSVariablesPass``                             ``parameter_servers``
+``collectives``        ``InsertCollectivesPass``                            always
+``central_storage``    ``PlaceVariablesPass``                               ``parameter_device``
+``cross_worker``       ``InsertCrossWorkerCollectivesPass``                 ``multi_worker``
+``lower_collectives``  ``LowerCollectivesPass``                             always
+``bucketing``          ``BucketCollectivesPass``                            ``bucketing``
+``logical_devices``    ``ShardLogicalDevicesPass``, ``PlaceLogicalDevicesPass``  ``logical_cores``
+``cleanup``            ``FoldConstantsPass``, ``EliminateDeadNodesPass``    always
+``devices``            ``AssignDevicesPass``                                always
+=====================  ==================================================  ============================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from passes.base import PassBase
+
+__all__ = ["SLOTS", "PipelineConfig", "Pipeline", "build_pipeline"]
+
+SLOTS = ("differentiate", "replicate", "variable_updates", "parameter_servers", "collectives", "central_storage",
+         "cross_worker", "lower_collectives", "bucketing", "logical_devices", "cleanup", "devices")
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """What a strategy decides about rewriting a step (see the module docstring).
+
+    Attributes:
+        devices: This worker's replica devices, in replica order.
+        replicas_in_sync: Replicas over all workers (default: ``len(devices)``).
+        replica_offset: Global index of this worker's first replica.
+        collective_attrs: Attributes of multi-participant all-reduces
+            (``{"algorithm": "ring"}``, ``reduce_to_one`` with ``reduce_to_device``...).
+        bucketing: ``BucketCollectivesPass`` options (``num_packs`` or ``bytes_per_pack``), or ``None``.
+        parameter_device: Central storage: the device holding every variable.
+        parameter_servers: Variables live on ps tasks (``graph.meta["placement"]`` has the shards).
+        multi_worker: ``{"num_workers", "comm_group", "algorithm"}`` of a
+            multi-worker strategy (the cross-worker collectives), or ``None``.
+        logical_cores: ``cores[replica][logical_device]`` of a TPU-like device assignment, or ``None``.
+        backend: Backend the strategy's steps compile with when ``gd.function`` names none.
+        strategy: The strategy's name (for plans and messages).
+    """
+
+    devices: tuple[str, ...] = ("cpu:0",)
+    replicas_in_sync: int | None = None
+    replica_offset: int = 0
+    collective_attrs: Mapping[str, Any] | None = None
+    bucketing: Mapping[str, Any] | None = None
+    parameter_device: str | None = None
+    parameter_servers: bool = False
+    multi_worker: Mapping[str, Any] | None = None
+    logical_cores: tuple[tuple[str, ...], ...] | None = None
+    backend: str | None = None
+    strategy: str = "OneDeviceStrategy"
+
+    @property
+    def replicas(self) -> int:
+        """Local replicas."""
+        return len(self.devices)
+
+    @property
+    def total_replicas(self) -> int:
+        """Replicas over all workers."""
+        return self.replicas_in_sync if self.replicas_in_sync is not None else len(self.devices)
+
+    @property
+    def num_workers(self) -> int:
+        """Workers whose replicas are in sync."""
+        return int(self.multi_worker.get("num_workers", 1)) if self.multi_worker else 1
+
+    def replace(self, **changes: Any) -> PipelineConfig:
+        """A copy with ``changes``."""
+        return replace(self, **changes)
+
+
+@dataclass
+class Pipeline(Sequence[PassBase]):
+    """Named slots of passes, run in :data:`SLOTS` order; a sequence of its passes.
+
+    Attributes:
+        config: The configuration it was built from.
+        slots: Slot name -> passes (empty when the strategy does not need it).
+    """
+
+    config: PipelineConfig
+    slots: dict[str, list[PassBase]] = field(default_factory=dict)
+
+    def passes(self) -> list[PassBase]:
+        """Every pass, in slot order."""
+        return [p for slot in SLOTS for p in self.slots.get(slot, [])]
+
+    def with_slot(self, slot: str, *passes: PassBase) -> Pipeline:
+        """A copy with ``slot`` holding ``passes`` (an unknown slot is an error, not a silent no-op)."""
+        if slot not in SLOTS:
+            raise KeyError(f"unknown pipeline slot {slot!r}; the slots are {', '.join(SLOTS)}")
+        return Pipeline(self.config, {**self.slots, slot: list(passes)})
+
+    def describe(self) -> str:
+        """One line per filled slot: ``slot: Pass(args), ...``."""
+        return "\n".join(f"{slot}: {', '.join(repr(p) for p in self.slots[slot])}"
+                         for slot in SLOTS if self.slots.get(slot))
+
+    def __iter__(self) -> Iterator[PassBase]:
+        return iter(self.passes())
+
+    def __len__(self) -> int:
+        return len(self.passes())
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.passes()[index]
+
+
+def build_pipeline(config: PipelineConfig) -> Pipeline:
+    """The passes that rewrite a traced step as ``config`` says."""
+    from passes.assign_devices import AssignDevicesPass
+    from passes.autodiff import AutodiffPass
+    from passes.eliminate_dead_nodes import EliminateDeadNodesPass
+    from passes.fold_constants import FoldConstantsPass
+    from passes.insert_collectives import InsertCollectivesPass
+    from passes.lower_collectives import LowerCollectivesPass
+    from passes.lower_stop_gradients import LowerStopGradientsPass
+    from passes.lower_variable_updates import LowerVariableUpdatesPass
+    from passes.replicate import ReplicatePass
+
+    slots: dict[str, list[PassBase]] = {
+        "differentiate": [AutodiffPass(), LowerStopGradientsPass()],
+        "replicate": [ReplicatePass(config.replicas, config.replica_offset, config.total_replicas)],
+        "variable_updates": [LowerVariableUpdatesPass()],
+        "collectives": [InsertCollectivesPass(config.num_workers)],
+        "lower_collectives": [LowerCollectivesPass(dict(config.collective_attrs or {"algorithm": "ring"}))],
+        "cleanup": [FoldConstantsPass(), EliminateDeadNodesPass()],
+        "devices": [AssignDevicesPass()],
+    }
+    if config.parameter_servers:
+        from passes.place_ps_variables import PlacePSVariablesPass
+
+        slots["parameter_servers"] = [PlacePSVariablesPass()]
+    if config.parameter_device is not None:
+        from passes.place_variables import PlaceVariablesPass
+
+        slots["central_storage"] = [PlaceVariablesPass(config.parameter_device)]
+    if config.multi_worker:
+        from passes.insert_cross_worker_collectives import InsertCrossWorkerCollectivesPass
+
+        options = config.multi_worker
+        slots["cross_worker"] = [InsertCrossWorkerCollectivesPass(int(options.get("num_workers", 1)),
+                                                                  str(options.get("comm_group", "")),
+                                                                  str(options.get("algorithm", "auto")))]
+    if config.bucketing:
+        from passes.bucket_collectives import BucketCollectivesPass
+
+        slots["bucketing"] = [BucketCollectivesPass(**dict(config.bucketing))]
+    if config.logical_cores:
+        from passes.place_logical_devices import PlaceLogicalDevicesPass
+        from passes.shard_logical_devices import ShardLogicalDevicesPass
+
+        cores = [list(c) for c in config.logical_cores]
+        slots["logical_devices"] = [ShardLogicalDevicesPass(cores), PlaceLogicalDevicesPass(cores)]
+    return Pipeline(config, slots)
