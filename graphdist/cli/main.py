@@ -655,7 +655,7 @@ def _ordered_arrays(arrays: dict[str, Any]) -> list[tuple[str, Any]]:
 def _plan_arguments(loaded: Any, arrays: dict[str, Any], path: str) -> tuple[tuple, dict]:
     """The call arguments of a loaded plan: its array arguments from ``arrays``, constants as recorded."""
     from graphdist import nest
-    from graphdist.compile.export import decode_treedef
+    from graphdist.compile.plan_files import decode_treedef
 
     arguments = loaded.metadata["arguments"]
     leaves_spec = arguments["leaves"]

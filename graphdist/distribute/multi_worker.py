@@ -386,20 +386,3 @@ def _rank_name(spec: Any, rank: int) -> str:
 
 def _scalar(value: Any) -> Any:
     return value[()] if isinstance(value, np.ndarray) and value.ndim == 0 else value
-
-
-def _run_cross_worker(op: str, attrs: dict[str, Any], buffers: list[np.ndarray]) -> list[np.ndarray]:
-    from graphdist.runtime.comm.mpi import run_comm_task
-
-    return run_comm_task(op, attrs, buffers)
-
-
-def _register() -> None:
-    import passes.insert_cross_worker_collectives  # noqa: F401  (registers the ops' shape rules)
-    from graphdist.runtime.scheduler import register_comm_handler
-
-    for op in ("CrossWorkerAllReduce", "CrossWorkerAllGather"):
-        register_comm_handler(op, _run_cross_worker)
-
-
-_register()

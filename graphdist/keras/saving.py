@@ -33,7 +33,7 @@ from typing import Any
 
 from graphdist import optimizers as optimizers_lib
 from graphdist.checkpoint import Checkpoint
-from graphdist.compile.export import write_plan_directory
+from graphdist.compile.plan_files import write_plan_directory
 from graphdist.errors import CheckpointError, InvalidArgumentError
 from graphdist.keras import losses as losses_lib
 from graphdist.keras import metrics as metrics_lib

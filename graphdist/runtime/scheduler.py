@@ -37,6 +37,17 @@ def register_comm_handler(op: str, handler: CommHandler) -> None:
     _COMM_HANDLERS[op] = handler
 
 
+def _builtin_handler(op: str) -> CommHandler | None:
+    """The runtime's own communicator for ``op`` (MPI between workers), imported on first use."""
+    if op in ("CrossWorkerAllReduce", "CrossWorkerAllGather"):
+        from graphdist.runtime.comm.mpi import run_comm_task
+
+        register_comm_handler("CrossWorkerAllReduce", run_comm_task)
+        register_comm_handler("CrossWorkerAllGather", run_comm_task)
+        return run_comm_task
+    return None
+
+
 class _Task:
     __slots__ = ("kind", "index", "inputs", "outputs", "name")
 
@@ -119,7 +130,7 @@ class Scheduler:
             return local.all_gather(buffers, int(task.attrs.get("axis", 0)))
         if task.op == "Transfer":
             return buffers  # logical devices of one process share host memory
-        handler = _COMM_HANDLERS.get(task.op)
+        handler = _COMM_HANDLERS.get(task.op) or _builtin_handler(task.op)
         if handler is not None:
             return handler(task.op, task.attrs, buffers)
         raise PlanError(f"communication op {task.op!r} ({task.name}) is not supported by the local communicator")

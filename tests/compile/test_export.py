@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import graphdist as gd
-from graphdist.compile import export as export_module
+from graphdist.compile import plan_files
 from graphdist.compile.plan import Plan
 from models.mlp import MLP
 
@@ -319,7 +319,7 @@ def test_invalid_onnx_with_matching_checksum(mirrored_plan, tmp_path: Path) -> N
     garbage = b"\x08\x07this is not an onnx model"
     segment = _segment(directory)
     segment.write_bytes(garbage)
-    _edit_json(directory, lambda doc: doc["segments"][0].update(sha256=export_module._sha256(garbage)))
+    _edit_json(directory, lambda doc: doc["segments"][0].update(sha256=plan_files.sha256_of(garbage)))
     with pytest.raises(gd.PlanError, match=r"000_cpu0\.p0\.onnx is not a valid ONNX model"):
         gd.load_plan(directory)
 
@@ -350,7 +350,7 @@ def test_failed_rename_leaves_nothing(one_device_run: Run, tmp_path: Path, monke
 def test_export_interrupted_midway_leaves_nothing(one_device_run: Run, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     written = []
-    original = export_module._write_file
+    original = plan_files.write_file
 
     def write_some(path: Path, data: bytes) -> None:
         if len(written) == 3:
@@ -358,7 +358,7 @@ def test_export_interrupted_midway_leaves_nothing(one_device_run: Run, tmp_path:
         written.append(path)
         original(path, data)
 
-    monkeypatch.setattr(export_module, "_write_file", write_some)
+    monkeypatch.setattr(plan_files, "write_file", write_some)
     with pytest.raises(KeyboardInterrupt):
         one_device_run.concrete.export(tmp_path / "plan")
     assert len(written) == 3 and list(tmp_path.iterdir()) == []

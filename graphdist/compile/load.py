@@ -1,0 +1,360 @@
+"""Reading a plan directory: validate every file, rebuild the plan, compile it (``gd.load_plan``).
+
+Nothing is trusted: ``plan.json`` is checked against its schema, every file
+against its SHA-256, every ONNX model with the checker, and the segments,
+collectives and task DAG against each other. No pickle is ever loaded.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from graphdist.compile.loaded import LoadedPlan
+from graphdist.compile.plan import CommTask, Plan, Segment
+from graphdist.compile.plan_files import (
+    FORMAT,
+    FORMAT_VERSION,
+    PLAN_FILE,
+    REEXPORT,
+    array_digest,
+    count_leaves,
+    decode_treedef,
+    graphdist_version,
+    outline,
+    sha256_of,
+    task_dag,
+)
+from graphdist.errors import GraphdistError, PlanError
+from graphdist.ir.graph import Graph
+from graphdist.ir.placement import KINDS, PlacementSpec, VariablePlacement, VariableSpec
+
+__all__ = ["load_plan"]
+
+logger = logging.getLogger(__name__)
+
+
+class _Reader:
+    """Reads and validates the files of a plan directory."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.files: dict[str, bytes] = {}
+
+    def error(self, message: str) -> PlanError:
+        return PlanError(f"plan directory {self.directory}: {message}")
+
+    def get(self, obj: Any, key: str, kind: type | tuple[type, ...], where: str, optional: bool = False) -> Any:
+        if not isinstance(obj, dict) or key not in obj:
+            if optional:
+                return None
+            owner = "plan.json" if where == "plan.json" else f"plan.json: {where}"
+            raise self.error(f"{owner} lacks the required key {key!r}; the file is damaged or was "
+                             f"edited: {REEXPORT}")
+        value = obj[key]
+        if optional and value is None:
+            return None
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            path = key if where == "plan.json" else f"{where}.{key}"
+            raise self.error(f"plan.json: {path} must be a {names}, got {type(value).__name__}; {REEXPORT}")
+        return value
+
+    def strings(self, obj: Any, key: str, where: str) -> list[str]:
+        values = self.get(obj, key, list, where)
+        if not all(isinstance(v, str) for v in values):
+            raise self.error(f"plan.json: {where}.{key} must be a list of strings; {REEXPORT}")
+        return values
+
+    def read(self, entry: Any, where: str) -> bytes:
+        """The bytes of the file ``entry`` names, after checking its SHA-256."""
+        rel = self.get(entry, "file", str, where)
+        digest = self.get(entry, "sha256", str, where)
+        parts = Path(rel).parts
+        if Path(rel).is_absolute() or ".." in parts or not parts:
+            raise self.error(f"plan.json: {where} names the file {rel!r} outside the plan directory; {REEXPORT}")
+        path = self.directory / rel
+        if not path.is_file():
+            raise self.error(f"{where}: the file {rel} is missing; the plan directory is incomplete: {REEXPORT}")
+        data = path.read_bytes()
+        if sha256_of(data) != digest:
+            raise self.error(f"{where}: the file {rel} fails its SHA-256 checksum (it was modified, truncated or "
+                             f"corrupted after export); {REEXPORT}")
+        self.files[rel] = data
+        return data
+
+    def model(self, entry: Any, where: str) -> onnx.ModelProto:
+        data = self.read(entry, where)
+        rel = entry["file"]
+        try:
+            model = onnx.ModelProto.FromString(data)
+            onnx.checker.check_model(model)
+        except Exception as err:  # noqa: BLE001 - protobuf and the checker raise assorted types
+            raise self.error(f"{where}: {rel} is not a valid ONNX model ({type(err).__name__}: {err}); "
+                             f"{REEXPORT}") from None
+        return model
+
+    def arrays(self, data: bytes, entries: list[dict[str, Any]], where: str, rel: str) -> dict[str, np.ndarray]:
+        """The arrays of a ``.npz`` file, keyed by entry, checked against ``entries``."""
+        out: dict[str, np.ndarray] = {}
+        try:
+            with np.load(io.BytesIO(data), allow_pickle=False) as archive:
+                for index, info in enumerate(entries):
+                    at = f"{where}[{index}]"
+                    entry = self.get(info, "entry", str, at)
+                    if entry not in archive.files:
+                        raise self.error(f"{rel} has no entry {entry!r} for {info.get('name')!r}; {REEXPORT}")
+                    array = archive[entry]
+                    dtype = _parse_dtype(self, self.get(info, "dtype", str, at), at)
+                    shape = self.get(info, "shape", list, at)
+                    if array.dtype != dtype or list(array.shape) != shape:
+                        raise self.error(f"{rel}: {info.get('name')!r} is {array.dtype}{list(array.shape)}, plan.json "
+                                         f"says {dtype}{shape}; {REEXPORT}")
+                    if array_digest(array) != self.get(info, "sha256", str, at):
+                        raise self.error(f"{rel}: the value of {info.get('name')!r} fails its SHA-256 checksum; "
+                                         f"{REEXPORT}")
+                    out[entry] = array
+        except GraphdistError:
+            raise
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
+            raise self.error(f"{rel} cannot be read ({type(err).__name__}: {err}); {REEXPORT}") from None
+        return out
+
+
+def _parse_dtype(reader: _Reader, text: str, where: str) -> np.dtype:
+    try:
+        dtype = np.dtype(text)
+    except TypeError:
+        raise reader.error(f"plan.json: {where} has an unknown dtype {text!r}; {REEXPORT}") from None
+    if dtype.hasobject or dtype.kind == "V":
+        raise reader.error(f"plan.json: {where} has dtype {text!r}; only numeric arrays can be loaded")
+    return dtype
+
+
+def _read_document(reader: _Reader) -> dict[str, Any]:
+    directory = reader.directory
+    if not directory.is_dir():
+        raise PlanError(f"plan directory {directory} does not exist; pass the directory that plan.export() wrote")
+    path = directory / PLAN_FILE
+    if not path.is_file():
+        raise reader.error(f"{PLAN_FILE} is missing, so this is not an exported plan (or the export did not "
+                           f"finish); {REEXPORT}")
+    try:
+        doc = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise reader.error(f"{PLAN_FILE} is corrupt: it is not valid JSON ({err}); {REEXPORT}") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        raise reader.error(f"{PLAN_FILE} has format {found!r}, expected {FORMAT!r}; it is not a graphdist plan")
+    version = doc.get("version")
+    if version != FORMAT_VERSION:
+        raise reader.error(f"{PLAN_FILE} has schema version {version!r}, but this graphdist (version "
+                           f"{graphdist_version()}) reads version {FORMAT_VERSION}; re-export the plan with this "
+                           "version of graphdist")
+    return doc
+
+
+def _check_dag(reader: _Reader, plan: Plan, doc: dict[str, Any], available: set[str]) -> None:
+    """The recorded task DAG equals the one the segments and collectives imply, and everything read exists."""
+    recorded = reader.get(doc, "tasks", list, "plan.json")
+    derived = task_dag(plan)
+    def as_set(tasks: list[Any]) -> set[tuple[Any, ...]]:
+        return {(t.get("id"), t.get("kind"), frozenset(t.get("deps") or ())) for t in tasks}
+
+    if not all(isinstance(t, dict) and isinstance(t.get("deps", []), list) for t in recorded) \
+            or as_set(recorded) != as_set(derived):
+        raise reader.error(f"plan.json: 'tasks' does not match the segments' and collectives' inputs and outputs; "
+                           f"the file was edited: {REEXPORT}")
+    produced = set(available) | set(plan.constants)
+    for task in plan.segments + plan.comms:
+        produced.update(task.outputs)
+    for task in plan.segments + plan.comms:
+        missing = [n for n in task.inputs if n not in produced]
+        if missing:
+            raise reader.error(f"plan.json: {task.name} reads {missing[:3]}, which nothing produces; {REEXPORT}")
+    missing = [n for n in plan.output_names if n not in produced]
+    if missing:
+        raise reader.error(f"plan.json: the outputs {missing[:3]} are produced by no task; {REEXPORT}")
+
+
+def _variable_spec(entry: dict[str, Any]) -> tuple[VariableSpec, VariablePlacement]:
+    """What a loaded plan knows of a variable: its spec (the uid is its input name) and placement."""
+    name = str(entry["name"]).removesuffix(":0")
+    spec = VariableSpec(str(entry["input"]), name, np.dtype(entry["dtype"]).str, tuple(int(d) for d in entry["shape"]),
+                        bool(entry.get("trainable", True)), str(entry.get("kind", "Variable")))
+    kind = entry.get("placement")
+    devices = tuple(str(d) for d in entry.get("devices") or ([entry["device"]] if entry.get("device") else []))
+    return spec, VariablePlacement(kind if kind in KINDS else "local", devices)
+
+
+def _restore_placement(graph: Graph, model: onnx.ModelProto, segments: list[Segment]) -> None:
+    """Copies device/replica (ONNX metadata) and segment membership back onto imported nodes."""
+    by_name = {n.name: n for n in graph.nodes}
+    for proto in model.graph.node:
+        node = by_name.get(proto.name)
+        if node is None:
+            continue
+        for prop in proto.metadata_props:
+            if prop.key == "device":
+                node.device = prop.value
+            elif prop.key == "replica" and prop.value.lstrip("-").isdigit():
+                node.replica = int(prop.value)
+    for seg in segments:
+        for proto in seg.model.graph.node:
+            node = by_name.get(proto.name)
+            if node is not None:
+                node.meta["segment"] = seg.name
+
+
+def load_plan(directory: str | os.PathLike[str], backend: str | None = None) -> LoadedPlan:
+    """Loads a plan directory written by ``export`` and compiles it.
+
+    Args:
+        directory: The plan directory.
+        backend: Backend to compile with (default: the one recorded at export).
+
+    Returns:
+        A :class:`LoadedPlan`, called like the step it was exported from.
+
+    Raises:
+        PlanError: The directory or ``plan.json`` is missing, ``plan.json``
+            is not valid JSON, has another format or schema version, or lacks
+            a key; a file is missing or fails its SHA-256 checksum; an ONNX
+            file is invalid; the segments, collectives and tasks disagree.
+    """
+    from graphdist.backends import get_backend
+    from graphdist.ir.onnx_io import from_onnx
+
+    reader = _Reader(Path(directory).absolute())
+    doc = _read_document(reader)
+    get, strings = reader.get, reader.strings
+    get(doc, "name", str, "plan.json")
+    backend_name = backend or get(doc, "backend", str, "plan.json")
+
+    # arguments and inputs
+    arguments = get(doc, "arguments", dict, "plan.json")
+    arg_treedef = decode_treedef(get(arguments, "structure", dict, "arguments"), "arguments.structure")
+    arg_leaves = get(arguments, "leaves", list, "arguments")
+    inputs: dict[str, dict[str, Any]] = {}
+    for index, entry in enumerate(get(doc, "inputs", list, "plan.json")):
+        where = f"inputs[{index}]"
+        inputs[get(entry, "name", str, where)] = {
+            "dtype": _parse_dtype(reader, get(entry, "dtype", str, where), where),
+            "shape": tuple(get(entry, "shape", list, where)),
+        }
+    for index, leaf in enumerate(arg_leaves):
+        where = f"arguments.leaves[{index}]"
+        kind = get(leaf, "kind", str, where)
+        names = [get(leaf, "input", str, where)] if kind == "tensor" else (
+            strings(leaf, "inputs", where) if kind == "per_replica" else [])
+        if kind not in ("tensor", "per_replica", "const", "variable", "opaque"):
+            raise reader.error(f"plan.json: {where} has unknown kind {kind!r}; {REEXPORT}")
+        unknown = [n for n in names if n not in inputs]
+        if unknown:
+            raise reader.error(f"plan.json: {where} feeds {unknown}, which 'inputs' does not list; {REEXPORT}")
+    if count_leaves(arg_treedef) != len(arg_leaves):
+        raise reader.error(f"plan.json: arguments.structure has {count_leaves(arg_treedef)} leaves but "
+                           f"arguments.leaves lists {len(arg_leaves)}; {REEXPORT}")
+
+    # variables and constants
+    var_entries = get(doc, "variables", list, "plan.json")
+    for index, entry in enumerate(var_entries):
+        for key in ("name", "input", "entry"):
+            get(entry, key, str, f"variables[{index}]")
+    var_data = reader.read(get(doc, "variables_file", dict, "plan.json"), "variables_file")
+    var_arrays = reader.arrays(var_data, var_entries, "variables", doc["variables_file"]["file"])
+    variables = {entry["input"]: np.array(var_arrays[entry["entry"]], order="C", copy=True) for entry in var_entries}
+    constants_info = get(doc, "constants", dict, "plan.json")
+    const_entries = get(constants_info, "entries", list, "constants")
+    const_arrays = reader.arrays(reader.read(constants_info, "constants"), const_entries, "constants.entries",
+                                 constants_info["file"])
+    constants = {get(e, "name", str, "constants.entries"): const_arrays[e["entry"]] for e in const_entries}
+    updates = get(doc, "updates", list, "plan.json")
+    for index, entry in enumerate(updates):
+        target = get(entry, "variable", str, f"updates[{index}]")
+        get(entry, "output", str, f"updates[{index}]")
+        if target not in variables:
+            raise reader.error(f"plan.json: updates[{index}] writes {target!r}, which is not a variable; {REEXPORT}")
+
+    # segments and collectives
+    segments = []
+    for index, entry in enumerate(get(doc, "segments", list, "plan.json")):
+        where = f"segments[{index}]"
+        name = get(entry, "name", str, where)
+        model = reader.model(entry, f"segment {name}")
+        seg_inputs, seg_outputs = strings(entry, "inputs", where), strings(entry, "outputs", where)
+        model_inputs = [v.name for v in model.graph.input
+                        if v.name not in {t.name for t in model.graph.initializer}]
+        if model_inputs != seg_inputs or [v.name for v in model.graph.output] != seg_outputs:
+            raise reader.error(f"segment {name}: the inputs/outputs of {entry['file']} do not match plan.json; "
+                               f"{REEXPORT}")
+        try:
+            graph = from_onnx(model)
+        except GraphdistError as err:
+            raise reader.error(f"segment {name}: {entry['file']} cannot be imported: {err}") from None
+        graph.stage = "partitioned"
+        segments.append(Segment(name, get(entry, "device", str, where), graph, seg_inputs, seg_outputs,
+                                _model=model))
+    comms = []
+    for index, entry in enumerate(get(doc, "collectives", list, "plan.json")):
+        where = f"collectives[{index}]"
+        comms.append(CommTask(get(entry, "name", str, where), get(entry, "op", str, where),
+                              get(entry, "attrs", dict, where), strings(entry, "inputs", where),
+                              strings(entry, "outputs", where), strings(entry, "devices", where)))
+        if not len(comms[-1].inputs) == len(comms[-1].outputs) == len(comms[-1].devices):
+            raise reader.error(f"plan.json: {where} needs one input, output and device per participant; "
+                               f"{REEXPORT}")
+
+    # graphs (checked; the partitioned one is the plan's graph)
+    graph_entries = get(doc, "graphs", dict, "plan.json")
+    models = {stage: reader.model(entry, f"graph {stage}") for stage, entry in graph_entries.items()}
+    plan_inputs = strings(doc, "plan_inputs", "plan.json")
+    plan_outputs = strings(doc, "plan_outputs", "plan.json")
+    if "partitioned" not in models:
+        raise reader.error(f"plan.json: 'graphs' lacks the partitioned graph; {REEXPORT}")
+    try:
+        graph = from_onnx(models["partitioned"])
+    except GraphdistError as err:
+        raise reader.error(f"graph partitioned cannot be imported: {err}") from None
+    graph.stage = "partitioned"
+    _restore_placement(graph, models["partitioned"], segments)
+    records = {e["input"]: _variable_spec(e) for e in var_entries}
+    graph.meta["variables"] = [(name, spec) for name, (spec, _) in records.items()]
+    graph.meta["placement"] = PlacementSpec({spec.uid: where for spec, where in records.values()})
+    graph.meta["variable_updates"] = [(u["output"], records[u["variable"]][0].uid) for u in updates]
+    if [v.name for v in graph.inputs] != plan_inputs or [v.name for v in graph.outputs] != plan_outputs:
+        raise reader.error(f"the partitioned graph's inputs/outputs do not match plan.json's "
+                           f"plan_inputs/plan_outputs; {REEXPORT}")
+
+    # interface consistency
+    fed = set(inputs) | set(variables)
+    if set(plan_inputs) - fed:
+        raise reader.error(f"plan.json: plan inputs {sorted(set(plan_inputs) - fed)[:3]} are fed by no argument or "
+                           f"variable; {REEXPORT}")
+    outputs = get(doc, "outputs", dict, "plan.json")
+    result_names = strings(outputs, "names", "outputs")
+    counts = get(outputs, "counts", list, "outputs")
+    if not all(c is None or (type(c) is int and c > 0) for c in counts):
+        raise reader.error(f"plan.json: outputs.counts must hold null or positive integers; {REEXPORT}")
+    out_treedef = decode_treedef(get(outputs, "structure", dict, "outputs"), "outputs.structure")
+    if (result_names + [u["output"] for u in updates] != plan_outputs
+            or sum(1 if c is None else c for c in counts) != len(result_names)
+            or count_leaves(out_treedef) != len(counts)):
+        raise reader.error(f"plan.json: 'outputs', 'updates' and 'plan_outputs' disagree; {REEXPORT}")
+
+    plan = Plan(graph, segments, constants, comms)
+    _check_dag(reader, plan, doc, fed)
+    plan.compile(get_backend(backend_name))
+    loaded = LoadedPlan(reader.directory, doc, plan, reader.files, variables,
+                        (outline(arg_treedef), arg_leaves), inputs)
+    logger.info("loaded plan %s from %s (%d segment(s), backend %s)", loaded.name, reader.directory,
+                len(segments), plan.backend_name)
+    return loaded

@@ -1,0 +1,293 @@
+"""The plan directory format: its constants, checksums, JSON helpers and the atomic directory writer.
+
+Shared by the writer (:mod:`graphdist.compile.export`), the reader
+(:mod:`graphdist.compile.load`) and saved Keras models. See
+:mod:`graphdist.compile.export` for the layout of a plan directory.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import io
+import os
+import shutil
+import tempfile
+import uuid
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from graphdist import nest
+from graphdist.compile.plan import Plan
+from graphdist.errors import PlanError
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "PLAN_FILE", "STAGES", "encode_treedef", "decode_treedef",
+           "write_plan_directory"]
+
+FORMAT = "graphdist-plan"
+FORMAT_VERSION = 1
+PLAN_FILE = "plan.json"
+STAGES = ("traced", "rewritten", "partitioned")
+REEXPORT = "re-export the plan from the step (concrete_function.export(directory))"
+
+
+# ====================================================================== helpers
+def sha256_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def array_digest(array: np.ndarray) -> str:
+    return sha256_of(np.asarray(array, order="C").tobytes())
+
+
+def dtype_str(dtype: Any) -> str:
+    return np.dtype(dtype).str
+
+
+def shape_list(shape: Any) -> list[Any]:
+    return [int(d) if isinstance(d, (int, np.integer)) else str(d) for d in shape]
+
+
+def jsonable(value: Any, where: str) -> Any:
+    """``value`` as plain JSON data (numpy scalars and tuples converted)."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value)
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v, where) for v in value]
+    if isinstance(value, dict):
+        return {str(k): jsonable(v, where) for k, v in value.items()}
+    raise PlanError(f"{where}: a {type(value).__name__} value ({value!r}) cannot be written to plan.json")
+
+
+def npz_bytes(arrays: list[tuple[str, np.ndarray]]) -> bytes:
+    """A ``.npz`` archive of ``(entry, array)`` pairs written with ``allow_pickle=False``."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_STORED) as archive:
+        for entry, array in arrays:
+            if array.dtype.hasobject:
+                raise PlanError(f"{entry}: arrays of Python objects cannot be exported (no pickle)")
+            data = io.BytesIO()
+            np.save(data, np.asarray(array, order="C"), allow_pickle=False)
+            archive.writestr(f"{entry}.npy", data.getvalue())
+    return buffer.getvalue()
+
+
+# -------------------------------------------------------------- tree encoding
+KEY_TYPES = (str, int, float, bool)
+
+
+def encode_treedef(treedef: nest.TreeDef, where: str = "structure") -> dict[str, Any]:
+    """A JSON form of a :mod:`graphdist.nest` tree definition.
+
+    Tuples, lists, dicts (keys: str, int, float, bool or None) and
+    namedtuples (by type name and fields) are supported.
+    """
+    kind = treedef[0]
+    if kind in ("leaf", "none"):
+        return {"kind": kind}
+    _, cls, keys, children = treedef
+    node: dict[str, Any]
+    if kind == "namedtuple":
+        node = {"kind": "namedtuple", "type": cls.__name__, "fields": list(cls._fields)}
+    elif kind == "dict":
+        for key in keys:
+            if key is not None and not isinstance(key, KEY_TYPES):
+                raise PlanError(f"{where}: a dict key of type {type(key).__name__} ({key!r}) cannot be exported; "
+                                "use str or int keys")
+        node = {"kind": "dict", "keys": list(keys)}
+        if cls is not dict:
+            node["type"] = cls.__name__
+    elif issubclass(cls, tuple):
+        node = {"kind": "tuple"}
+    elif issubclass(cls, list):
+        node = {"kind": "list"}
+    else:
+        raise PlanError(f"{where}: a container of type {cls.__name__} cannot be exported")
+    node["children"] = [encode_treedef(c, where) for c in children]
+    return node
+
+
+def decode_treedef(data: Any, where: str = "structure") -> nest.TreeDef:
+    """Inverse of :func:`encode_treedef` (namedtuples become look-alike namedtuple classes)."""
+    classes: dict[tuple[str, tuple[str, ...]], type] = {}
+
+    def decode(node: Any, path: str) -> nest.TreeDef:
+        if not isinstance(node, dict) or not isinstance(node.get("kind"), str):
+            raise PlanError(f"plan.json {path}: a structure node needs a 'kind'; {REEXPORT}")
+        kind = node["kind"]
+        if kind in ("leaf", "none"):
+            return (kind,)
+        children_data = node.get("children")
+        if not isinstance(children_data, list):
+            raise PlanError(f"plan.json {path}: a {kind} node needs a 'children' list; {REEXPORT}")
+        children = tuple(decode(c, f"{path}.children[{i}]") for i, c in enumerate(children_data))
+        if kind == "tuple":
+            return ("tuple", tuple, None, children)
+        if kind == "list":
+            return ("list", list, None, children)
+        if kind == "dict":
+            keys = node.get("keys")
+            if not isinstance(keys, list) or len(keys) != len(children):
+                raise PlanError(f"plan.json {path}: a dict node needs one key per child; {REEXPORT}")
+            cls = collections.OrderedDict if node.get("type") == "OrderedDict" else dict
+            return ("dict", cls, tuple(keys), children)
+        if kind == "namedtuple":
+            name, fields = node.get("type"), node.get("fields")
+            if not isinstance(name, str) or not isinstance(fields, list) or len(fields) != len(children):
+                raise PlanError(f"plan.json {path}: a namedtuple node needs 'type' and one field per child; "
+                                f"{REEXPORT}")
+            key = (name, tuple(fields))
+            if key not in classes:
+                try:
+                    classes[key] = collections.namedtuple(name, fields)  # noqa: PYI024 - rebuilt from data
+                except ValueError as err:
+                    raise PlanError(f"plan.json {path}: bad namedtuple {name}{fields}: {err}") from None
+            return ("namedtuple", classes[key], None, children)
+        raise PlanError(f"plan.json {path}: unknown structure kind {kind!r}; {REEXPORT}")
+
+    return decode(data, where)
+
+
+def outline(treedef: nest.TreeDef) -> Any:
+    """The shape of a tree without container types (sequences compare by length, dicts by keys)."""
+    kind = treedef[0]
+    if kind in ("leaf", "none"):
+        return kind
+    children = tuple(outline(c) for c in treedef[3])
+    if kind == "dict":
+        return ("dict", tuple(treedef[2]), children)
+    return ("seq", children)
+
+
+def describe_outline(outline: Any) -> str:
+    if outline == "leaf":
+        return "x"
+    if outline == "none":
+        return "None"
+    if outline[0] == "dict":
+        return "{" + ", ".join(f"{k!r}: {describe_outline(c)}" for k, c in zip(outline[1], outline[2])) + "}"
+    return "(" + ", ".join(describe_outline(c) for c in outline[1]) + ")"
+
+
+# ============================================================= directory write
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_file(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def write_plan_directory(directory: str | os.PathLike[str], files: dict[str, bytes], overwrite: bool = False,
+                         marker: str = PLAN_FILE) -> Path:
+    """Writes ``files`` (relative path -> bytes) as the directory ``directory``, atomically.
+
+    The files go to a temporary directory next to ``directory``, are flushed
+    to disk and the temporary directory is renamed into place (an existing
+    empty directory is replaced). With
+    ``overwrite`` an existing plan directory is renamed aside, the new one
+    renamed in, and the old one deleted. ``marker`` is the file that makes
+    an existing directory one this function may replace (``plan.json``; a
+    saved Keras model's ``model.json``), so a user's unrelated directory is
+    never deleted.
+
+    Raises:
+        PlanError: ``directory`` exists and ``overwrite`` is false, or it is
+            not empty and has no ``marker`` file.
+    """
+    dest = Path(directory).absolute()
+    if dest.is_dir() and not any(dest.iterdir()):
+        pass  # an empty directory is replaced like a missing one
+    elif dest.exists():
+        if not overwrite:
+            raise PlanError(f"{dest} already exists; pass overwrite=True to replace it or choose another directory")
+        if not dest.is_dir() or (any(dest.iterdir()) and not (dest / marker).is_file()):
+            raise PlanError(f"{dest} exists and is not a directory graphdist wrote (no {marker}); refusing to replace "
+                            "it")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.tmp-"))
+    try:
+        for rel, data in files.items():
+            write_file(tmp / rel, data)
+        for sub in sorted({(tmp / rel).parent for rel in files}, key=lambda p: -len(p.parts)):
+            _fsync_dir(sub)
+        _fsync_dir(tmp)
+        if dest.is_dir() and not any(dest.iterdir()):
+            dest.rmdir()
+        if dest.exists():
+            aside = dest.parent / f".{dest.name}.old-{uuid.uuid4().hex[:8]}"
+            os.replace(dest, aside)
+            try:
+                os.replace(tmp, dest)
+            except BaseException:
+                os.replace(aside, dest)
+                raise
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            os.replace(tmp, dest)
+        _fsync_dir(dest.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
+
+
+# =================================================================== export
+
+
+def graphdist_version() -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("graphdist")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def count_leaves(treedef: nest.TreeDef) -> int:
+    if treedef[0] == "leaf":
+        return 1
+    if treedef[0] == "none":
+        return 0
+    return sum(count_leaves(c) for c in treedef[3])
+
+
+def task_dag(plan: Plan) -> list[dict[str, Any]]:
+    """Tasks (segments and communication) in a topological order with their dependencies."""
+    tasks = [("segment", s) for s in plan.segments] + [("collective", c) for c in plan.comms]
+    ids = [f"{kind}:{task.name}" for kind, task in tasks]
+    producer = {out: ids[i] for i, (_, task) in enumerate(tasks) for out in task.outputs}
+    deps = [sorted({producer[n] for n in task.inputs if n in producer}) for _, task in tasks]
+    order: list[dict[str, Any]] = []
+    placed: set[str] = set()
+    pending = list(range(len(tasks)))
+    while pending:
+        ready = [i for i in pending if set(deps[i]) <= placed]
+        if not ready:
+            stuck = ", ".join(ids[i] for i in pending)
+            raise PlanError(f"plan {plan.graph.name!r} has a dependency cycle among {stuck}")
+        for i in ready:
+            order.append({"id": ids[i], "kind": tasks[i][0], "name": tasks[i][1].name, "deps": deps[i]})
+            placed.add(ids[i])
+        pending = [i for i in pending if ids[i] not in placed]
+    return order
