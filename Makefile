@@ -40,8 +40,10 @@ graphviz:
 	  else echo "warning: Graphviz's 'dot' is missing and could not be installed here (needs apt-get as root);" \
 	    "install the 'graphviz' package to render SVG/PNG pictures; the tests that render will be skipped" >&2; fi; }
 
+# ruff, then the package layering contract in pyproject.toml ([tool.importlinter]).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check graphdist passes models benchmarks tests
+	$(VENV)/bin/lint-imports
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all

@@ -54,6 +54,10 @@ class InsertCrossWorkerCollectivesPass(PassBase):
         self.comm_group = comm_group
         self.algorithm = algorithm
 
+    def __repr__(self) -> str:
+        return (f"{self.name}(num_workers={self.num_workers}, comm_group={self.comm_group!r}, "
+                f"algorithm={self.algorithm!r})")
+
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
         locals_ = [n for n in graph.nodes if n.domain == GRAPHDIST_DOMAIN and n.op_type in _CROSS]
         groups: dict[str, list[Node]] = {}

@@ -43,6 +43,9 @@ class LowerCollectivesPass(PassBase):
     def __init__(self, collective_attrs: dict[str, Any] | None = None) -> None:
         self.collective_attrs = dict(collective_attrs or {"algorithm": "ring"})
 
+    def __repr__(self) -> str:
+        return f"{self.name}({self.collective_attrs})"
+
     def _attrs_for(self, ctx: PassContext) -> dict[str, Any]:
         attrs = {"algorithm": self.collective_attrs.get("algorithm", "ring")}
         if attrs["algorithm"] == "reduce_to_one":

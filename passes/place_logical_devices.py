@@ -53,6 +53,9 @@ class PlaceLogicalDevicesPass(PassBase):
     def __init__(self, cores: Sequence[Sequence[str]]) -> None:
         self.cores = [list(c) for c in cores]
 
+    def __repr__(self) -> str:
+        return f"{self.name}(cores={self.cores})"
+
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
         annotations = graph.find_nodes(LOGICAL_DEVICE, GRAPHDIST_DOMAIN)
         for node in annotations:

@@ -42,8 +42,9 @@ Cases:
 * per-replica graph output (``meta["per_replica_outputs"]``): one output per
   replica, in replica order (an ``Identity`` per replica when the value is
   the same on every replica);
-* a variant naming replicas this pass does not make (the step was traced
-  with uneven per-replica shapes for another replica count): ``GraphError``;
+* variants naming replicas this pass does not make, or not covering every
+  replica it makes (the step was traced with uneven per-replica shapes for
+  another replica count): ``GraphError``;
 * already replicated (``meta["replication"]`` present): unchanged.
 """
 
@@ -117,12 +118,13 @@ class _Replicator:
         self.offset = config.offset
         self.in_sync = config.replicas_in_sync
         self.variants = {str(k): tuple(int(r) for r in v) for k, v in graph.meta.get("replica_variants", {}).items()}
-        for key, members in self.variants.items():
-            if any(r >= self.n for r in members):
-                raise GraphError(
-                    f"graph {graph.name!r} was traced with uneven per-replica shapes for replicas {list(members)} "
-                    f"(variant {key}), but {self.n} replica(s) are being made; trace the step for this strategy, or "
-                    "give every replica the same shapes (a global batch divisible by the replica count)")
+        covered = sorted({r for members in self.variants.values() for r in members})
+        if self.variants and covered != list(range(self.n)):
+            listing = ", ".join(f"{key}: {list(members)}" for key, members in self.variants.items())
+            raise GraphError(
+                f"graph {graph.name!r} was traced with uneven per-replica shapes for replicas {covered} (variants "
+                f"{listing}), but {self.n} replica(s) are being made; trace the step for this strategy, or give "
+                "every replica the same shapes (a global batch divisible by the replica count)")
         # copies[id(value)][r]: replica r's copy of a replica value.
         self.copies: dict[int, dict[int, Value]] = {}
         self.constants: dict[tuple[str, int], Value] = {}

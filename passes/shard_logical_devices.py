@@ -72,6 +72,9 @@ class ShardLogicalDevicesPass(PassBase):
     def __init__(self, cores: Sequence[Sequence[str]]) -> None:
         self.cores = [list(c) for c in cores]
 
+    def __repr__(self) -> str:
+        return f"{self.name}(cores={self.cores})"
+
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
         annotations = graph.find_nodes(SPLIT_TO_LOGICAL_DEVICES, GRAPHDIST_DOMAIN)
         for node in annotations:

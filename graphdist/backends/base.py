@@ -24,7 +24,7 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -118,6 +118,7 @@ class Backend(Protocol):
         *,
         threads: int | None = None,
         cache_dir: Path | None = None,
+        shared: dict[str, Any] | None = None,
     ) -> Executable:
         """Compiles ``model`` for ``device``.
 
@@ -127,6 +128,9 @@ class Backend(Protocol):
             threads: Intra-op thread budget; ``None`` means all host cores.
             cache_dir: Directory this compile may persist artefacts in and
                 reuse them from; ``None`` disables the disk cache.
+            shared: A mapping the compile cache gives every compile it makes, where a
+                backend may keep what executables of equal segments can share (TVM
+                keeps built libraries by structure key); ``None``: nothing shared.
 
         Raises:
             BackendError: The segment cannot be compiled.
@@ -284,6 +288,8 @@ class CompileCache:
         self._memory: dict[str, Executable] = {}
         self._pending: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
+        #: What backends share between executables of equal segments (see ``Backend.compile``).
+        self.shared: dict[str, Any] = {}
 
     @property
     def directory(self) -> Path:
@@ -298,6 +304,7 @@ class CompileCache:
         """Forgets every executable held in memory (the disk cache stays)."""
         with self._lock:
             self._memory.clear()
+            self.shared.clear()
 
     def get_or_compile(
         self,
@@ -335,7 +342,7 @@ class CompileCache:
                 "compiling %s segment for %s (key %s)", backend.name, device, key
             )
             executable = backend.compile(
-                model, device, threads=threads, cache_dir=directory
+                model, device, threads=threads, cache_dir=directory, shared=self.shared
             )
             with self._lock:
                 self._memory[key] = executable

@@ -211,6 +211,7 @@ class OrtBackend:
         *,
         threads: int | None = None,
         cache_dir: Path | None = None,
+        shared: dict[str, Any] | None = None,
     ) -> OrtExecutable:
         """Creates a session for ``model`` on ``device``.
 
@@ -221,6 +222,7 @@ class OrtBackend:
             threads: Intra-op threads; ``None`` means all host cores.
             cache_dir: Where the optimized model is persisted and reused from;
                 ``None`` disables the disk cache.
+            shared: Not used (sessions share nothing).
 
         Raises:
             BackendError: The model is invalid or ONNX Runtime cannot load

@@ -151,6 +151,7 @@ class ReferenceBackend:
         *,
         threads: int | None = None,
         cache_dir: Path | None = None,
+        shared: dict[str, Any] | None = None,
     ) -> ReferenceExecutable:
         """Builds an evaluator for ``model``; ``threads`` and ``cache_dir``
         are ignored.

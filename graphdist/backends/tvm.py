@@ -43,6 +43,13 @@ loads it with ``tvm.runtime.load_module`` instead of compiling
 missing checksum, a mismatch or a library that does not load is discarded and
 the segment is compiled again.
 
+Shared builds: segments that differ only in their names (the replicas of a
+step traced once and replicated by ``ReplicatePass`` compute the same thing
+on different devices) share one build per compile cache: a segment's
+*structure key* hashes it with every value and node name replaced by its
+position, and a second segment with the same key gets its own VM on the
+library already built (``shared_builds`` in :mod:`graphdist.stats`).
+
 Threads: TVM's parallel loops run on a thread pool that belongs to the
 calling thread. An executable sizes the pool of the thread that runs it to its
 thread budget (``runtime.config_threadpool``) so that logical devices running
@@ -83,6 +90,7 @@ if TYPE_CHECKING:
     import onnx
 
 __all__ = [
+    "structure_key",
     "MODULE_FILE",
     "SCHEDULE_VERSION",
     "BuiltModule",
@@ -514,7 +522,7 @@ class TvmBackend:
         return "tpu" if device.kind == "tpu" else str(device)
 
     def compile(self, model: onnx.ModelProto, device: Device | str, *, threads: int | None = None,
-                cache_dir: Path | None = None) -> TvmExecutable:
+                cache_dir: Path | None = None, shared: dict[str, Any] | None = None) -> TvmExecutable:
         """Builds (or loads from ``cache_dir``) ``model`` for ``device`` and loads it on the VM.
 
         Raises:
@@ -527,17 +535,56 @@ class TvmBackend:
             check_available(device)
         threads = threads or host_cores()
         name = model.graph.name or "<unnamed>"
+        key = f"tvm/{structure_key(model, self.target(device), self.version, threads)}"
+        library = shared.get(key) if shared is not None else None
+        if library is not None:
+            stats.increment("shared_builds")
+            return TvmExecutable(library, model, device, threads)
         if cache_dir is not None:
             library = _load_cached(cache_dir, name)
             if library is not None:
                 stats.increment("disk_cache_hits")
+                if shared is not None:
+                    shared[key] = library
                 return TvmExecutable(library, model, device, threads)
         built = build(model, device, threads=threads)
         stats.increment("compiles")
         logger.debug("built segment %r for %s in %.2f s", name, device, built.seconds)
         if cache_dir is not None:
             _store(built, cache_dir, name)
+        if shared is not None:
+            shared[key] = built.executable
         return TvmExecutable(built.executable, model, device, threads)
+
+
+def structure_key(model: onnx.ModelProto, target: str, version: str, threads: int) -> str:
+    """The SHA-256 of ``model`` with every value named by its first position and nodes unnamed (its
+    computation, not its names), with the target, version and thread budget it is built for.
+    """
+    import onnx as onnx_module
+
+    canonical = onnx_module.ModelProto()
+    canonical.CopyFrom(model)
+    graph = canonical.graph
+    names: dict[str, str] = {}
+
+    def rename(name: str) -> str:
+        return "" if not name else names.setdefault(name, f"v{len(names)}")
+
+    graph.name, graph.doc_string = "", ""
+    for value in [*graph.input, *graph.initializer]:
+        value.name = rename(value.name)
+    for node in graph.node:
+        node.name = ""
+        node.ClearField("metadata_props")
+        node.input[:] = [rename(n) for n in node.input]
+        node.output[:] = [rename(n) for n in node.output]
+    for value in [*graph.output, *graph.value_info]:
+        value.name = rename(value.name)
+    digest = hashlib.sha256(canonical.SerializeToString(deterministic=True))
+    for part in (target, version, str(threads)):
+        digest.update(b"\0" + part.encode())
+    return digest.hexdigest()
 
 
 def _store(built: BuiltModule, directory: Path, name: str) -> None:

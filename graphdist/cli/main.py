@@ -702,6 +702,7 @@ examples:
   graphdist export models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 -o mlp_plan \\
       --save-inputs mlp_inputs.npz
   graphdist run mlp_plan --inputs mlp_inputs.npz --steps 3
+  graphdist replan mlp_plan --strategy mirrored --devices cpu:0,cpu:1,cpu:2,cpu:3 -o mlp_four
   graphdist launch --workers 2 -- python examples/digits_multi_worker.py
   graphdist bench models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 --compare ort,tvm
 
@@ -787,7 +788,9 @@ def _add_target_options(command: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``graphdist`` (``devices``, ``inspect``, ``export``, ``run``, ``launch``, ``bench``)."""
+    """The argument parser of ``graphdist`` (``devices``, ``inspect``, ``export``, ``run``, ``replan``, ``launch``,
+    ``bench``).
+    """
     from graphdist import __version__
 
     formatter = argparse.RawDescriptionHelpFormatter
@@ -858,6 +861,9 @@ def build_parser() -> argparse.ArgumentParser:
     from graphdist.cli.bench import add_bench_parser
 
     add_bench_parser(commands, formatter)
+    from graphdist.cli.replan import add_replan_parser
+
+    add_replan_parser(commands, formatter)
     return parser
 
 
@@ -890,8 +896,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     _configure_logging(args.verbose)
     if args.command is None:
         parser.print_help(sys.stderr)
-        return _fail("no command given; choose one of: devices, inspect, export, run, launch, bench", EXIT_USAGE,
-                     False)
+        return _fail("no command given; choose one of: devices, inspect, export, run, replan, launch, bench",
+                     EXIT_USAGE, False)
     verbose = args.verbose >= 2
     from graphdist.errors import GraphdistError
 

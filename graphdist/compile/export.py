@@ -48,11 +48,12 @@ from typing import Any
 import numpy as np
 
 from graphdist import nest
+from graphdist.compile.interface import Resolved
+from graphdist.compile.pipeline import PipelineConfig
 from graphdist.compile.plan import Plan
 from graphdist.compile.plan_files import (
     FORMAT,
     FORMAT_VERSION,
-    KEY_TYPES,
     PLAN_FILE,
     STAGES,
     array_digest,
@@ -66,10 +67,11 @@ from graphdist.compile.plan_files import (
     task_dag,
     write_plan_directory,
 )
+from graphdist.compile.step import StepRecord
 from graphdist.errors import PlanError
 from graphdist.ir.placement import PlacementSpec, VariablePlacement
 
-__all__ = ["export_concrete", "export_plan"]
+__all__ = ["export_concrete", "export_plan", "step_files"]
 
 logger = logging.getLogger(__name__)
 
@@ -105,76 +107,63 @@ def _bare_interface(plan: Plan) -> _Interface:
     return _Interface({"structure": encode_treedef(treedef), "leaves": leaves}, inputs, [], [], [], outputs)
 
 
-def _concrete_interface(concrete: Any) -> _Interface:
-    plan: Plan = concrete.plan
-    input_names = list(concrete._input_names)
-    treedef, leaf_sigs = concrete._signature
-    variable_inputs = {id(v): name for name, v in concrete._variable_feeds}
+def _step_interface(plan: Plan, rewritten: Any, record: StepRecord, resolved: Resolved) -> _Interface:
+    """The interface of a compiled step: ``resolved`` gives its plan inputs in call order and its result
+    counts, ``rewritten`` its variable updates and placement.
+    """
+    names = iter(resolved.input_names)
     leaves: list[dict[str, Any]] = []
     inputs: list[dict[str, Any]] = []
-    position = 0
 
-    def tensor(sig: Any, leaf: int, replica: int | None) -> str:
-        nonlocal position
-        name = input_names[position]
-        position += 1
-        inputs.append({"name": name, "dtype": np.dtype(sig[1]).str, "shape": shape_list(sig[0]), "arg": leaf,
-                       "replica": replica})
+    def entry(name: str, leaf: int, replica: int | None) -> str:
+        inputs.append(dict(_value_entry(plan, name), arg=leaf, replica=replica))
         return name
 
-    for index, sig in enumerate(leaf_sigs):
-        tag = sig[0] if isinstance(sig[0], str) else None
-        if tag is None:
-            leaves.append({"kind": "tensor", "input": tensor(sig, index, None)})
-        elif tag == "per_replica":
-            if not all(len(c) == 2 and not isinstance(c[0], str) for c in sig[1]):
-                raise PlanError(f"{concrete.name}: argument leaf {index} is a distributed value whose components "
+    for index, (feed, detail) in enumerate(zip(record.interface.arguments, record.argument_details)):
+        if feed.kind == "tensor":
+            leaves.append({"kind": "tensor", "input": entry(next(names), index, None)})
+        elif feed.kind == "per_replica":
+            if any(name is None for name in feed.inputs):
+                raise PlanError(f"{record.name}: argument leaf {index} is a distributed value whose components "
                                 "are not arrays; only arrays can be exported as per-replica inputs")
             leaves.append({"kind": "per_replica",
-                           "inputs": [tensor(c, index, r) for r, c in enumerate(sig[1])]})
-        elif tag == "variable":
-            leaves.append({"kind": "variable", "variable": variable_inputs.get(sig[1])})
-        elif tag == "const" and (sig[2] is None or isinstance(sig[2], KEY_TYPES)):
-            leaves.append({"kind": "const", "type": type(sig[2]).__name__, "value": sig[2]})
+                           "inputs": [entry(next(names), index, r) for r in range(len(feed.inputs))]})
         else:
-            leaves.append({"kind": "opaque", "type": sig[1].__name__ if tag == "const" else "object"})
-    if position != len(input_names):
-        raise PlanError(f"{concrete.name}: the argument signature feeds {position} inputs but the step has "
-                        f"{len(input_names)}")
-
-    num_results = concrete._num_results
-    update_of = {id(v): out for out, v in concrete._updates}
+            leaves.append(dict(detail or {"kind": "opaque", "type": "object"}))
+    input_of = {spec.uid: name for name, spec in record.variables}
+    update_of = {uid: out for out, uid in rewritten.meta.get("variable_updates", [])}
+    placements = rewritten.meta.get("placement") or PlacementSpec()
     variables, arrays = [], []
-    placements = concrete.graph("rewritten").meta.get("placement") or PlacementSpec()
-    for index, (name, variable) in enumerate(concrete._variable_feeds):
-        array = np.array(variable._value, order="C", copy=True)
-        where = placements.get(variable.uid) or VariablePlacement("local", (variable.device or "cpu:0",))
+    for index, (name, spec) in enumerate(record.variables):
+        array = np.array(record.values[name], order="C", copy=True)
+        where = placements.get(spec.uid) or VariablePlacement("local", ("cpu:0",))
         readers = [s.name for s in plan.segments if name in s.inputs] + [c.name for c in plan.comms if name in c.inputs]
         variables.append({
-            "name": variable.name, "input": name, "kind": type(variable).__name__, "dtype": array.dtype.str,
-            "shape": list(array.shape), "device": variable.device, "placement": where.kind,
-            "devices": list(where.devices), "read_by": readers,
-            "trainable": bool(variable.trainable), "update_output": update_of.get(id(variable)),
+            "name": f"{spec.name}:0", "input": name, "uid": spec.uid, "kind": spec.kind, "dtype": array.dtype.str,
+            "shape": list(array.shape), "device": where.devices[0] if where.devices else None,
+            "placement": where.kind, "devices": list(where.devices), "read_by": readers,
+            "trainable": spec.trainable, "update_output": update_of.get(spec.uid),
             "entry": f"v{index}", "sha256": array_digest(array),
         })
         arrays.append(array)
     updates = []
-    for output, variable in concrete._updates:
-        if id(variable) not in variable_inputs:
-            raise PlanError(f"{concrete.name}: variable {variable.name} is updated but never read by the step")
-        updates.append({"output": output, "variable": variable_inputs[id(variable)]})
+    for output, uid in rewritten.meta.get("variable_updates", []):
+        if uid not in input_of:
+            raise PlanError(f"{record.name}: variable {uid} is updated but never read by the step")
+        updates.append({"output": output, "variable": input_of[uid]})
+    num_results = len(plan.output_names) - len(updates)
     outputs = {
         "names": list(plan.output_names[:num_results]),
         "values": [_value_entry(plan, n) for n in plan.output_names[:num_results]],
-        "structure": encode_treedef(concrete._output_treedef, "the step's result"),
-        "counts": list(concrete._output_counts),
+        "structure": record.output_structure,
+        "counts": list(resolved.counts),
     }
-    arguments = {"structure": encode_treedef(treedef, "the step's arguments"), "leaves": leaves}
+    arguments = {"structure": record.argument_structure, "leaves": leaves}
     return _Interface(arguments, inputs, variables, arrays, updates, outputs)
 
 
 def _plan_files(plan: Plan, name: str, interface: _Interface, graphs: dict[str, bytes],
-                strategy: str | None) -> dict[str, bytes]:
+                strategy: str | None, extra: dict[str, Any] | None = None) -> dict[str, bytes]:
     """Every file of a plan directory (``plan.json`` last, with the others' checksums)."""
     files: dict[str, bytes] = {}
 
@@ -221,13 +210,35 @@ def _plan_files(plan: Plan, name: str, interface: _Interface, graphs: dict[str, 
         "tasks": task_dag(plan),
         "outputs": interface.outputs,
         "graphs": {stage: add(f"graphs/{stage}.onnx", data) for stage, data in graphs.items()},
+        **(extra or {}),
     }
     files[PLAN_FILE] = (json.dumps(doc, indent=1) + "\n").encode()
     return files
 
 
+def step_files(plan: Plan, graphs: dict[str, Any], record: StepRecord, resolved: Resolved,
+               config: PipelineConfig) -> dict[str, bytes]:
+    """Every file of the plan directory of a compiled step (``plan.json`` with its ``traced`` section).
+
+    Raises:
+        PlanError: The plan is not compiled, or the step's arguments or results cannot be described in JSON.
+    """
+    if not plan.compiled:
+        raise PlanError(f"{record.name}: the plan is not compiled; compile it before exporting")
+    interface = _step_interface(plan, graphs["rewritten"], record, resolved)
+    data = {stage: graphs[stage].to_onnx().SerializeToString() for stage in STAGES}
+    extra = {"replicas": {"local": config.replicas, "in_sync": config.total_replicas,
+                          "offset": config.replica_offset},
+             "traced": record.to_json()}
+    return _plan_files(plan, record.name, interface, data, config.strategy, extra)
+
+
 def export_concrete(concrete: Any, directory: str | os.PathLike[str], *, overwrite: bool = False) -> str:
     """Writes the plan of ``concrete`` (a ``ConcreteFunction``) with its current variables to ``directory``.
+
+    The directory also holds the traced step (graph, interface, variables), so ``gd.load_plan(dir)``
+    can re-plan it for another strategy without the step's code; whether its constants follow another
+    per-replica batch size is checked here, by tracing the step again at another batch size.
 
     Returns:
         The directory's absolute path.
@@ -237,16 +248,14 @@ def export_concrete(concrete: Any, directory: str | os.PathLike[str], *, overwri
             not compiled, or the step's arguments or results cannot be
             described in JSON.
     """
-    plan: Plan = concrete.plan
-    if not plan.compiled:
-        raise PlanError(f"{concrete.name}: the plan is not compiled; compile it before exporting")
-    interface = _concrete_interface(concrete)
-    graphs = {stage: concrete.graph(stage).to_onnx().SerializeToString() for stage in STAGES}
-    strategy = type(concrete.strategy).__name__ if concrete.strategy is not None else None
-    files = _plan_files(plan, concrete.name, interface, graphs, strategy)
+    from graphdist.compile.step import record_of_concrete
+
+    record = record_of_concrete(concrete)
+    graphs = {stage: concrete.graph(stage) for stage in STAGES}
+    files = step_files(concrete.plan, graphs, record, concrete.resolved, concrete.config)
     dest = write_plan_directory(directory, files, overwrite)
-    logger.info("exported plan %s (%d segment(s), %d variable(s)) to %s", concrete.name, len(plan.segments),
-                len(interface.variables), dest)
+    logger.info("exported plan %s (%d segment(s), %d variable(s)) to %s", concrete.name, len(concrete.plan.segments),
+                len(record.variables), dest)
     return str(dest)
 
 

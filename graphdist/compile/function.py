@@ -25,6 +25,7 @@ from graphdist import nest, stats
 from graphdist.compile.interface import ArgumentFeed, Resolved, ResultLeaf, StepInterface
 from graphdist.compile.pipeline import Pipeline, PipelineConfig, build_pipeline
 from graphdist.errors import InvalidArgumentError, TracingError
+from graphdist.ir.batch import BatchDim
 from graphdist.ir.graph import Graph
 from graphdist.ir.placement import PlacementSpec, VariablePlacement
 from graphdist.trace import context
@@ -126,8 +127,11 @@ class ConcreteFunction:
         self.strategy = strategy
         self.config = config
         self.interface = interface
+        self.resolved = resolved
         self._signature: Any = None  # set by Function once cached
-        self._function: Any = None  # the Function that traced it (set by Function)
+        self._function: Any = None  # the Function that traced it, and the arguments' specs (set by Function)
+        self._example: tuple[tuple, dict] | None = None
+        self._rebatch: dict[str, Any] | None = None
         rewritten = graphs["rewritten"]
         self._input_names = resolved.input_names
         self._output_treedef, self._output_counts = output_treedef, resolved.counts
@@ -186,6 +190,30 @@ class ConcreteFunction:
         from graphdist.compile.export import export_concrete
 
         return export_concrete(self, directory, overwrite=overwrite)
+
+    def replan(self, strategy: Any, *, backend: str | None = None) -> Any:
+        """A plan of this step for ``strategy`` (another strategy or device count), made by the strategy's
+        passes from the traced graph, with the variables' current values and no tracing.
+
+        Called on the same global batch it trains exactly like this step. See
+        :func:`graphdist.compile.replan.replan` for what can be re-planned.
+
+        Returns:
+            A :class:`~graphdist.compile.loaded.LoadedPlan`, called like this step (per-replica
+            arguments take the new strategy's replicas, or a global batch); ``.export(dir)`` writes it.
+        """
+        from graphdist.compile.replan import replan
+        from graphdist.compile.step import record_of_concrete
+
+        return replan(record_of_concrete(self, check=False), strategy, backend=backend or self.plan.backend_name,
+                      checker=lambda: self._rebatch_check())
+
+    def _rebatch_check(self) -> dict[str, Any]:
+        from graphdist.compile.step import check_rebatch
+
+        if self._rebatch is None:
+            self._rebatch = check_rebatch(self)
+        return self._rebatch
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         key, arrays = signature_of(args, kwargs)
@@ -255,7 +283,7 @@ class Function:
         concrete = ConcreteFunction(self._name, graphs, plan, strategy, interface, resolved, variables, config,
                                     treedef)
         concrete._signature = key
-        concrete._function = self
+        concrete._function, concrete._example = self, _specs(args, kwargs)
         self._concrete[key] = concrete
         logger.info("compiled %s for signature #%d: %d nodes, %d segment(s)", self._name, len(self._concrete),
                     len(graphs["partitioned"].nodes), len(plan.segments))
@@ -272,7 +300,8 @@ class Function:
         current = context.current_strategy()
         return current if current is not None and hasattr(current, "pipeline_config") else None
 
-    def _trace(self, args: tuple, kwargs: dict) -> tuple[Graph, StepInterface, dict[str, Variable], list[Any], Any]:
+    def _trace(self, args: tuple, kwargs: dict,
+               count: bool = True) -> tuple[Graph, StepInterface, dict[str, Variable], list[Any], Any]:
         ctx = TraceContext(self._name)
         ctx.replicated = True  # the strategy's pipeline makes the replicas
         with ctx.activate():
@@ -284,7 +313,9 @@ class Function:
             flat: list[Any] = []
             results = [_result_leaf(ctx, leaf, flat) for leaf in leaves]
             ctx.set_outputs(flat)
-        stats.increment("traces")
+        ctx.graph.meta["batch"] = _per_replica_batch(ctx.graph)
+        if count:
+            stats.increment("traces")
         return ctx.graph, StepInterface(feeds, results), dict(ctx.variables), list(ctx.strategies), treedef
 
     def __repr__(self) -> str:
@@ -373,12 +404,16 @@ def _make_inputs(ctx: TraceContext, args: tuple, kwargs: dict) -> tuple[tuple, d
     return new_args, new_kwargs, feeds
 
 
-def _input(ctx: TraceContext, leaf: Any, hint: str) -> Any:
+def _input(ctx: TraceContext, leaf: Any, hint: str, per_replica: bool = False) -> Any:
     spec = leaf if isinstance(leaf, TensorSpec) else TensorSpec(np.shape(leaf), np.asarray(leaf).dtype)
     if any(d is None for d in spec.shape):
         raise TracingError(f"input {hint}: symbolic dimensions are not supported by gd.function yet; "
                            "give a full static shape")
-    return ctx.input(spec.name or hint, spec.dtype, spec.shape)
+    shape = tuple(spec.shape)
+    if per_replica and shape:
+        # The per-replica batch size: a symbol the step's constants remember (graphdist.ir.batch).
+        shape = (BatchDim(shape[0]), *shape[1:])
+    return ctx.input(spec.name or hint, spec.dtype, shape)
 
 
 def _per_replica_inputs(ctx: TraceContext, components: tuple[Any, ...], hint: str) -> tuple[list[Any], list[Any]]:
@@ -392,11 +427,38 @@ def _per_replica_inputs(ctx: TraceContext, components: tuple[Any, ...], hint: st
     names: list[Any] = [None] * len(components)
     per_replica = ctx.graph.meta.setdefault("per_replica_inputs", {})
     for replicas in groups.values():
-        proxy = _input(ctx, components[replicas[0]], hint)
+        proxy = _input(ctx, components[replicas[0]], hint, per_replica=True)
         per_replica[proxy.value.name] = None if len(replicas) == len(components) else new_variant(ctx, replicas)
         for replica in replicas:
             values[replica], names[replica] = proxy, proxy.value.name
     return values, names
+
+
+def _specs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The arguments with every array (per-replica components too) replaced by its ``TensorSpec``, kept
+    to trace the step again (``graphdist.compile.step.check_rebatch``) without holding its data.
+    """
+    def spec(leaf: Any) -> Any:
+        if isinstance(leaf, (np.ndarray, np.generic)):
+            return TensorSpec(np.shape(leaf), np.asarray(leaf).dtype)
+        if isinstance(leaf, DistributedValues) and not isinstance(leaf, TracedPerReplica):
+            return PerReplica(tuple(spec(v) for v in leaf.values))
+        return leaf
+
+    leaves, treedef = nest.flatten((tuple(args), dict(kwargs)), is_leaf=_is_distributed)
+    new_args, new_kwargs = nest.unflatten(treedef, [spec(leaf) for leaf in leaves])
+    return tuple(new_args), dict(new_kwargs)
+
+
+def _per_replica_batch(graph: Graph) -> int | None:
+    """The per-replica batch size every per-replica input shares (their first dimension), or ``None``
+    (no per-replica input, a scalar one, or replicas of different batch sizes).
+    """
+    per_replica = graph.meta.get("per_replica_inputs", {})
+    if not per_replica or graph.meta.get("replica_variants"):
+        return None
+    sizes = {v.shape[0] if v.shape else None for v in graph.inputs if v.name in per_replica}
+    return int(sizes.pop()) if len(sizes) == 1 and None not in sizes else None
 
 
 def new_variant(ctx: TraceContext, replicas: list[int] | tuple[int, ...]) -> str:

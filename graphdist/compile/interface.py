@@ -103,6 +103,29 @@ class StepInterface:
                 counts.append(None if leaf.kind == "plain" else len(leaf.outputs))
         return Resolved(names, order, counts)
 
+    def for_replicas(self, count: int) -> StepInterface:
+        """The interface of the same traced step distributed over ``count`` replicas: each per-replica
+        argument and result has ``count`` components, all of the step's one variant.
+
+        Raises:
+            PlanError: A per-replica argument or result had components of different shapes (the step
+                was traced once per shape, for its replica count only).
+        """
+        def widen(items: tuple[Any, ...], what: str) -> tuple[Any, ...]:
+            if len(items) == count:
+                return items  # the replica count it was traced for: variants and all
+            present = {item for item in items if item is not None}
+            if len(present) > 1:
+                raise PlanError(f"a per-replica {what} of this step had components of different shapes (traced "
+                                "once per shape); it can only run on the replica count it was traced for")
+            return (present.pop() if present else None,) * count
+
+        arguments = [ArgumentFeed(f.kind, widen(f.inputs, "argument")) if f.kind == "per_replica" else f
+                     for f in self.arguments]
+        results = [ResultLeaf(r.kind, widen(r.outputs, "result")) if r.kind == "per_replica" else r
+                   for r in self.results]
+        return StepInterface(arguments, results)
+
     # ----------------------------------------------------------------- json
     def to_json(self) -> dict[str, Any]:
         """JSON-ready form."""

@@ -22,8 +22,8 @@ from graphdist.compile.loaded import LoadedPlan
 from graphdist.compile.plan import CommTask, Plan, Segment
 from graphdist.compile.plan_files import (
     FORMAT,
-    FORMAT_VERSION,
     PLAN_FILE,
+    READABLE_VERSIONS,
     REEXPORT,
     array_digest,
     count_leaves,
@@ -37,20 +37,33 @@ from graphdist.errors import GraphdistError, PlanError
 from graphdist.ir.graph import Graph
 from graphdist.ir.placement import KINDS, PlacementSpec, VariablePlacement, VariableSpec
 
-__all__ = ["load_plan"]
+__all__ = ["load_plan", "load_files"]
 
 logger = logging.getLogger(__name__)
 
 
 class _Reader:
-    """Reads and validates the files of a plan directory."""
+    """Reads and validates the files of a plan directory (or of a plan made in memory: ``memory``)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path | None, memory: dict[str, bytes] | None = None, label: str = "") -> None:
         self.directory = directory
+        self.memory = memory
+        self.label = label or f"plan directory {directory}"
         self.files: dict[str, bytes] = {}
 
     def error(self, message: str) -> PlanError:
-        return PlanError(f"plan directory {self.directory}: {message}")
+        return PlanError(f"{self.label}: {message}")
+
+    def raw(self, rel: str, where: str) -> bytes:
+        """The bytes of ``rel`` (unchecked)."""
+        if self.memory is not None:
+            if rel not in self.memory:
+                raise self.error(f"{where}: the file {rel} is missing")
+            return self.memory[rel]
+        path = self.directory / rel
+        if not path.is_file():
+            raise self.error(f"{where}: the file {rel} is missing; the plan directory is incomplete: {REEXPORT}")
+        return path.read_bytes()
 
     def get(self, obj: Any, key: str, kind: type | tuple[type, ...], where: str, optional: bool = False) -> Any:
         if not isinstance(obj, dict) or key not in obj:
@@ -81,10 +94,7 @@ class _Reader:
         parts = Path(rel).parts
         if Path(rel).is_absolute() or ".." in parts or not parts:
             raise self.error(f"plan.json: {where} names the file {rel!r} outside the plan directory; {REEXPORT}")
-        path = self.directory / rel
-        if not path.is_file():
-            raise self.error(f"{where}: the file {rel} is missing; the plan directory is incomplete: {REEXPORT}")
-        data = path.read_bytes()
+        data = self.raw(rel, where)
         if sha256_of(data) != digest:
             raise self.error(f"{where}: the file {rel} fails its SHA-256 checksum (it was modified, truncated or "
                              f"corrupted after export); {REEXPORT}")
@@ -141,24 +151,23 @@ def _parse_dtype(reader: _Reader, text: str, where: str) -> np.dtype:
 
 def _read_document(reader: _Reader) -> dict[str, Any]:
     directory = reader.directory
-    if not directory.is_dir():
+    if reader.memory is None and not directory.is_dir():
         raise PlanError(f"plan directory {directory} does not exist; pass the directory that plan.export() wrote")
-    path = directory / PLAN_FILE
-    if not path.is_file():
+    if reader.memory is None and not (directory / PLAN_FILE).is_file():
         raise reader.error(f"{PLAN_FILE} is missing, so this is not an exported plan (or the export did not "
                            f"finish); {REEXPORT}")
     try:
-        doc = json.loads(path.read_bytes())
+        doc = json.loads(reader.raw(PLAN_FILE, PLAN_FILE))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise reader.error(f"{PLAN_FILE} is corrupt: it is not valid JSON ({err}); {REEXPORT}") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
         raise reader.error(f"{PLAN_FILE} has format {found!r}, expected {FORMAT!r}; it is not a graphdist plan")
     version = doc.get("version")
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise reader.error(f"{PLAN_FILE} has schema version {version!r}, but this graphdist (version "
-                           f"{graphdist_version()}) reads version {FORMAT_VERSION}; re-export the plan with this "
-                           "version of graphdist")
+                           f"{graphdist_version()}) reads versions {', '.join(map(str, READABLE_VERSIONS))}; "
+                           "re-export the plan with this version of graphdist")
     return doc
 
 
@@ -186,9 +195,12 @@ def _check_dag(reader: _Reader, plan: Plan, doc: dict[str, Any], available: set[
 
 
 def _variable_spec(entry: dict[str, Any]) -> tuple[VariableSpec, VariablePlacement]:
-    """What a loaded plan knows of a variable: its spec (the uid is its input name) and placement."""
+    """What a loaded plan knows of a variable: its spec (uid: the recorded one, else its input name)
+    and placement.
+    """
     name = str(entry["name"]).removesuffix(":0")
-    spec = VariableSpec(str(entry["input"]), name, np.dtype(entry["dtype"]).str, tuple(int(d) for d in entry["shape"]),
+    shape = tuple(int(d) for d in entry["shape"])
+    spec = VariableSpec(str(entry.get("uid") or entry["input"]), name, np.dtype(entry["dtype"]).str, shape,
                         bool(entry.get("trainable", True)), str(entry.get("kind", "Variable")))
     kind = entry.get("placement")
     devices = tuple(str(d) for d in entry.get("devices") or ([entry["device"]] if entry.get("device") else []))
@@ -230,10 +242,20 @@ def load_plan(directory: str | os.PathLike[str], backend: str | None = None) -> 
             a key; a file is missing or fails its SHA-256 checksum; an ONNX
             file is invalid; the segments, collectives and tasks disagree.
     """
+    return _load(_Reader(Path(directory).absolute()), backend)
+
+
+def load_files(files: dict[str, bytes], backend: str | None = None, label: str = "re-planned plan") -> LoadedPlan:
+    """A :class:`LoadedPlan` from the files of a plan directory made in memory (a re-planned step),
+    validated exactly as a directory is; its ``directory`` is ``None`` until it is saved.
+    """
+    return _load(_Reader(None, files, label), backend)
+
+
+def _load(reader: _Reader, backend: str | None) -> LoadedPlan:
     from graphdist.backends import get_backend
     from graphdist.ir.onnx_io import from_onnx
 
-    reader = _Reader(Path(directory).absolute())
     doc = _read_document(reader)
     get, strings = reader.get, reader.strings
     get(doc, "name", str, "plan.json")
@@ -355,6 +377,6 @@ def load_plan(directory: str | os.PathLike[str], backend: str | None = None) -> 
     plan.compile(get_backend(backend_name))
     loaded = LoadedPlan(reader.directory, doc, plan, reader.files, variables,
                         (outline(arg_treedef), arg_leaves), inputs)
-    logger.info("loaded plan %s from %s (%d segment(s), backend %s)", loaded.name, reader.directory,
+    logger.info("loaded plan %s from %s (%d segment(s), backend %s)", loaded.name, reader.label,
                 len(segments), plan.backend_name)
     return loaded

@@ -44,7 +44,8 @@ class LoadedPlan:
     per-replica values). Every call updates the plan's variables.
 
     Attributes:
-        directory: The directory it was loaded from (or last saved to in place).
+        directory: The directory it was loaded from (or last saved to in place); ``None`` for a
+            re-planned plan not saved yet.
         name: The step's name.
         plan: The runnable :class:`~graphdist.compile.plan.Plan`.
         backend_name: The backend its segments were compiled with.
@@ -52,7 +53,7 @@ class LoadedPlan:
         metadata: The parsed ``plan.json``.
     """
 
-    def __init__(self, directory: Path, doc: dict[str, Any], plan: Plan, files: dict[str, bytes],
+    def __init__(self, directory: Path | None, doc: dict[str, Any], plan: Plan, files: dict[str, bytes],
                  variables: dict[str, np.ndarray], arguments: tuple[Any, list[dict[str, Any]]],
                  inputs: dict[str, dict[str, Any]]) -> None:
         # Private: use load_plan().
@@ -72,6 +73,11 @@ class LoadedPlan:
         self._output_treedef = decode_treedef(outputs["structure"], "outputs.structure")
         self._output_counts: list[int | None] = list(outputs["counts"])
         self._graphs: dict[str, Graph] = {"partitioned": plan.graph}
+        replicas = doc.get("replicas") or {}
+        # This worker's replicas among all replicas in sync: a global batch argument is split over all of
+        # them and this worker takes its own (MultiWorkerMirroredStrategy).
+        self._replica_offset = int(replicas.get("offset", 0))
+        self._replicas_in_sync = replicas.get("in_sync")
         plan._owner = weakref.ref(self)
 
     # ------------------------------------------------------------ calling
@@ -141,8 +147,14 @@ class LoadedPlan:
             raise PlanError(f"plan {self.name!r}: argument leaf {index} takes one value per replica ({count}); pass "
                             "a PerReplica or a global batch (an array whose first dimension is split across "
                             f"replicas), got {array.dtype.name}{list(array.shape)}")
-        full = max(int(array.shape[0]), max(int(s[0]) for s in shapes) * count)
-        parts = [part[0] for part in split_global_batch([array], full, count, range(count))]
+        # This worker's part (split among its replicas), or under several workers the whole global batch
+        # (every worker's part: this worker takes its own replicas' rows, as experimental_distribute_dataset).
+        total = int(self._replicas_in_sync or count)
+        per_replica = max(int(s[0]) for s in shapes)
+        everyone = total > count and int(array.shape[0]) == per_replica * total
+        total, offset = (total, self._replica_offset) if everyone else (count, 0)
+        full = max(int(array.shape[0]), per_replica * total)
+        parts = [part[0] for part in split_global_batch([array], full, total, range(offset, offset + count))]
         if [p.shape for p in parts] != shapes:
             raise PlanError(
                 f"plan {self.name!r}: argument leaf {index}: a global batch of shape {list(array.shape)} splits "
@@ -150,6 +162,33 @@ class LoadedPlan:
                 f"per-replica shapes {[list(s) for s in shapes]} (global batch "
                 f"{sum(int(s[0]) for s in shapes)}); pass a global batch of that size")
         return [self._tensor(p, n, index) for p, n in zip(parts, names)]
+
+    # ------------------------------------------------------------- replan
+    def replan(self, strategy: Any, *, backend: str | None = None) -> LoadedPlan:
+        """This plan for another strategy or device count, made by the strategy's passes from the traced
+        step stored in the plan (no Python code), with the variables' current values.
+
+        See :mod:`graphdist.compile.replan` for what can be re-planned.
+
+        Returns:
+            A new :class:`LoadedPlan` (``directory`` ``None`` until :meth:`save`).
+
+        Raises:
+            PlanError: The plan predates re-planning (schema version 1) or cannot be re-planned for
+                ``strategy`` (the message says why).
+        """
+        from graphdist.compile.replan import replan
+        from graphdist.compile.step import StepRecord
+        from graphdist.ir.onnx_io import from_onnx
+
+        entry = self.metadata.get("graphs", {}).get("traced")
+        if entry is None or "traced" not in self.metadata:
+            StepRecord.from_document(self.metadata, Graph(), {})  # raises the schema-version error
+        traced = from_onnx(onnx.ModelProto.FromString(self._files[entry["file"]]))
+        traced.stage = "traced"
+        values = {name: value.copy() for name, value in self._variables.items()}
+        record = StepRecord.from_document(self.metadata, traced, values)
+        return replan(record, strategy, backend=backend or self.backend_name)
 
     # ------------------------------------------------------------- state
     @property
@@ -204,13 +243,17 @@ class LoadedPlan:
         Returns:
             The directory's absolute path.
         """
+        if directory is None and self.directory is None:
+            raise PlanError(f"plan {self.name!r} was made in memory (re-planned) and has no directory yet; pass "
+                            "save(directory)")
         target = Path(directory).absolute() if directory is not None else self.directory
-        in_place = target.resolve() == self.directory.resolve()
+        in_place = self.directory is not None and target.resolve() == self.directory.resolve()
         files = self._current_files()
         dest = write_plan_directory(target, files, overwrite or in_place)
-        if in_place:
+        if in_place or self.directory is None:
             self._files = {k: v for k, v in files.items() if k != PLAN_FILE}
             self.metadata = json.loads(files[PLAN_FILE])
+            self.directory = dest
         logger.info("saved plan %s to %s", self.name, dest)
         return str(dest)
 

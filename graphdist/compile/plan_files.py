@@ -24,11 +24,14 @@ from graphdist import nest
 from graphdist.compile.plan import Plan
 from graphdist.errors import PlanError
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "PLAN_FILE", "STAGES", "encode_treedef", "decode_treedef",
+__all__ = ["FORMAT", "FORMAT_VERSION", "READABLE_VERSIONS", "PLAN_FILE", "STAGES", "encode_treedef", "decode_treedef",
            "write_plan_directory"]
 
 FORMAT = "graphdist-plan"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Versions this graphdist reads (version 1 plans run but cannot be re-planned: they lack the step's
+#: interface and the traced graph's replica annotations).
+READABLE_VERSIONS = (1, 2)
 PLAN_FILE = "plan.json"
 STAGES = ("traced", "rewritten", "partitioned")
 REEXPORT = "re-export the plan from the step (concrete_function.export(directory))"

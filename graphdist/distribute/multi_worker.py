@@ -54,6 +54,7 @@ from graphdist.distribute.strategy import (
     _check_axis,
     _divide_keep_dtype,
     _is_traced,
+    note_replica_count_read,
 )
 from graphdist.distribute.variables import MirroredVariable
 from graphdist.errors import ClusterConfigError, InvalidArgumentError
@@ -202,6 +203,10 @@ class MultiWorkerMirroredStrategy(Strategy):
     @property
     def num_replicas_in_sync(self) -> int:
         """Replicas over all workers."""
+        note_replica_count_read()
+        return self._num_replicas()
+
+    def _num_replicas(self) -> int:
         return self._num_workers * len(self._devices)
 
     def _num_local_replicas(self) -> int:

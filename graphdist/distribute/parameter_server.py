@@ -303,6 +303,14 @@ class ParameterServerStrategy(Strategy):
         devices = tuple(sorted({f"/job:ps/replica:0/task:{s.ps}/device:CPU:0" for s in shards}))
         return VariablePlacement("ps", devices, tuple(shards))
 
+    def _place_value(self, spec: VariableSpec, value: Any) -> VariablePlacement:
+        """A re-planned step's variable is created on the ps tasks (with the plan's value), like one made in
+        the scope: every worker re-plans the same plan, so the n-th variable gets the same shards everywhere.
+        """
+        with self.scope():
+            variable = Variable(value, name=spec.name, trainable=spec.trainable)
+        return self._variable_placement(spec, variable)
+
     def __repr__(self) -> str:
         return (f"ParameterServerStrategy({self._resolver.task_type} {self._resolver.task_id}, "
                 f"ps={len(self._ps_tasks)}, devices={list(self.extended.worker_devices)})")

@@ -112,7 +112,10 @@ class ReplicaContext:
     @property
     def num_replicas_in_sync(self) -> int:
         """Number of replicas in sync (Python int)."""
-        return self.strategy.num_replicas_in_sync
+        from graphdist.distribute.strategy import note_replica_count_read
+
+        note_replica_count_read()
+        return self.strategy._num_replicas()
 
     @property
     def replica_id_in_sync_group(self) -> Any:

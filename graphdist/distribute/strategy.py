@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -119,6 +121,11 @@ class Strategy:
     @property
     def num_replicas_in_sync(self) -> int:
         """Number of replicas over which gradients are aggregated."""
+        note_replica_count_read()
+        return self._num_replicas()
+
+    def _num_replicas(self) -> int:
+        """``num_replicas_in_sync`` for graphdist's own use (not recorded as read by the step)."""
         return len(self._devices)
 
     @property
@@ -170,6 +177,10 @@ class Strategy:
         """
         devices = self.extended.worker_devices
         return VariablePlacement("mirrored" if len(devices) > 1 else "local", tuple(devices))
+
+    def _place_value(self, spec: VariableSpec, value: Any) -> VariablePlacement:
+        """Where a re-planned step's variable lives (its value comes from the plan, not a ``gd.Variable``)."""
+        return self._variable_placement(spec)
 
     # -------------------------------------------------------------- scope
     @contextlib.contextmanager
@@ -308,7 +319,8 @@ class Strategy:
             with ctx.region(**replica_region(part)):
                 partial, count = _reduce_local(op, part, axis)
                 partials.append(partial)
-                counts.append(_as_replica_value(ctx, np.asarray(count, _count_dtype(partial))))
+                if op is ReduceOp.MEAN:  # each replica's element count (its batch size: a recorded symbol)
+                    counts.append(_as_replica_value(ctx, count, _count_dtype(partial)))
         cross_op = ReduceOp.SUM if op is ReduceOp.MEAN else op
         total = emit_cross_replica("CrossReplicaReduce", partials, {"reduce_op": cross_op.value, "group_key": key})
         if op is not ReduceOp.MEAN:
@@ -382,6 +394,26 @@ class Strategy:
     def __repr__(self) -> str:
         devices = ", ".join(self.extended.worker_devices)
         return f"{type(self).__name__}(devices=[{devices}])"
+
+
+def note_replica_count_read() -> None:
+    """Records, in the step being traced, that user code read ``num_replicas_in_sync`` (the number is
+    then frozen into the graph, so the step cannot be re-planned for another replica count). Reads from
+    graphdist's own code are not recorded.
+    """
+    ctx = current_trace()
+    if ctx is None or not ctx.replicated:
+        return
+    caller = sys._getframe(2)
+    if caller.f_code.co_filename.startswith(_PACKAGE_DIR):
+        return
+    location = f"{os.path.basename(caller.f_code.co_filename)}:{caller.f_lineno}"
+    reads = ctx.graph.meta.setdefault("reads_num_replicas", [])
+    if location not in reads:
+        reads.append(location)
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _is_traced(value: Any) -> bool:
@@ -466,11 +498,11 @@ def _replica_parts(value: Any) -> list[Any]:
     return [value]
 
 
-def _as_replica_value(ctx: Any, array: np.ndarray) -> Any:
-    """A constant as a value of the current replica region (an ``Identity`` node), so that each replica
+def _as_replica_value(ctx: Any, number: Any, dtype: np.dtype) -> Any:
+    """A number as a value of the current replica region (an ``Identity`` node), so that each replica
     contributes its own copy to a cross-replica reduction.
     """
-    return ctx.emit1("Identity", [ctx.constant(array, name="count")], name="count")
+    return ctx.emit1("Identity", [ctx.constant(number, dtype=dtype, name="count")], name="count")
 
 
 def _count_dtype(partial: Any) -> np.dtype:

@@ -50,7 +50,7 @@ def _attribute(name: str, value: Any) -> onnx.AttributeProto:
 _RUNTIME_IDENTITIES = frozenset({"StopGradient"})
 
 
-def _node_proto(node: Node) -> onnx.NodeProto:
+def _node_proto(node: Node, keep_meta: bool = False) -> onnx.NodeProto:
     as_identity = node.domain == GRAPHDIST_DOMAIN and node.op_type in _RUNTIME_IDENTITIES
     proto = helper.make_node(
         "Identity" if as_identity else node.op_type,
@@ -67,7 +67,24 @@ def _node_proto(node: Node) -> onnx.NodeProto:
         if text is not None:
             entry = proto.metadata_props.add()
             entry.key, entry.value = key, str(text)
+    for key in _KEPT_META if keep_meta else ():
+        if node.meta.get(key) not in (None, False):
+            entry = proto.metadata_props.add()
+            entry.key, entry.value = f"graphdist.{key}", str(node.meta[key])
     return proto
+
+
+#: ``node.meta`` entries a traced graph writes as node metadata (``graphdist.<key>``) and import reads
+#: back: a traced graph stored in a plan directory keeps which nodes each replica computes and which
+#: must always run. (Other stages leave them out: segments' bytes key the compile cache.)
+_KEPT_META = ("context", "variant", "side_effect", "source")
+
+
+def _restore_meta(node: Node, proto: onnx.NodeProto) -> None:
+    for prop in proto.metadata_props:
+        key = prop.key.removeprefix("graphdist.")
+        if prop.key.startswith("graphdist.") and key in _KEPT_META:
+            node.meta[key] = True if key == "side_effect" else prop.value
 
 
 def to_onnx(graph: Graph, *, opset: int = OPSET, doc: str = "") -> onnx.ModelProto:
@@ -83,7 +100,7 @@ def to_onnx(graph: Graph, *, opset: int = OPSET, doc: str = "") -> onnx.ModelPro
     """
     initializers = [numpy_helper.from_array(np.asarray(v.const_value), v.name) for v in graph.initializers.values()]
     graph_proto = helper.make_graph(
-        [_node_proto(n) for n in graph.nodes],
+        [_node_proto(n, keep_meta=graph.stage == "traced") for n in graph.nodes],
         graph.name,
         [_value_info(v) for v in graph.inputs],
         [_value_info(v) for v in graph.outputs],
@@ -235,6 +252,7 @@ def _import_node(graph: Graph, proto: onnx.NodeProto, values: dict[str, Value], 
         raise GraphError(f"node {proto.name!r} reads undefined value {err.args[0]!r}") from None
     node = Node(proto.op_type, inputs, attrs, domain=domain)
     node.name = graph.unique_name(proto.name or proto.op_type.lower(), node=True)
+    _restore_meta(node, proto)
     known = [types.get(name) for name in proto.output]
     if all(vi is not None and vi.type.tensor_type.elem_type and vi.type.tensor_type.HasField("shape")
            for vi in known):

@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 
 from graphdist.errors import GraphError
+from graphdist.ir.batch import elements, with_batch
 from graphdist.ir.graph import ONNX_DOMAIN, Dim, Node, Shape, Value
 
 __all__ = [
@@ -265,7 +266,8 @@ def _infer_arg_reduce(node: Node, _: int | None) -> TypeList:
 
 def _infer_reshape(node: Node, _: int | None) -> TypeList:
     x = _in(node, 0)
-    requested = [int(d) for d in _const(node, 1, "shape").reshape(-1)]
+    # A target recorded as derived from the per-replica batch keeps the symbol (graphdist.ir.batch).
+    requested = with_batch(_const(node, 1, "shape").reshape(-1).tolist(), elements(node.inputs[1].meta.get("batch")))
     target: list[Dim] = list(requested)
     if node.attrs.get("allowzero", 0) == 0:
         for i, d in enumerate(requested):
@@ -403,7 +405,8 @@ def _infer_cast(node: Node, _: int | None) -> TypeList:
 
 def _infer_expand(node: Node, _: int | None) -> TypeList:
     x = _in(node, 0)
-    target = tuple(int(d) for d in _const(node, 1, "shape").reshape(-1))
+    requested = _const(node, 1, "shape").reshape(-1).tolist()
+    target = tuple(with_batch(requested, elements(node.inputs[1].meta.get("batch"))))
     return [(x.dtype, broadcast_shapes(x.shape, target))]
 
 

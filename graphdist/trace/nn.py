@@ -519,9 +519,17 @@ def compute_average_loss(per_example_loss: Any, global_batch_size: int | None = 
     replicas = _num_replicas(loss, strategy)
     batch = loss.shape[0]
     if isinstance(batch, int):
-        return np.sum(loss) / (replicas * np.asarray(max(batch, 1), dtype=loss.dtype))
+        count = max(batch, 1)  # the per-replica batch size (a symbol a re-planned step recomputes)
+        count = loss.tracer.constant(count, dtype=loss.dtype) if isinstance(loss, Tensor) else \
+            np.asarray(count, dtype=loss.dtype)
+        return np.sum(loss) / (replicas * _tensor_of(loss, count))
     per_example = np.sum(loss, axis=tuple(range(1, loss.ndim))) if loss.ndim > 1 else loss
     return np.mean(per_example) / replicas
+
+
+def _tensor_of(like: Any, value: Any) -> Any:
+    """``value`` (a graph constant of ``like``'s trace, or an array) as an operand."""
+    return Tensor(value, like.tracer) if isinstance(like, Tensor) else value
 
 
 def _num_replicas(loss: Any, strategy: Any) -> Any:

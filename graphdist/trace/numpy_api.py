@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from graphdist.errors import AxisError, GraphError, TracingError
+from graphdist.ir.batch import BatchDim
 from graphdist.ir.graph import Value
 from graphdist.ir.ops import broadcast_shapes, onnx_dtype
 from graphdist.trace.tracer import TraceContext, axis_tuple, current_trace
@@ -67,6 +68,8 @@ def _dtype_token(x: Any) -> Any:
         return x.dtype  # numpy scalars are strongly typed, even np.float64 (a float subclass)
     if isinstance(x, bool):
         return np.dtype(np.bool_)
+    if isinstance(x, BatchDim):
+        return int  # the per-replica batch size is a weak Python int
     if isinstance(x, (int, float, complex)):
         return type(x)  # weak Python scalar (NEP 50)
     return np.asarray(x).dtype
@@ -76,6 +79,8 @@ def _value(ctx: TraceContext, x: Any, dtype: np.dtype) -> Value:
     """The graph value of operand ``x`` converted to ``dtype``."""
     if _is_tensor(x):
         return _cast(ctx, x.value, dtype)
+    if isinstance(x, BatchDim):
+        return ctx.constant(x, dtype=dtype)  # keeps the batch size's provenance
     try:
         array = np.asarray(x, dtype=dtype) if not isinstance(x, np.ndarray) else x.astype(dtype, copy=False)
     except OverflowError as err:
@@ -91,7 +96,7 @@ def _cast(ctx: TraceContext, value: Value, dtype: Any) -> Value:
     if value.dtype == dtype:
         return value
     if value.const_value is not None:
-        return ctx.constant(value.const_value.astype(dtype))
+        return ctx.constant(value.const_value.astype(dtype), provenance=value.meta.get("batch"))
     return ctx.emit1("Cast", [value], {"to": onnx_dtype(dtype)}).value
 
 
@@ -443,6 +448,8 @@ def _std(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, ddof: int
 def _as_tensor(ctx: TraceContext, x: Any) -> Any:
     if _is_tensor(x):
         return x
+    if isinstance(x, BatchDim):
+        return _wrap(ctx, ctx.constant(x))  # keeps the batch size's provenance
     array = np.asarray(x)
     return _wrap(ctx, ctx.constant(array))
 
@@ -471,7 +478,7 @@ def reshape(a: Any, shape: Any, order: str = "C", **kwargs: Any) -> Any:
         else:
             if int(d) < -1:
                 raise TracingError(f"np.reshape: invalid dimension {d} in {tuple(dims)}; sizes must be >= 0 or -1")
-            target.append(int(d))
+            target.append(d if isinstance(d, BatchDim) else int(d))  # keep the batch size's provenance
     literal_zero = any(d == 0 and not isinstance(dims[i], str) for i, d in enumerate(target))
     if literal_zero and any(isinstance(d, str) for d in dims):
         raise TracingError(f"np.reshape: cannot mix size-0 and symbolic dimensions in {tuple(dims)}")

@@ -23,6 +23,7 @@ import numpy as np
 
 from graphdist import nest, stats
 from graphdist.errors import AxisError, GraphError, TracingError
+from graphdist.ir import batch
 from graphdist.ir.graph import ONNX_DOMAIN, Graph, Value
 from graphdist.ir.ops import normalize_axis
 
@@ -137,8 +138,13 @@ class TraceContext:
 
         return Tensor(self.graph.add_input(name, dtype, shape), self)
 
-    def constant(self, value: Any, dtype: Any = None, name: str = "const") -> Value:
-        """Lifts a Python or numpy value into an initializer (deduplicated)."""
+    def constant(self, value: Any, dtype: Any = None, name: str = "const", provenance: Any = None) -> Value:
+        """Lifts a Python or numpy value into an initializer (deduplicated).
+
+        Numbers computed from the per-replica batch size (:class:`graphdist.ir.batch.BatchDim`) are
+        recorded in the initializer's ``meta["batch"]``; ``provenance`` gives that record for a value
+        that no longer carries it (a constant being cast).
+        """
         array = np.asarray(value, dtype=dtype)
         if array.dtype == object or array.dtype.kind in "USV":
             raise TracingError(
@@ -153,17 +159,26 @@ class TraceContext:
             const = self.graph.add_initializer(name, array)
             self._captured[id(value)] = (value, const)
             return const
-        key = (array.dtype.str, array.shape, array.tobytes()) if array.size <= _SMALL_CONSTANT else None
+        provenance = provenance if provenance is not None else batch.record(value)
+        key = (array.dtype.str, array.shape, array.tobytes(), str(provenance)) if array.size <= _SMALL_CONSTANT \
+            else None
         if key is not None and key in self._constants:
             return self._constants[key]
         const = self.graph.add_initializer(name, array)
+        if provenance is not None and len(provenance) == array.size:
+            const.meta["batch"] = provenance
         if key is not None:
             self._constants[key] = const
         return const
 
     def int64s(self, values: Sequence[int], name: str = "axes") -> Value:
         """An int64 1-D constant (axes, shapes, Slice bounds)."""
-        return self.constant(np.asarray(list(values), dtype=np.int64).reshape(-1), name=name)
+        values = list(values)
+        array = np.asarray(values, dtype=np.int64).reshape(-1)
+        provenance = batch.record(values)
+        if provenance is None:
+            return self.constant(array, name=name)
+        return self.constant(values, dtype=np.int64, name=name)
 
     # --------------------------------------------------------------- ops
     def emit(

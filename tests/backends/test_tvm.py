@@ -19,8 +19,9 @@ from onnx import TensorProto, helper, numpy_helper
 import graphdist as gd
 from graphdist import stats
 from graphdist.backends import CompileCache, get_backend
-from graphdist.backends.tvm import MODULE_FILE, TvmBackend, build, tune_trials
+from graphdist.backends.tvm import MODULE_FILE, TvmBackend, build, structure_key, tune_trials
 from graphdist.backends.tvm_onnx import prepare_for_tvm
+from graphdist.compile.plan import Plan
 from graphdist.runtime.devices import Device, num_gpus
 from models.convnet import ConvNet
 from models.mlp import MLP
@@ -366,3 +367,41 @@ def test_metaschedule_tuning_persists_its_database(tmp_path: Path, monkeypatch: 
     x = RNG.standard_normal((32, 64)).astype(np.float32)
     y = vm["main"](__import__("tvm").runtime.tensor(x)).numpy()
     np.testing.assert_allclose(y, np.maximum(x @ w + b, 0), rtol=1e-4, atol=1e-4)
+
+
+def test_replica_segments_share_one_build(tmp_path: Path) -> None:
+    """The replicas of a step traced once compile to segments that differ only in names: one build each kind."""
+    from models.mlp import make_step
+
+    cache = CompileCache(tmp_path)
+    step, args = make_step(gd.MirroredStrategy(["cpu:0", "cpu:1", "cpu:2", "cpu:3"]), batch=16)
+    concrete = step.get_concrete_function(*args)
+    before = stats.snapshot()
+    plan = Plan.from_graph(concrete.graph("partitioned")).compile(TvmBackend(), cache)
+    delta = stats.delta(before)
+    assert len(plan.segments) == 5 and delta["compiles"] < len(plan.segments)
+    assert delta.get("shared_builds", 0) >= 2  # replicas 1 and 2 (their segments equal up to names)
+    ort = Plan.from_graph(concrete.graph("partitioned")).compile(get_backend("ort"))
+    feeds = {name: np.asarray(value) for name, value in zip(concrete._input_names, [a for p in args for a in p.values])}
+    feeds.update({name: v._value for name, v in concrete._variable_feeds})
+    for got, want in zip(plan.run(feeds), ort.run(feeds)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_structure_key_ignores_names_only() -> None:
+    model, _, _ = dense_model()
+    renamed = onnx.ModelProto()
+    renamed.CopyFrom(model)
+    renamed.graph.name = "other"
+    inner = renamed.graph.node[0].output[0]  # an internal value, renamed where it is made and read
+    for node in renamed.graph.node:
+        node.name = node.name + "_r1"
+        node.input[:] = [f"{n}_r1" if n == inner else n for n in node.input]
+        node.output[:] = [f"{n}_r1" if n == inner else n for n in node.output]
+    key = structure_key(model, "llvm", "v", 2)
+    assert structure_key(renamed, "llvm", "v", 2) == key
+    assert structure_key(model, "llvm", "v", 1) != key  # the thread budget is part of the build
+    changed = onnx.ModelProto()
+    changed.CopyFrom(model)
+    changed.graph.node[0].op_type = "Sub" if changed.graph.node[0].op_type != "Sub" else "Add"
+    assert structure_key(changed, "llvm", "v", 2) != key

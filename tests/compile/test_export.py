@@ -112,7 +112,7 @@ def test_loaded_plan_matches_in_process(kind: str, backend: str, tmp_path: Path)
 def test_plan_json_schema(mirrored_plan) -> None:
     directory, _ = mirrored_plan
     doc = json.loads((directory / "plan.json").read_text())
-    assert doc["format"] == "graphdist-plan" and doc["version"] == 1
+    assert doc["format"] == "graphdist-plan" and doc["version"] == 2
     assert doc["backend"] == "ort" and doc["devices"] == ["cpu:0", "cpu:1"]
     assert {e["name"]: (e["arg"], e["replica"]) for e in doc["inputs"]} == {
         "arg0_r0": (0, 0), "arg0_r1": (0, 1), "arg1_r0": (1, 0), "arg1_r1": (1, 1)}
@@ -129,6 +129,14 @@ def test_plan_json_schema(mirrored_plan) -> None:
     assert doc["outputs"]["counts"] == [None, 2]
     assert doc["outputs"]["structure"]["kind"] == "dict"
     assert set(doc["graphs"]) == {"traced", "rewritten", "partitioned"}
+    # The traced step, for re-planning: one replica's inputs, its interface, variables and batch size.
+    traced = doc["traced"]
+    per_replica_batch = doc["inputs"][0]["shape"][0]
+    assert traced["per_replica_inputs"] == {"arg0": None, "arg1": None} and traced["batch"] == per_replica_batch
+    assert traced["replicas_in_sync"] == 2 and traced["rebatch"] == {"verified": True, "reason": None}
+    assert [a["kind"] for a in traced["interface"]["arguments"]] == ["per_replica", "per_replica"]
+    assert {v["input"] for v in traced["variables"]} == {v["input"] for v in doc["variables"]}
+    assert doc["replicas"] == {"local": 2, "in_sync": 2, "offset": 0}
     assert sorted(p.name for p in directory.iterdir()) == [
         "constants.npz", "graphs", "plan.json", "segments", "variables.npz"]
 
@@ -295,7 +303,7 @@ def _segment(directory: Path) -> Path:
 @pytest.mark.parametrize(("damage", "message"), [
     (lambda d: _segment(d).unlink(), r"segment cpu0\.p0: the file segments/000_cpu0\.p0\.onnx is missing"),
     (lambda d: (d / "plan.json").write_text('{"format": "graphdist-plan", "vers'), "plan.json is corrupt.*JSON"),
-    (lambda d: _edit_json(d, lambda doc: doc.update(version=99)), "schema version 99.*reads version 1"),
+    (lambda d: _edit_json(d, lambda doc: doc.update(version=99)), "schema version 99.*reads versions 1, 2"),
     (lambda d: _flip_byte(_segment(d)), r"segments/000_cpu0\.p0\.onnx fails its SHA-256 checksum"),
     (lambda d: (d / "plan.json").unlink(), "plan.json is missing"),
     (lambda d: _flip_byte(d / "variables.npz", 200), "variables.npz fails its SHA-256 checksum"),

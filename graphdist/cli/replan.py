@@ -1,0 +1,101 @@
+"""``graphdist replan DIR --strategy S [--devices ...] -o OUT``: a plan directory for another strategy.
+
+Loads the plan directory (its traced step, interface and variables), re-plans
+it for the strategy named on the command line with that strategy's passes
+(``gd.load_plan(DIR).replan(strategy)``), and writes the new plan to OUT. No
+Python code of the step is needed. Multi-process strategies
+(``multi_worker_mirrored``, ``parameter_server``) are made from the cluster
+``graphdist launch`` sets up, so run ``graphdist replan`` under it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_replan_parser", "cmd_replan"]
+
+#: Strategies ``graphdist replan`` can target: the in-process ones and the two made inside ``graphdist launch``.
+MULTI_PROCESS = ("multi_worker_mirrored", "parameter_server")
+
+_EPILOG = """\
+The plan keeps its variables' values and its global batch: a plan exported for 2
+replicas of 8 rows, re-planned for 4 replicas, runs 4 replicas of 4 rows. The replica
+count must divide the global batch. Strategies: one_device, mirrored, central_storage,
+tpu (one process), multi_worker_mirrored, parameter_server (run under graphdist launch).
+
+examples:
+  graphdist replan mlp_plan --strategy one_device -o mlp_one
+  graphdist replan mlp_plan --strategy mirrored --devices cpu:0,cpu:1,cpu:2,cpu:3 -o mlp_four
+  graphdist replan mlp_plan --strategy central_storage --devices cpu:0,cpu:1 -o mlp_central
+  graphdist launch --workers 2 -- graphdist replan mlp_plan --strategy multi_worker_mirrored -o mlp_mw
+"""
+
+
+def add_replan_parser(commands: Any, formatter: type) -> None:
+    """Adds ``graphdist replan`` to the command parsers."""
+    from graphdist.cli.main import BACKENDS
+
+    command = commands.add_parser(
+        "replan", help="re-plan an exported plan directory for another strategy or device count",
+        description="Re-plan the plan in DIR (written by 'graphdist export' or plan.export) for --strategy "
+                    "with its passes, from the traced step stored in DIR, and write it to OUT.",
+        epilog=_EPILOG, formatter_class=formatter)
+    command.add_argument("plan", metavar="DIR", help="plan directory to re-plan")
+    command.add_argument("--strategy", required=True, metavar="S",
+                         help="one_device, mirrored, central_storage, tpu, multi_worker_mirrored, parameter_server")
+    command.add_argument("--devices", metavar="D0,D1,...", help="the strategy's devices (this worker's, under launch)")
+    command.add_argument("-o", "--output", metavar="OUT", required=True, help="plan directory to write")
+    command.add_argument("--overwrite", action="store_true", help="replace an existing plan directory at OUT")
+    command.add_argument("--backend", choices=BACKENDS, default=None,
+                         help="backend to compile with (default: the plan's)")
+    command.set_defaults(handler=cmd_replan)
+
+
+def cmd_replan(args: argparse.Namespace) -> int:
+    """Re-plans ``args.plan`` for ``args.strategy`` and writes it to ``args.output``."""
+    import graphdist as gd
+    from graphdist.cli.main import EXIT_OK, UsageError
+
+    if not Path(args.plan).is_dir():
+        raise UsageError(f"plan directory {args.plan!r} does not exist; write one with 'graphdist export TARGET "
+                         "-o DIR'")
+    strategy = _strategy(args.strategy, args.devices)
+    try:
+        loaded = gd.load_plan(args.plan, backend=args.backend)
+    except gd.PlanError as err:
+        raise UsageError(f"cannot load plan {args.plan!r}: {err}") from err
+    replanned = loaded.replan(strategy, backend=args.backend)
+    if _is_chief(strategy):
+        replanned.save(args.output, overwrite=args.overwrite)
+        print(f"re-planned {loaded.name!r} from {args.plan} ({', '.join(loaded.devices)}) for {strategy!r}: "
+              f"{len(replanned.plan.segments)} segment(s) on {', '.join(replanned.devices)}, "
+              f"{len(replanned.plan.comms)} communication task(s); wrote {args.output}")
+    return EXIT_OK
+
+
+def _strategy(name: str, devices_text: str | None) -> Any:
+    import graphdist as gd
+    from graphdist.cli.main import UsageError, _make_strategy, _normalise_strategy, _parse_devices
+
+    key = _normalise_strategy(name)
+    if key not in MULTI_PROCESS:
+        if key == "default":
+            raise UsageError("--strategy default is the no-op strategy of one process; name the strategy to re-plan "
+                             "for (one_device, mirrored, central_storage, tpu, ...)")
+        return _make_strategy(name, devices_text)
+    devices = _parse_devices(devices_text)
+    try:
+        if key == "multi_worker_mirrored":
+            return gd.MultiWorkerMirroredStrategy(devices=devices)
+        return gd.ParameterServerStrategy(devices=devices)
+    except gd.GraphdistError as err:
+        raise UsageError(f"cannot create {key} strategy: {err} (multi-process strategies are made inside "
+                         "'graphdist launch --workers N [--ps M] -- graphdist replan ...')") from err
+
+
+def _is_chief(strategy: Any) -> bool:
+    """Only one process of a multi-worker job writes the re-planned directory."""
+    extended = getattr(strategy, "extended", None)
+    return bool(getattr(extended, "should_checkpoint", True))

@@ -1,0 +1,129 @@
+"""Re-planning: a compiled step for another strategy or device count, made by passes, without its code.
+
+A step is traced once, as one replica, so its traced graph holds nothing of
+the strategy it was compiled for. :func:`replan` takes the
+:class:`~graphdist.compile.step.StepRecord` of a plan (a concrete function's,
+or a plan directory's) and a strategy, and builds the new plan the way
+``gd.function`` does: the strategy's placement for each variable, its pass
+pipeline, partitioning, compilation. The variables keep their values.
+
+The global batch stays the same: a step traced for ``N`` replicas of ``B``
+rows is re-planned for ``N'`` replicas of ``N * B / N'`` rows
+(``RebatchPass``), which must divide evenly; the exporter has checked that
+the step's constants follow the batch size (``StepRecord.rebatch``).
+Called on the same global batch, the re-planned step trains exactly like
+the original (to float tolerance: the sums over replicas group differently).
+
+Refused, each with a :class:`~graphdist.errors.PlanError` that says why and
+what to do: a replica count that does not divide the global batch; a step
+traced with uneven per-replica shapes; a step whose constants do not follow
+the batch size, re-planned to another batch size; a step that read
+``num_replicas_in_sync`` into its graph, re-planned to another replica
+count; a plan exported before plans recorded their traced step. A
+``MultiWorkerMirroredStrategy`` or ``ParameterServerStrategy`` target must
+run inside ``graphdist launch`` (its constructor says so).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from graphdist.compile.export import step_files
+from graphdist.compile.function import compile_traced
+from graphdist.compile.load import load_files
+from graphdist.compile.loaded import LoadedPlan
+from graphdist.compile.step import StepRecord
+from graphdist.errors import GraphError, PlanError
+from graphdist.ir.graph import Graph
+from graphdist.ir.placement import PlacementSpec
+
+__all__ = ["replan"]
+
+logger = logging.getLogger(__name__)
+
+
+def replan(record: StepRecord, strategy: Any, *, backend: str | None = None,
+           checker: Callable[[], dict[str, Any]] | None = None) -> LoadedPlan:
+    """A plan of ``record``'s step for ``strategy`` (see the module docstring).
+
+    Args:
+        record: The step (``record_of_concrete(concrete)`` or a plan directory's).
+        strategy: The target strategy.
+        backend: Backend to compile with (default: the strategy's, else ``ort``).
+        checker: Computes ``record.rebatch`` when the per-replica batch changes and the record has
+            not been checked (a concrete function checks by tracing again).
+
+    Returns:
+        A :class:`LoadedPlan` (``directory`` ``None`` until saved), called like the original step.
+
+    Raises:
+        PlanError: The step cannot be re-planned for ``strategy`` (see the module docstring).
+    """
+    if not hasattr(strategy, "pipeline_config"):
+        raise PlanError(f"replan: strategy must be a gd.Strategy (e.g. gd.MirroredStrategy(['cpu:0', 'cpu:1'])), "
+                        f"got {type(strategy).__name__}")
+    config = strategy.pipeline_config()
+    graph = _rebatched(record, config.total_replicas, checker)
+    _check_replica_count(record, config.total_replicas)
+    interface = record.interface.for_replicas(config.replicas)
+    placement = PlacementSpec({spec.uid: strategy._place_value(spec, record.values[name])
+                               for name, spec in record.variables})
+    graphs, plan, resolved = compile_traced(graph, interface, strategy.pipeline(), placement,
+                                            backend or config.backend)
+    replanned = StepRecord(record.name, graphs["traced"], interface, record.argument_structure,
+                           record.argument_details, record.output_structure, record.variables, record.values,
+                           config.total_replicas, record.rebatch)
+    files = step_files(plan, graphs, replanned, resolved, config)
+    loaded = load_files(files, plan.backend_name, label=f"plan {record.name!r} re-planned for {config.strategy}")
+    logger.info("re-planned %s for %s on %s: %d segment(s)", record.name, config.strategy,
+                ", ".join(config.devices), len(loaded.plan.segments))
+    return loaded
+
+
+def _rebatched(record: StepRecord, replicas: int, checker: Callable[[], dict[str, Any]] | None) -> Graph:
+    """The traced graph with the per-replica batch the new replica count gives the same global batch."""
+    from passes.rebatch import RebatchPass
+
+    graph = record.traced.copy()
+    batch = graph.meta.get("batch")
+    if graph.meta.get("replica_variants"):
+        if replicas != record.replicas_in_sync:
+            raise PlanError(f"plan {record.name!r} was traced with per-replica arguments of different shapes (an "
+                            f"uneven batch over {record.replicas_in_sync} replicas); it can only be re-planned for "
+                            f"{record.replicas_in_sync} replicas. Export it from a step whose global batch divides "
+                            "among the replicas")
+        return graph
+    if batch is None:
+        return graph  # no per-replica inputs: every replica computes on the same shapes
+    total = int(batch) * record.replicas_in_sync
+    if total % replicas:
+        raise PlanError(f"plan {record.name!r} has a global batch of {total} ({record.replicas_in_sync} replica(s) of "
+                        f"{batch}), which does not divide among {replicas} replicas; pick a replica count that "
+                        f"divides {total}, or export the step with another global batch")
+    wanted = total // replicas
+    if wanted == int(batch):
+        return graph
+    check = record.rebatch
+    if not check.get("verified") and checker is not None:
+        check = record.rebatch = checker()
+    if not check.get("verified"):
+        raise PlanError(f"plan {record.name!r} cannot be re-planned for {replicas} replicas: that needs a "
+                        f"per-replica batch of {wanted} instead of {batch}, and {check.get('reason')}. Re-plan for "
+                        f"{record.replicas_in_sync} replicas (same per-replica batch), or rewrite the step so its "
+                        "graph follows x.shape[0]")
+    try:
+        return RebatchPass(wanted)(graph).graph
+    except GraphError as err:
+        raise PlanError(f"plan {record.name!r}: {err}") from None
+
+
+def _check_replica_count(record: StepRecord, replicas: int) -> None:
+    reads = record.traced.meta.get("reads_num_replicas") or []
+    if reads and replicas != record.replicas_in_sync:
+        raise PlanError(
+            f"plan {record.name!r} read num_replicas_in_sync ({record.replicas_in_sync}) while it was traced "
+            f"(at {', '.join(reads[:3])}), so that number is frozen into its graph; it can only be re-planned for "
+            f"{record.replicas_in_sync} replicas. Let the step not depend on it (gd.nn.compute_average_loss "
+            "without global_batch_size counts the replicas itself)")
