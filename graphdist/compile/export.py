@@ -142,6 +142,7 @@ def _step_interface(plan: Plan, rewritten: Any, record: StepRecord, resolved: Re
             "name": f"{spec.name}:0", "input": name, "uid": spec.uid, "kind": spec.kind, "dtype": array.dtype.str,
             "shape": list(array.shape), "device": where.devices[0] if where.devices else None,
             "placement": where.kind, "devices": list(where.devices), "read_by": readers,
+            **({"shards": where.to_json()["shards"]} if where.shards else {}),
             "trainable": spec.trainable, "update_output": update_of.get(spec.uid),
             "entry": f"v{index}", "sha256": array_digest(array),
         })

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from graphdist import nest, stats
-from graphdist.compile.interface import ArgumentFeed, Resolved, ResultLeaf, StepInterface
+from graphdist.compile.interface import ArgumentFeed, Resolved, ResultLeaf, StepInterface, rebuild_results
 from graphdist.compile.pipeline import Pipeline, PipelineConfig, build_pipeline
 from graphdist.errors import InvalidArgumentError, TracingError
 from graphdist.ir.batch import BatchDim
@@ -168,15 +168,7 @@ class ConcreteFunction:
         outputs = [out[()] if out.ndim == 0 else out for out in outputs]
         if self._plain_outputs:
             return nest.unflatten(self._output_treedef, outputs)
-        leaves, position = [], 0
-        for count in self._output_counts:
-            if count is None:
-                leaves.append(outputs[position])
-                position += 1
-            else:
-                leaves.append(PerReplica(outputs[position: position + count]))
-                position += count
-        return nest.unflatten(self._output_treedef, leaves)
+        return rebuild_results(outputs, self._output_counts, self._output_treedef)
 
     def export(self, directory: Any, *, overwrite: bool = False) -> str:
         """Writes the plan, the step's interface and the variables' current values to ``directory``.

@@ -19,7 +19,7 @@ from typing import Any
 from graphdist.errors import PlanError
 from graphdist.ir.graph import Graph
 
-__all__ = ["ArgumentFeed", "ResultLeaf", "StepInterface", "Resolved"]
+__all__ = ["ArgumentFeed", "ResultLeaf", "StepInterface", "Resolved", "rebuild_results"]
 
 
 @dataclass(frozen=True)
@@ -146,6 +146,24 @@ class StepInterface:
         except (KeyError, TypeError, ValueError) as err:
             raise PlanError(f"the step interface in plan.json is malformed ({type(err).__name__}: {err})") from None
         return cls(arguments, results)
+
+
+def rebuild_results(outputs: Sequence[Any], counts: Sequence[int | None], treedef: Any) -> Any:
+    """The step's result from its outputs in result order: a ``PerReplica`` of ``count`` outputs where
+    a leaf has a count, the output itself otherwise.
+    """
+    from graphdist import nest
+    from graphdist.trace.values import PerReplica
+
+    leaves, position = [], 0
+    for count in counts:
+        if count is None:
+            leaves.append(outputs[position])
+            position += 1
+        else:
+            leaves.append(PerReplica(outputs[position: position + count]))
+            position += count
+    return nest.unflatten(treedef, leaves)
 
 
 def _plain_input(name: str | None, input_map: Mapping[str, Any]) -> str:

@@ -204,6 +204,8 @@ def _variable_spec(entry: dict[str, Any]) -> tuple[VariableSpec, VariablePlaceme
                         bool(entry.get("trainable", True)), str(entry.get("kind", "Variable")))
     kind = entry.get("placement")
     devices = tuple(str(d) for d in entry.get("devices") or ([entry["device"]] if entry.get("device") else []))
+    if kind == "ps":
+        return spec, VariablePlacement.from_json({"kind": "ps", "devices": devices, "shards": entry.get("shards", [])})
     return spec, VariablePlacement(kind if kind in KINDS else "local", devices)
 
 

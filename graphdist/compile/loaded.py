@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 
 from graphdist import nest
+from graphdist.compile.interface import rebuild_results
 from graphdist.compile.plan import Plan
 from graphdist.compile.plan_files import (
     PLAN_FILE,
@@ -26,7 +27,7 @@ from graphdist.compile.plan_files import (
 )
 from graphdist.errors import PlanError
 from graphdist.ir.graph import Graph
-from graphdist.trace.values import DistributedValues, PerReplica
+from graphdist.trace.values import DistributedValues
 
 __all__ = ["LoadedPlan"]
 
@@ -103,15 +104,7 @@ class LoadedPlan:
             current = self._variables[variable]
             self._variables[variable] = np.array(value, dtype=current.dtype, order="C", copy=True)
         outputs = [out[()] if out.ndim == 0 else out for out in outputs[: self._num_results]]
-        leaves_out, position = [], 0
-        for count in self._output_counts:
-            if count is None:
-                leaves_out.append(outputs[position])
-                position += 1
-            else:
-                leaves_out.append(PerReplica(outputs[position: position + count]))
-                position += count
-        return nest.unflatten(self._output_treedef, leaves_out)
+        return rebuild_results(outputs, self._output_counts, self._output_treedef)
 
     def _tensor(self, value: Any, name: str, index: int) -> np.ndarray:
         spec = self._inputs[name]

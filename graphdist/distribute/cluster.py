@@ -1,19 +1,8 @@
-"""Cluster configuration: ``ClusterSpec`` and the cluster resolvers.
+"""Cluster resolvers: where a strategy's cluster and this process's role come from.
 
-A cluster is a set of named jobs (``chief``, ``worker``, ``ps``,
-``evaluator``), each a list of task addresses, plus the role of the current
-process (task type and index). The JSON format is TensorFlow's ``TF_CONFIG``::
-
-    {"cluster": {"worker": ["host1:2222", "host2:2222"], "ps": ["host3:2222"]},
-     "task": {"type": "worker", "index": 0}}
-
-graphdist processes talk through MPI, never through the addresses: an
-address only says which host a task runs on. Every task has an MPI rank,
-given by :func:`task_rank`: tasks are numbered job by job in the order
-chief, worker, ps, evaluator (so ``graphdist launch`` starts the chief as
-rank 0, then the workers, then the ps tasks).
-
-Resolvers:
+The cluster itself (``ClusterSpec``, the ``TF_CONFIG`` JSON format, the MPI
+rank of every task) is :mod:`graphdist.runtime.cluster_spec`, re-exported
+here. Resolvers:
 
 * :class:`TFConfigClusterResolver` reads ``GRAPHDIST_CONFIG``, else
   ``TF_CONFIG`` (same JSON; graphdist may add ``"local_devices": [...]``, the

@@ -41,24 +41,18 @@ def is_communication(node: Node) -> bool:
     return node.domain == GRAPHDIST_DOMAIN and node.op_type in COMMUNICATION_OPS
 
 
-def _infer_all_gather(node: Node, _: int | None) -> TypeList:
-    x = _in(node, 0)
-    group = int(node.attrs.get("group_size", 1))
-    axis = normalize_axis(node.attrs.get("axis", 0), x.rank, "AllGather axis")
-    shape = list(x.shape)
-    dim = shape[axis]
-    shape[axis] = dim * group if isinstance(dim, int) else f"{dim}*{group}"
-    return [(x.dtype, tuple(shape))]
+def gathered(count_attr: str) -> Any:
+    """The shape rule of a gather over ``node.attrs[count_attr]`` participants along ``axis``."""
+    def infer(node: Node, _: int | None) -> TypeList:
+        x = _in(node, 0)
+        count = int(node.attrs.get(count_attr, 1))
+        axis = normalize_axis(node.attrs.get("axis", 0), x.rank, f"{node.op_type} axis")
+        shape = list(x.shape)
+        dim = shape[axis]
+        shape[axis] = dim * count if isinstance(dim, int) else f"{dim}*{count}"
+        return [(x.dtype, tuple(shape))]
 
-
-def _infer_cross_gather(node: Node, _: int | None) -> TypeList:
-    x = _in(node, 0)
-    workers = int(node.attrs.get("num_workers", 1))
-    axis = int(node.attrs.get("axis", 0)) % max(len(x.shape), 1)
-    shape = list(x.shape)
-    dim = shape[axis]
-    shape[axis] = dim * workers if isinstance(dim, int) else f"{dim}*{workers}"
-    return [(x.dtype, tuple(shape))]
+    return infer
 
 
 def _infer_shard(node: Node, _: int | None) -> TypeList:
@@ -107,7 +101,7 @@ def register_comm_ops() -> None:
     register_op(OpDef("AllReduce", GRAPHDIST_DOMAIN, _unary(), reference=_reference_all_reduce,
                       doc="Reduce a value over a replica group; every member gets the result.",
                       attrs={"reduce_op": "SUM", "group_size": 1}))
-    register_op(OpDef("AllGather", GRAPHDIST_DOMAIN, _infer_all_gather, reference=_reference_all_gather,
+    register_op(OpDef("AllGather", GRAPHDIST_DOMAIN, gathered("group_size"), reference=_reference_all_gather,
                       doc="Concatenate a value over a replica group along `axis`.",
                       attrs={"axis": 0, "group_size": 1}))
     register_op(OpDef("Transfer", GRAPHDIST_DOMAIN, _unary(), reference=_reference_identity,
@@ -116,7 +110,7 @@ def register_comm_ops() -> None:
     register_op(OpDef("CrossWorkerAllReduce", GRAPHDIST_DOMAIN, _unary(), reference=cross_worker,
                       doc="Reduce a value over the workers (processes) through MPI; every worker gets the result.",
                       attrs={"reduce_op": "SUM", "num_workers": 1}))
-    register_op(OpDef("CrossWorkerAllGather", GRAPHDIST_DOMAIN, _infer_cross_gather, reference=cross_worker,
+    register_op(OpDef("CrossWorkerAllGather", GRAPHDIST_DOMAIN, gathered("num_workers"), reference=cross_worker,
                       doc="Concatenate a value over the workers along `axis` (worker order) through MPI.",
                       attrs={"axis": 0, "num_workers": 1}))
     parameter_servers = _between_processes("PSPull/PSPush (parameter server processes)")

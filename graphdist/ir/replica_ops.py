@@ -34,10 +34,10 @@ from typing import Any
 import numpy as np
 
 from graphdist.errors import GraphError
-from graphdist.ir.comm_ops import _REDUCERS
+from graphdist.ir.comm_ops import _REDUCERS, gathered
 from graphdist.ir.gradients import GradBuilder, register_gradient
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Node, Value
-from graphdist.ir.ops import OpDef, TypeList, _in, _unary, normalize_axis, register_op
+from graphdist.ir.ops import OpDef, TypeList, _unary, register_op
 
 __all__ = ["CROSS_REPLICA_OPS", "REPLICA_COLLECTIVES", "is_replica_node", "register_replica_ops"]
 
@@ -54,16 +54,6 @@ def is_replica_node(node: Node) -> bool:
 
 def _scalar_int32(node: Node, _: int | None) -> TypeList:
     return [(np.dtype(np.int32), ())]
-
-
-def _gathered(node: Node, _: int | None) -> TypeList:
-    x = _in(node, 0)
-    count = int(node.attrs.get("num_replicas", 1))
-    axis = normalize_axis(node.attrs.get("axis", 0), x.rank, f"{node.op_type} axis")
-    shape = list(x.shape)
-    dim = shape[axis]
-    shape[axis] = dim * count if isinstance(dim, int) else f"{dim}*{count}"
-    return [(x.dtype, tuple(shape))]
 
 
 def _reduced(node: Node, _: int | None) -> TypeList:
@@ -109,13 +99,13 @@ def register_replica_ops() -> None:
     register_op(OpDef("ReplicaAllReduce", GRAPHDIST_DOMAIN, _unary(), reference=_reference_identity,
                       doc="In a replica: the reduction of every replica's value.",
                       attrs={"reduce_op": "SUM", "group_key": ""}))
-    register_op(OpDef("ReplicaAllGather", GRAPHDIST_DOMAIN, _gathered, reference=_reference_identity,
+    register_op(OpDef("ReplicaAllGather", GRAPHDIST_DOMAIN, gathered("num_replicas"), reference=_reference_identity,
                       doc="In a replica: every replica's value concatenated along `axis`.",
                       attrs={"axis": 0, "group_key": "", "num_replicas": 1}))
     register_op(OpDef("CrossReplicaReduce", GRAPHDIST_DOMAIN, _reduced, reference=_reference_reduce,
                       doc="In cross-replica code: a replica value reduced over the replicas.",
                       attrs={"reduce_op": "SUM", "group_key": ""}))
-    register_op(OpDef("CrossReplicaGather", GRAPHDIST_DOMAIN, _gathered, reference=_reference_gather,
+    register_op(OpDef("CrossReplicaGather", GRAPHDIST_DOMAIN, gathered("num_replicas"), reference=_reference_gather,
                       doc="In cross-replica code: a replica value concatenated over the replicas.",
                       attrs={"axis": 0, "group_key": "", "num_replicas": 1}))
     register_gradient("ReplicaAllReduce", GRAPHDIST_DOMAIN)(_replica_all_reduce_gradient)

@@ -229,3 +229,16 @@ def test_plan_replanned_for_two_workers_trains_like_one_device(exported: str, tm
     for result in results:
         _check_weights(result, expected)
     np.testing.assert_array_equal(results[0]["losses"], results[1]["losses"])  # the loss summed over all replicas
+
+
+@pytest.mark.slow
+def test_plan_replanned_for_a_parameter_server_trains_like_one_device(exported: str, tmp_path) -> None:
+    """One worker and one ps: the worker pulls, steps and pushes each step in turn, so the weights on
+    the ps follow the one-device training exactly."""
+    inputs = tmp_path / "inputs.npz"
+    np.savez(inputs, x=X, labels=LABELS)
+    job = mpi_jobs.launch("--workers", "1", "--ps", "1", "--timeout", "60", "--", sys.executable,
+                          "tests/compile/replan_worker.py", exported, "--inputs", str(inputs), "--steps", "2",
+                          "--strategy", "parameter_server", "--out", str(tmp_path))
+    assert job.returncode == 0, job.stdout + job.stderr
+    _check_weights(dict(np.load(tmp_path / "rank0.npz")), _variables_after(2))
