@@ -3,8 +3,9 @@
 A pass establishes one invariant (stated in its docstring). ``call`` first
 analyses, then rewrites, and reports honestly whether it changed the graph;
 running a pass twice changes nothing the second time. The manager verifies
-the graph after each pass when ``ctx.check`` and dumps every stage when
-``GRAPHDIST_DUMP`` (or ``ctx.dump_dir``) names a directory.
+the graph after each pass when ``ctx.check`` (``GRAPHDIST_VERIFY=passes``;
+the tests set it), else once, after the last pass; and dumps every stage
+when ``GRAPHDIST_DUMP`` (or ``ctx.dump_dir``) names a directory.
 """
 
 from __future__ import annotations
@@ -39,13 +40,14 @@ class PassContext:
 
     Attributes:
         devices: Device strings of the replicas, in replica order.
-        check: Verify the graph after every pass.
+        check: Verify the graph after every pass (default: ``GRAPHDIST_VERIFY=passes``); otherwise the
+            graph is verified once, after the last pass.
         dump_dir: Directory to write every stage into (text + ONNX).
         options: Pass-specific options by name.
     """
 
     devices: tuple[str, ...] = ("cpu:0",)
-    check: bool = True
+    check: bool = field(default_factory=lambda: os.environ.get("GRAPHDIST_VERIFY", "") == "passes")
     dump_dir: str | None = field(default_factory=lambda: os.environ.get("GRAPHDIST_DUMP") or None)
     options: dict[str, Any] = field(default_factory=dict)
 
@@ -99,10 +101,12 @@ class PassManager:
             graph, modified = result.graph, modified or result.modified
             logger.debug("%s: modified=%s, %d nodes", pass_.name, result.modified, len(graph.nodes))
             if ctx.check:
-                verify(graph)
+                verify(graph)  # names the pass that broke an invariant
             self._dump(graph, ctx, index, pass_.name)
             if on_pass is not None:
                 on_pass(pass_, result)
+        if not ctx.check and self.passes:
+            verify(graph)
         return PassResult(graph, modified)
 
     @staticmethod

@@ -1,15 +1,19 @@
-"""Test-wide settings: a private compile cache and a clean strategy stack."""
+"""Test-wide settings: a private compile cache, verification after every pass, a clean strategy stack."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# Every pass of every pipeline the tests run is followed by verify() (outside the tests, only the
+# pipeline's result is verified): a broken invariant is reported with the pass that broke it.
+os.environ.setdefault("GRAPHDIST_VERIFY", "passes")
 
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_compile_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     # Keep the tests' on-disk compile cache out of the user's ~/.cache.
-    import os
-
     os.environ.setdefault("GRAPHDIST_CACHE_DIR", str(tmp_path_factory.mktemp("graphdist-cache")))
 
 

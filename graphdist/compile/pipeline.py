@@ -34,7 +34,22 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from passes.assign_devices import AssignDevicesPass
+from passes.autodiff import AutodiffPass
 from passes.base import PassBase
+from passes.bucket_collectives import BucketCollectivesPass
+from passes.eliminate_dead_nodes import EliminateDeadNodesPass
+from passes.fold_constants import FoldConstantsPass
+from passes.insert_collectives import InsertCollectivesPass
+from passes.insert_cross_worker_collectives import InsertCrossWorkerCollectivesPass
+from passes.lower_collectives import LowerCollectivesPass
+from passes.lower_stop_gradients import LowerStopGradientsPass
+from passes.lower_variable_updates import LowerVariableUpdatesPass
+from passes.place_logical_devices import PlaceLogicalDevicesPass
+from passes.place_ps_variables import PlacePSVariablesPass
+from passes.place_variables import PlaceVariablesPass
+from passes.replicate import ReplicatePass
+from passes.shard_logical_devices import ShardLogicalDevicesPass
 
 __all__ = ["SLOTS", "PipelineConfig", "Pipeline", "build_pipeline"]
 
@@ -133,16 +148,6 @@ class Pipeline(Sequence[PassBase]):
 
 def build_pipeline(config: PipelineConfig) -> Pipeline:
     """The passes that rewrite a traced step as ``config`` says."""
-    from passes.assign_devices import AssignDevicesPass
-    from passes.autodiff import AutodiffPass
-    from passes.eliminate_dead_nodes import EliminateDeadNodesPass
-    from passes.fold_constants import FoldConstantsPass
-    from passes.insert_collectives import InsertCollectivesPass
-    from passes.lower_collectives import LowerCollectivesPass
-    from passes.lower_stop_gradients import LowerStopGradientsPass
-    from passes.lower_variable_updates import LowerVariableUpdatesPass
-    from passes.replicate import ReplicatePass
-
     slots: dict[str, list[PassBase]] = {
         "differentiate": [AutodiffPass(), LowerStopGradientsPass()],
         "replicate": [ReplicatePass(config.replicas, config.replica_offset, config.total_replicas)],
@@ -153,28 +158,17 @@ def build_pipeline(config: PipelineConfig) -> Pipeline:
         "devices": [AssignDevicesPass()],
     }
     if config.parameter_servers:
-        from passes.place_ps_variables import PlacePSVariablesPass
-
         slots["parameter_servers"] = [PlacePSVariablesPass()]
     if config.parameter_device is not None:
-        from passes.place_variables import PlaceVariablesPass
-
         slots["central_storage"] = [PlaceVariablesPass(config.parameter_device)]
     if config.multi_worker:
-        from passes.insert_cross_worker_collectives import InsertCrossWorkerCollectivesPass
-
         options = config.multi_worker
         slots["cross_worker"] = [InsertCrossWorkerCollectivesPass(int(options.get("num_workers", 1)),
                                                                   str(options.get("comm_group", "")),
                                                                   str(options.get("algorithm", "auto")))]
     if config.bucketing:
-        from passes.bucket_collectives import BucketCollectivesPass
-
         slots["bucketing"] = [BucketCollectivesPass(**dict(config.bucketing))]
     if config.logical_cores:
-        from passes.place_logical_devices import PlaceLogicalDevicesPass
-        from passes.shard_logical_devices import ShardLogicalDevicesPass
-
         cores = [list(c) for c in config.logical_cores]
         slots["logical_devices"] = [ShardLogicalDevicesPass(cores), PlaceLogicalDevicesPass(cores)]
     return Pipeline(config, slots)
