@@ -8,11 +8,13 @@ Cases:
 * node traced inside replica ``r`` (``meta["replica"]``): ``ctx.devices[r]``,
   and ``node.replica = r``;
 * node in cross-replica context: the first device (where ``strategy.reduce``
-  results land).
+  results land);
+* a replica without a device: ``GraphError``.
 """
 
 from __future__ import annotations
 
+from graphdist.errors import GraphError
 from graphdist.ir.graph import Graph
 from passes.base import PassBase, PassContext, PassResult
 
@@ -31,8 +33,9 @@ class AssignDevicesPass(PassBase):
                 continue
             replica = node.meta.get("replica")
             if replica is not None and replica >= len(ctx.devices):
-                raise ValueError(f"node {node.name} belongs to replica {replica} but only "
-                                 f"{len(ctx.devices)} devices are configured")
+                raise GraphError(f"node {node.name} belongs to replica {replica} but only {len(ctx.devices)} "
+                                 "device(s) are configured; the graph was replicated for more replicas than the "
+                                 "pass context's devices (give PassContext(devices=...) one device per replica)")
             node.device = ctx.devices[replica or 0]
             node.replica = replica
             modified = True

@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 
 from graphdist import nest, stats
+from graphdist.compile.build import compile_traced
 from graphdist.compile.interface import ArgumentFeed, Resolved, ResultLeaf, StepInterface, rebuild_results
-from graphdist.compile.pipeline import Pipeline, PipelineConfig, build_pipeline
+from graphdist.compile.pipeline import PipelineConfig, build_pipeline
 from graphdist.errors import InvalidArgumentError, TracingError
 from graphdist.ir.batch import BatchDim
 from graphdist.ir.graph import Graph
@@ -312,45 +313,6 @@ class Function:
 
     def __repr__(self) -> str:
         return f"<graphdist.Function {self._name} signatures={len(self._concrete)}>"
-
-
-def compile_traced(traced: Graph, interface: StepInterface, pipeline: Pipeline | list[Any],
-                   placement: PlacementSpec, backend: str | None) -> tuple[dict[str, Graph], Any, Resolved]:
-    """Rewrites, partitions and compiles a traced step.
-
-    Returns:
-        ``({"traced", "rewritten", "partitioned"} graphs, compiled plan, resolved interface)``; the
-        rewritten graph's results are in result order (``resolved.output_order`` is the identity).
-    """
-    from graphdist.backends import get_backend
-    from graphdist.compile.plan import Plan
-    from passes.base import PassContext, PassManager
-    from passes.partition import PartitionPass
-
-    config = pipeline.config if isinstance(pipeline, Pipeline) else PipelineConfig()
-    ctx = PassContext(devices=tuple(config.devices))
-    graph = traced.copy()
-    graph.meta["placement"] = placement
-    rewritten = PassManager(list(pipeline)).run(graph, ctx).graph
-    resolved = _arrange_results(rewritten, interface)
-    partitioned = PassManager([PartitionPass()]).run(rewritten.copy(), ctx).graph
-    plan = Plan.from_graph(partitioned).compile(get_backend(backend))
-    return {"traced": traced, "rewritten": rewritten, "partitioned": partitioned}, plan, resolved
-
-
-def _arrange_results(graph: Graph, interface: StepInterface) -> Resolved:
-    """Puts the result outputs in result order, each per-replica leaf's replicas together and in order
-    (variable updates stay last, where ``LowerVariableUpdatesPass`` put them).
-    """
-    resolved = interface.resolve(graph)
-    order = resolved.output_order
-    updates = len(graph.meta.get("variable_updates", []))
-    results = graph.outputs[: len(graph.outputs) - updates]
-    if sorted(order) != list(range(len(results))):
-        raise TracingError(f"graph {graph.name!r}: the step's results do not map one to one onto its outputs")
-    if order != list(range(len(order))):
-        graph.outputs = [results[p] for p in order] + graph.outputs[len(results):]
-    return Resolved(resolved.input_names, list(range(len(order))), resolved.counts)
 
 
 def _placement(strategy: Any, traced: Graph, variables: dict[str, Variable]) -> PlacementSpec:

@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 
 from graphdist import nest
-from graphdist.compile.plan import Plan
 from graphdist.errors import PlanError
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "READABLE_VERSIONS", "PLAN_FILE", "STAGES", "encode_treedef", "decode_treedef",
@@ -275,7 +274,7 @@ def count_leaves(treedef: nest.TreeDef) -> int:
     return sum(count_leaves(c) for c in treedef[3])
 
 
-def task_dag(plan: Plan) -> list[dict[str, Any]]:
+def task_dag(plan: Any) -> list[dict[str, Any]]:
     """Tasks (segments and communication) in a topological order with their dependencies."""
     tasks = [("segment", s) for s in plan.segments] + [("collective", c) for c in plan.comms]
     ids = [f"{kind}:{task.name}" for kind, task in tasks]

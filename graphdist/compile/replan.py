@@ -30,8 +30,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from graphdist.compile.build import compile_traced
 from graphdist.compile.export import step_files
-from graphdist.compile.function import compile_traced
 from graphdist.compile.load import load_files
 from graphdist.compile.loaded import LoadedPlan
 from graphdist.compile.step import StepRecord

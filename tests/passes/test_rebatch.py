@@ -10,7 +10,7 @@ import pytest
 
 import graphdist as gd
 from graphdist.backends import default_cache, get_backend
-from graphdist.compile.function import compile_traced
+from graphdist.compile.build import compile_traced
 from graphdist.ir import Graph, assert_structural_equal, structural_diff, verify
 from graphdist.ir.batch import BatchDim, affine
 from graphdist.ir.placement import PlacementSpec, VariablePlacement
