@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +17,8 @@ import pytest
 import graphdist as gd
 from models.mlp import MLP
 from tests.distribute import mpi_jobs
+
+PLAN_V1 = Path(__file__).parent / "data" / "plan_v1_mlp"
 
 GLOBAL = 16
 SIZES = (6, 5, 3)
@@ -143,19 +146,30 @@ def test_replica_count_must_divide_the_global_batch(exported: str) -> None:
         gd.load_plan(exported).replan(gd.MirroredStrategy(["cpu:0", "cpu:1", "cpu:2"]))
 
 
-def test_plan_from_before_replanning_is_refused(exported: str, tmp_path) -> None:
-    import shutil
+def test_plan_from_before_replanning_runs_but_is_refused(tmp_path) -> None:
+    """A real schema-1 plan (exported by graphdist 48f7770, before re-planning) still loads and trains.
 
-    old = tmp_path / "old"
-    shutil.copytree(exported, old)
-    doc = json.loads((old / "plan.json").read_text())
-    doc["version"] = 1
-    del doc["traced"], doc["replicas"]
-    (old / "plan.json").write_text(json.dumps(doc))
-    loaded = gd.load_plan(old)  # still runs
-    assert np.isfinite(loaded(X[:GLOBAL], LABELS[:GLOBAL]))
+    The fixture is a Mirrored(2) SGD(0.1) step of MLP(6, 5, 3) on
+    ``arange(48) / 48`` with labels ``arange(8) % 3``; the oracle is the same
+    step traced and run by this graphdist on one device.
+    """
+    x = np.arange(48, dtype=np.float32).reshape(8, 6) / 48.0
+    labels = np.arange(8) % 3
+    strategy = gd.OneDeviceStrategy("cpu:0")
+    with strategy.scope():
+        model = MLP(SIZES, seed=0, trainable=True)
+        optimizer = gd.optimizers.SGD(0.1)
+    replica_step = model.make_train_step(optimizer, 8)
+    expected_loss = float(gd.function(lambda a, b: strategy.run(replica_step, args=(a, b)))(x, labels))
+
+    old = gd.load_plan(PLAN_V1)
+    assert json.loads((PLAN_V1 / "plan.json").read_text())["version"] == 1
+    np.testing.assert_allclose(float(old(x, labels)), expected_loss, rtol=1e-5)
+    after = old.variables
+    for variable in model.trainable_variables:
+        np.testing.assert_allclose(after[variable._name], variable.numpy(), rtol=1e-5, atol=1e-7)
     with pytest.raises(gd.PlanError, match="did not record the traced step.*schema version 1.*export it again"):
-        loaded.replan(gd.OneDeviceStrategy("cpu:0"))
+        old.replan(gd.OneDeviceStrategy("cpu:0"))
 
 
 def test_parameter_server_target_outside_launch_is_refused() -> None:
