@@ -49,7 +49,7 @@ def add_replan_parser(commands: Any, formatter: type) -> None:
     command.add_argument("-o", "--output", metavar="OUT", required=True, help="plan directory to write")
     command.add_argument("--overwrite", action="store_true", help="replace an existing plan directory at OUT")
     command.add_argument("--backend", choices=BACKENDS, default=None,
-                         help="backend to compile with (default: the plan's)")
+                         help="backend to compile with (default: the strategy's, tvm for tpu; else the plan's)")
     command.set_defaults(handler=cmd_replan)
 
 

@@ -198,8 +198,8 @@ class ConcreteFunction:
         from graphdist.compile.replan import replan
         from graphdist.compile.step import record_of_concrete
 
-        return replan(record_of_concrete(self, check=False), strategy, backend=backend or self.plan.backend_name,
-                      checker=lambda: self._rebatch_check())
+        return replan(record_of_concrete(self, check=False), strategy, backend=backend,
+                      plan_backend=self.plan.backend_name, checker=lambda: self._rebatch_check())
 
     def _rebatch_check(self) -> dict[str, Any]:
         from graphdist.compile.step import check_rebatch

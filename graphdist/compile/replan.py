@@ -44,14 +44,16 @@ __all__ = ["replan"]
 logger = logging.getLogger(__name__)
 
 
-def replan(record: StepRecord, strategy: Any, *, backend: str | None = None,
+def replan(record: StepRecord, strategy: Any, *, backend: str | None = None, plan_backend: str | None = None,
            checker: Callable[[], dict[str, Any]] | None = None) -> LoadedPlan:
     """A plan of ``record``'s step for ``strategy`` (see the module docstring).
 
     Args:
         record: The step (``record_of_concrete(concrete)`` or a plan directory's).
         strategy: The target strategy.
-        backend: Backend to compile with (default: the strategy's, else ``ort``).
+        backend: Backend to compile with (default: the strategy's, e.g. ``tvm`` for TPU, else
+            ``plan_backend``, else ``ort``).
+        plan_backend: The backend the step was compiled with before.
         checker: Computes ``record.rebatch`` when the per-replica batch changes and the record has
             not been checked (a concrete function checks by tracing again).
 
@@ -71,7 +73,7 @@ def replan(record: StepRecord, strategy: Any, *, backend: str | None = None,
     placement = PlacementSpec({spec.uid: strategy._place_value(spec, record.values[name])
                                for name, spec in record.variables})
     graphs, plan, resolved = compile_traced(graph, interface, strategy.pipeline(), placement,
-                                            backend or config.backend)
+                                            backend or config.backend or plan_backend)
     replanned = StepRecord(record.name, graphs["traced"], interface, record.argument_structure,
                            record.argument_details, record.output_structure, record.variables, record.values,
                            config.total_replicas, record.rebatch)

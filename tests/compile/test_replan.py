@@ -71,7 +71,8 @@ def _check_weights(variables: dict[str, np.ndarray], expected: dict[str, np.ndar
     lambda: gd.MirroredStrategy(["cpu:0", "cpu:1", "cpu:2", "cpu:3"]),
     lambda: gd.CentralStorageStrategy(["cpu:0", "cpu:1"]),
     lambda: gd.CentralStorageStrategy(["cpu:0", "cpu:1"], "cpu:5"),
-], ids=["one_device", "mirrored4", "central2", "central2_cpu5"])
+    lambda: gd.TPUStrategy(gd.cluster_resolver.TPUClusterResolver(tpu="local[4]")),
+], ids=["one_device", "mirrored4", "central2", "central2_cpu5", "tpu4"])
 def test_loaded_plan_replans_and_trains_like_one_device(exported: str, target) -> None:
     expected = _variables_after(2)
     plan = gd.load_plan(exported).replan(target())
