@@ -61,6 +61,11 @@ class OpDef:
         gradient: Reverse-mode rule (set by autodiff), or ``None``.
         reference: numpy implementation ``(*inputs, **attrs) -> tuple``.
         doc: One-line description.
+        attrs: Attribute defaults.
+        since: For ONNX ops, the oldest default-domain opset whose form of the op this OpDef models
+            (inputs, attributes, semantics); ``None`` means the op's form at :data:`OPSET` and
+            later. A graph at an older opset (an imported model) gets the generic OpDef made from
+            ONNX's own schema instead (see :func:`get_opdef`).
     """
 
     op_type: str
@@ -70,6 +75,7 @@ class OpDef:
     reference: Callable[..., tuple[np.ndarray, ...]] | None = None
     doc: str = ""
     attrs: dict[str, Any] = field(default_factory=dict)
+    since: int | None = None
 
 
 _REGISTRY: dict[tuple[str, str], OpDef] = {}
