@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphdist.errors import GraphError
+from graphdist.errors import TracingError
 from graphdist.ir import gradients  # noqa: F401 - registers the rules
 from graphdist.ir.gradients import GradBuilder
-from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
-from graphdist.ir.ops import get_opdef
+from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Node, Value
+from graphdist.ir.ops import OPSET, get_opdef, has_opdef, node_opdef
 from passes.base import PassBase, PassContext, PassResult
 
 __all__ = ["AutodiffPass"]
@@ -43,6 +43,18 @@ def _accumulate(b: GradBuilder, grads: dict[int, Value], value: Value, grad: Val
     grads[id(value)] = grad if previous is None else b.add(previous, grad)
 
 
+def _not_differentiable(node: Node) -> str:
+    where = f"node {node.name}{', at ' + node.meta['source'] if 'source' in node.meta else ''}"
+    fix = "Rewrite that part with differentiable numpy ops, or stop the gradient before it (gd.stop_gradient)"
+    if node.domain == ONNX_DOMAIN and has_opdef(node.op_type) and get_opdef(node.op_type).gradient is not None:
+        since = get_opdef(node.op_type).since or OPSET
+        fix = (f"graphdist differentiates its form from opset {since} on, and this graph is at opset "
+               f"{node.graph.opset}: convert the model up (onnx.version_converter.convert_version(model, "
+               f"{OPSET})) before loading it")
+    return (f"cannot differentiate through {node.qualified_op} ({where}): the op has no gradient rule at "
+            f"opset {node.graph.opset if node.graph is not None else OPSET}. {fix}")
+
+
 def _backward(graph: Graph, gradient_node: Node, b: GradBuilder) -> list[Value]:
     target, *sources = gradient_node.inputs
     forward = graph.nodes[: graph.nodes.index(gradient_node)]
@@ -54,13 +66,9 @@ def _backward(graph: Graph, gradient_node: Node, b: GradBuilder) -> list[Value]:
             continue
         if not any(v is not None and id(v) in reached for v in node.inputs):
             continue
-        rule = get_opdef(node.op_type, node.domain).gradient
+        rule = node_opdef(node).gradient
         if rule is None:
-            raise GraphError(
-                f"cannot differentiate through {node.qualified_op} (node {node.name}"
-                f"{', at ' + node.meta['source'] if 'source' in node.meta else ''}): the op has no gradient "
-                "rule. Rewrite that part with differentiable numpy ops, or stop the gradient before it"
-            )
+            raise TracingError(_not_differentiable(node))
         input_grads = rule(b, node, output_grads)
         for value, grad in zip(node.inputs, input_grads):
             if value is not None and grad is not None and id(value) in reached:

@@ -35,7 +35,7 @@ import numpy as np
 from graphdist.errors import GraphError
 from graphdist.ir.batch import BatchDim, elements, evaluate
 from graphdist.ir.graph import Graph
-from graphdist.ir.ops import get_opdef
+from graphdist.ir.ops import node_opdef
 from passes.base import PassBase, PassContext, PassResult
 
 __all__ = ["RebatchPass"]
@@ -75,7 +75,7 @@ class RebatchPass(PassBase):
                 value.const_value = evaluate(np.asarray(value.const_value), provenance, self.batch)
         for node in graph.nodes:
             try:
-                types = get_opdef(node.op_type, node.domain).infer(node, len(node.outputs))
+                types = node_opdef(node).infer(node, len(node.outputs))
             except GraphError as err:
                 raise GraphError(self._where(node) + f": {err}") from None
             for out, (dtype, shape) in zip(node.outputs, types):

@@ -27,7 +27,7 @@ def extract_subgraph(graph: Graph, nodes: list[Node], name: str, outputs: list[V
     Values read but not produced by ``nodes`` become inputs (initializers are
     copied); ``outputs`` become the sub-graph's outputs.
     """
-    sub = Graph(name, stage=graph.stage)
+    sub = Graph(name, stage=graph.stage, opset_imports=graph.opset_imports)
     mapping: dict[int, Value] = {}
 
     def resolve(value: Value) -> Value:

@@ -173,12 +173,19 @@ class Graph:
         nodes: Nodes in a valid topological order.
         stage: Pipeline stage the graph is in (``"traced"``, ``"rewritten"``,
             ``"partitioned"``), checked by :func:`graphdist.ir.verify`.
+        opset_imports: Opset version per ONNX domain (``""`` is the default
+            domain): the forms of the ops in the graph. Traced graphs use
+            :data:`graphdist.ir.ops.OPSET`; an imported model keeps its own.
         meta: Free-form annotations (for example the output structure).
     """
 
-    def __init__(self, name: str = "graph", stage: str = "traced") -> None:
+    def __init__(self, name: str = "graph", stage: str = "traced", *,
+                 opset_imports: dict[str, int] | None = None) -> None:
+        from graphdist.ir.ops import OPSET  # local: ops imports graph
+
         self.name = name
         self.stage = stage
+        self.opset_imports: dict[str, int] = dict(opset_imports or {ONNX_DOMAIN: OPSET})
         self.inputs: list[Value] = []
         self.outputs: list[Value] = []
         self.initializers: dict[str, Value] = {}
@@ -187,6 +194,13 @@ class Graph:
         self._names: set[str] = set()
         self._node_names: set[str] = set()
         self._counter = itertools.count()
+
+    @property
+    def opset(self) -> int:
+        """The default-domain (``ai.onnx``) opset version of the graph."""
+        from graphdist.ir.ops import OPSET  # local: ops imports graph
+
+        return self.opset_imports.get(ONNX_DOMAIN, OPSET)
 
     # ------------------------------------------------------------------ names
     def unique_name(self, hint: str, *, node: bool = False) -> str:
@@ -250,7 +264,7 @@ class Graph:
         node = Node(op_type, inputs, attrs, domain=domain)
         node.name = self.unique_name(name or op_type.lower(), node=True)
         if output_types is None:
-            opdef = get_opdef(op_type, domain)
+            opdef = get_opdef(op_type, domain, self.opset_imports.get(domain))
             output_types = opdef.infer(node, num_outputs)
         for index, (dtype, shape) in enumerate(output_types):
             out = Value(self.unique_name(node.name if index == 0 else f"{node.name}_{index}"), dtype, shape)
@@ -391,7 +405,7 @@ class Graph:
 
     def copy(self) -> Graph:
         """Deep copy of structure (constant arrays are shared, not copied)."""
-        new = Graph(self.name, self.stage)
+        new = Graph(self.name, self.stage, opset_imports=self.opset_imports)
         new.meta = dict(self.meta)
         new._names = set(self._names)
         new._node_names = set(self._node_names)

@@ -17,13 +17,17 @@ import onnx
 from onnx import helper, numpy_helper
 
 from graphdist.errors import GraphError
-from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
-from graphdist.ir.ops import GRAPHDIST_OPSET, OPSET, get_opdef, numpy_dtype, onnx_dtype
+from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Node, Value
+from graphdist.ir.onnx_schema_ops import type_of
+from graphdist.ir.ops import GRAPHDIST_OPSET, OPSET, get_opdef, onnx_dtype
 
-__all__ = ["to_onnx", "from_onnx", "ORT_IR_VERSION"]
+__all__ = ["to_onnx", "from_onnx", "attribute_proto", "ORT_IR_VERSION", "MAX_OPSET"]
 
-#: IR version written into every model; ONNX Runtime 1.31 accepts at most 13.
+#: Least IR version written into every model (more when the opsets need it); ONNX Runtime 1.31
+#: accepts at most 13.
 ORT_IR_VERSION = 10
+#: The newest default-domain opset ONNX Runtime 1.31 loads: imported models may use any opset up to it.
+MAX_OPSET = 26
 
 
 def _value_info(value: Value) -> onnx.ValueInfoProto:
@@ -31,7 +35,15 @@ def _value_info(value: Value) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(value.name, onnx_dtype(value.dtype), dims)
 
 
-def _attribute(name: str, value: Any) -> onnx.AttributeProto:
+def attribute_proto(name: str, value: Any) -> onnx.AttributeProto:
+    """The ONNX attribute ``name`` holding ``value`` (a Python/numpy value, or an ``AttributeProto`` kept
+    from an imported model for attribute kinds graphdist does not interpret).
+    """
+    if isinstance(value, onnx.AttributeProto):
+        proto = onnx.AttributeProto()
+        proto.CopyFrom(value)
+        proto.name = name
+        return proto
     if isinstance(value, np.ndarray):
         return helper.make_attribute(name, numpy_helper.from_array(value))
     if isinstance(value, (np.integer, np.floating)):
@@ -62,7 +74,7 @@ def _node_proto(node: Node, keep_meta: bool = False) -> onnx.NodeProto:
     if as_identity:
         entry = proto.metadata_props.add()
         entry.key, entry.value = "graphdist_op", node.op_type
-    proto.attribute.extend(_attribute(k, v) for k, v in sorted(node.attrs.items()) if v is not None)
+    proto.attribute.extend(attribute_proto(k, v) for k, v in sorted(node.attrs.items()) if v is not None)
     for key, text in (("device", node.device), ("replica", node.replica)):
         if text is not None:
             entry = proto.metadata_props.add()
@@ -87,12 +99,12 @@ def _restore_meta(node: Node, proto: onnx.NodeProto) -> None:
             node.meta[key] = True if key == "side_effect" else prop.value
 
 
-def to_onnx(graph: Graph, *, opset: int = OPSET, doc: str = "") -> onnx.ModelProto:
+def to_onnx(graph: Graph, *, opset: int | None = None, doc: str = "") -> onnx.ModelProto:
     """Lowers ``graph`` to a checked ``onnx.ModelProto``.
 
     Args:
         graph: Graph to lower.
-        opset: Default-domain opset version.
+        opset: Default-domain opset version (default: the graph's, ``graph.opset``).
         doc: Model doc string.
 
     Returns:
@@ -107,26 +119,21 @@ def to_onnx(graph: Graph, *, opset: int = OPSET, doc: str = "") -> onnx.ModelPro
         initializer=initializers,
         value_info=[_value_info(out) for n in graph.nodes for out in n.outputs if out not in graph.outputs],
     )
-    opsets = [helper.make_opsetid("", opset)]
+    versions = {**graph.opset_imports, ONNX_DOMAIN: opset if opset is not None else graph.opset}
     if any(n.domain == GRAPHDIST_DOMAIN for n in graph.nodes):
-        opsets.append(helper.make_opsetid(GRAPHDIST_DOMAIN, GRAPHDIST_OPSET))
+        versions[GRAPHDIST_DOMAIN] = GRAPHDIST_OPSET
+    opsets = [helper.make_opsetid(domain, version) for domain, version in sorted(versions.items())]
     model = helper.make_model(graph_proto, opset_imports=opsets, producer_name="graphdist", doc_string=doc)
-    model.ir_version = ORT_IR_VERSION
+    model.ir_version = max(ORT_IR_VERSION, helper.find_min_ir_version_for(opsets, ignore_unknown=True))
     return model
 
 
 # ------------------------------------------------------------------ import
-def _shape_of(type_proto: onnx.TypeProto, name: str = "") -> tuple[int | str, ...]:
-    if not type_proto.tensor_type.HasField("shape"):
-        raise GraphError(f"value {name!r} has no shape (unknown rank); graphdist needs the rank of every "
-                         "graph input and output: give the model a typed input/output with a shape")
-    dims = []
-    for index, dim in enumerate(type_proto.tensor_type.shape.dim):
-        if dim.HasField("dim_value"):
-            dims.append(int(dim.dim_value))
-        else:
-            dims.append(dim.dim_param or f"d{index}")
-    return tuple(dims)
+#: Attribute kinds imported as Python values; the others (graphs, type protos, sparse tensors) stay
+#: ``AttributeProto`` objects that lowering writes back unchanged.
+_PYTHON_ATTRIBUTES = frozenset({onnx.AttributeProto.INT, onnx.AttributeProto.FLOAT, onnx.AttributeProto.STRING,
+                                onnx.AttributeProto.INTS, onnx.AttributeProto.FLOATS, onnx.AttributeProto.STRINGS,
+                                onnx.AttributeProto.TENSOR})
 
 
 def _python_attr(attr: onnx.AttributeProto) -> Any:
@@ -136,8 +143,12 @@ def _python_attr(attr: onnx.AttributeProto) -> Any:
             "straight-line graphs"
         )
     value = helper.get_attribute_value(attr)
+    if attr.type not in _PYTHON_ATTRIBUTES or (isinstance(value, list) and not value):
+        return attr  # kept as is: lowering writes it back with its own type
     if isinstance(value, bytes):
         return value.decode()
+    if attr.type == onnx.AttributeProto.STRINGS:
+        return [v.decode() for v in value]
     if isinstance(value, onnx.TensorProto):
         return numpy_helper.to_array(value)
     return value
@@ -155,24 +166,42 @@ def _load_model_file(path: str) -> onnx.ModelProto:
     return model
 
 
-def from_onnx(model: onnx.ModelProto | str | os.PathLike[str]) -> Graph:
-    """Imports an ONNX model (or a path to one) into a graphdist graph.
+def model_opsets(model: onnx.ModelProto) -> dict[str, int]:
+    """The model's opset per domain (``""`` for ``ai.onnx``), checked against what graphdist can run.
 
-    ``Constant`` nodes become initializers; every other op must be registered.
+    Raises:
+        GraphError: The default-domain opset is newer than ONNX Runtime loads.
+    """
+    versions = {("" if o.domain == "ai.onnx" else o.domain): int(o.version) for o in model.opset_import}
+    versions.setdefault(ONNX_DOMAIN, OPSET)
+    if versions[ONNX_DOMAIN] > MAX_OPSET:
+        raise GraphError(f"the model uses opset {versions[ONNX_DOMAIN]} of ai.onnx; ONNX Runtime (and so "
+                         f"graphdist) runs opsets up to {MAX_OPSET}: export it with opset {MAX_OPSET} or older")
+    return versions
+
+
+def from_onnx(model: onnx.ModelProto | str | os.PathLike[str]) -> Graph:
+    """Imports an ONNX model (or a path to one) into a graphdist graph, at the model's own opsets.
+
+    ``Constant`` nodes become initializers. Ops with a hand-written OpDef that
+    models their form at the model's opset use it; every other op of an ONNX
+    domain gets a generic OpDef from ONNX's schema
+    (:mod:`graphdist.ir.onnx_schema_ops`). Nothing is converted to another opset.
 
     Raises:
         GraphError: The file is missing, unreadable or not an ONNX model, is
-            empty, or uses an unsupported op or construct.
+            empty, has an opset newer than ONNX Runtime runs, uses an op no
+            ONNX domain defines, or holds non-tensor values or subgraphs.
     """
     if isinstance(model, (str, os.PathLike)):
         model = _load_model_file(os.fspath(model))
-    model = _at_opset(model)
+    opsets = model_opsets(model)
     try:
-        inferred = onnx.shape_inference.infer_shapes(model)
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception:  # noqa: BLE001 - custom domains can defeat ONNX inference; our rules still run
         inferred = model
     proto = inferred.graph
-    graph = Graph(proto.name or "imported", stage="traced")
+    graph = Graph(proto.name or "imported", stage="traced", opset_imports=opsets)
     values: dict[str, Value] = {}
     types = {vi.name: vi for vi in [*proto.value_info, *proto.output]}
     init_names = {t.name for t in proto.initializer}
@@ -181,33 +210,19 @@ def from_onnx(model: onnx.ModelProto | str | os.PathLike[str]) -> Graph:
     for vi in proto.input:
         if vi.name in init_names:
             continue
-        value = Value(vi.name, numpy_dtype(vi.type.tensor_type.elem_type), _shape_of(vi.type, vi.name))
+        dtype, shape = type_of(vi.type, f"graph input {vi.name!r}", lambda axis: f"d{axis}")
+        value = Value(vi.name, dtype, shape)
         graph._names.add(vi.name)
         graph.inputs.append(value)
         values[vi.name] = value
     for node_proto in proto.node:
         _import_node(graph, node_proto, values, types)
+    for vi in proto.output:
+        if vi.name not in values:
+            raise GraphError(f"graph output {vi.name!r} is not computed by any node")
+        type_of(vi.type, f"graph output {vi.name!r}", lambda axis: f"d{axis}")
     graph.outputs = [values[o.name] for o in proto.output]
     return graph
-
-
-def _at_opset(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` converted to the default-domain opset graphdist's shape rules follow.
-
-    Older opsets pass axes, split sizes and clip bounds as attributes rather than inputs.
-    """
-    version = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), OPSET)
-    if version == OPSET:
-        return model
-    from onnx import version_converter
-
-    try:
-        return version_converter.convert_version(model, OPSET)
-    except Exception as err:  # noqa: BLE001 - the converter raises assorted errors
-        raise GraphError(
-            f"cannot import an ONNX model with opset {version}: converting it to opset {OPSET} failed "
-            f"({type(err).__name__}: {err}); re-export it with opset {OPSET}"
-        ) from None
 
 
 _CONSTANT_FORMS = {
@@ -222,6 +237,21 @@ def _import_initializer(graph: Graph, name: str, array: np.ndarray) -> Value:
     return value
 
 
+def _constant_value(proto: onnx.NodeProto, where: str) -> np.ndarray:
+    attrs = {a.name: a for a in proto.attribute}
+    if "value" in attrs:
+        return numpy_helper.to_array(attrs["value"].t)
+    if len(attrs) == 1 and next(iter(attrs)) in _CONSTANT_FORMS:
+        key, attr = next(iter(attrs.items()))
+        return np.asarray(helper.get_attribute_value(attr), dtype=_CONSTANT_FORMS[key])
+    if len(attrs) == 1 and next(iter(attrs)) in ("value_string", "value_strings"):
+        key, attr = next(iter(attrs.items()))
+        raw = helper.get_attribute_value(attr)
+        return np.asarray([v.decode() for v in raw] if isinstance(raw, list) else raw.decode(), dtype=object)
+    raise GraphError(f"{where}: Constant with attribute(s) {sorted(attrs)} is not supported; use "
+                     f"'value' or one of {', '.join(_CONSTANT_FORMS)}")
+
+
 def _import_node(graph: Graph, proto: onnx.NodeProto, values: dict[str, Value], types: dict) -> None:
     domain = "" if proto.domain == "ai.onnx" else proto.domain
     tagged = {p.key: p.value for p in proto.metadata_props}.get("graphdist_op")
@@ -230,19 +260,10 @@ def _import_node(graph: Graph, proto: onnx.NodeProto, values: dict[str, Value], 
         proto.op_type, proto.domain, domain = tagged, GRAPHDIST_DOMAIN, GRAPHDIST_DOMAIN
     where = f"node {proto.name!r} ({proto.op_type})" if proto.name else f"a {proto.op_type} node"
     if proto.op_type == "Constant" and domain == "":
-        attrs = {a.name: _python_attr(a) for a in proto.attribute}
-        if "value" in attrs:
-            array = np.asarray(attrs["value"])
-        elif len(attrs) == 1 and next(iter(attrs)) in _CONSTANT_FORMS:
-            key, raw = next(iter(attrs.items()))
-            array = np.asarray(raw, dtype=_CONSTANT_FORMS[key])
-        else:
-            raise GraphError(f"{where}: Constant with attribute(s) {sorted(attrs)} is not supported; use "
-                             f"'value' or one of {', '.join(_CONSTANT_FORMS)}")
-        values[proto.output[0]] = _import_initializer(graph, proto.output[0], array)
+        values[proto.output[0]] = _import_initializer(graph, proto.output[0], _constant_value(proto, where))
         return
     try:
-        get_opdef(proto.op_type, domain)
+        opdef = get_opdef(proto.op_type, domain, graph.opset_imports.get(domain))
         attrs = {a.name: _python_attr(a) for a in proto.attribute}
     except GraphError as err:
         raise GraphError(f"cannot import {where}: {err}") from None
@@ -250,18 +271,32 @@ def _import_node(graph: Graph, proto: onnx.NodeProto, values: dict[str, Value], 
         inputs = [values[name] if name else None for name in proto.input]
     except KeyError as err:
         raise GraphError(f"node {proto.name!r} reads undefined value {err.args[0]!r}") from None
+    while inputs and inputs[-1] is None:
+        inputs.pop()  # trailing omitted optional inputs: ONNX allows both spellings
     node = Node(proto.op_type, inputs, attrs, domain=domain)
     node.name = graph.unique_name(proto.name or proto.op_type.lower(), node=True)
     _restore_meta(node, proto)
-    known = [types.get(name) for name in proto.output]
-    if all(vi is not None and vi.type.tensor_type.elem_type and vi.type.tensor_type.HasField("shape")
-           for vi in known):
-        out_types = [(numpy_dtype(vi.type.tensor_type.elem_type), _shape_of(vi.type, vi.name)) for vi in known]
-    else:
-        out_types = get_opdef(proto.op_type, domain).infer(node, len(proto.output))
+    out_types = _output_types(node, proto, opdef, types, where)
     for index, (name, (dtype, shape)) in enumerate(zip(proto.output, out_types)):
+        if not name:
+            name = graph.unique_name(f"{node.name}_unused_{index}")
         out = Value(name, dtype, shape, producer=node, index=index)
         graph._names.add(name)
         node.outputs.append(out)
         values[name] = out
     graph.append(node)
+
+
+def _output_types(node: Node, proto: onnx.NodeProto, opdef: Any, types: dict, where: str) -> list:
+    """The node's output types: ONNX's inference where it has them (static shapes), else the OpDef's rule."""
+    known = [types.get(name) for name in proto.output]
+    for vi in known:
+        if vi is not None and vi.type.WhichOneof("value") not in (None, "tensor_type"):
+            type_of(vi.type, f"output {vi.name!r} of {where}", lambda axis: "")  # raises: not a tensor
+    if all(vi is not None and vi.type.tensor_type.elem_type and vi.type.tensor_type.HasField("shape")
+           for vi in known):
+        return [type_of(vi.type, vi.name, lambda axis, n=vi.name: f"{n}_d{axis}") for vi in known]
+    try:
+        return opdef.infer(node, len(proto.output))
+    except GraphError as err:
+        raise GraphError(f"cannot import {where}: {err}") from None

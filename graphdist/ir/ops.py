@@ -27,7 +27,7 @@ import onnx
 
 from graphdist.errors import GraphError
 from graphdist.ir.batch import elements, with_batch
-from graphdist.ir.graph import ONNX_DOMAIN, Dim, Node, Shape, Value
+from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Dim, Node, Shape, Value
 
 __all__ = [
     "OPSET",
@@ -35,6 +35,8 @@ __all__ = [
     "OpDef",
     "register_op",
     "get_opdef",
+    "node_opdef",
+    "install_generic_ops",
     "has_opdef",
     "registered_ops",
     "broadcast_shapes",
@@ -80,6 +82,12 @@ class OpDef:
 
 _REGISTRY: dict[tuple[str, str], OpDef] = {}
 
+#: Makes the OpDef of an op without a hand-written one from ONNX's schemas
+#: (:mod:`graphdist.ir.onnx_schema_ops` installs it): ``(op_type, domain, opset) -> OpDef | None``.
+_generic: Callable[[str, str, int], OpDef | None] | None = None
+#: The since-version of ``domain.op_type``'s schema at an opset: ``(op_type, domain, opset) -> int | None``.
+_schema_since: Callable[[str, str, int], int | None] | None = None
+
 
 def register_op(opdef: OpDef) -> OpDef:
     """Adds (or replaces) an op in the registry."""
@@ -87,24 +95,78 @@ def register_op(opdef: OpDef) -> OpDef:
     return opdef
 
 
-def get_opdef(op_type: str, domain: str = ONNX_DOMAIN) -> OpDef:
-    """Returns the OpDef of ``domain.op_type``.
+def install_generic_ops(make: Callable[[str, str, int], OpDef | None],
+                        since: Callable[[str, str, int], int | None]) -> None:
+    """Installs the maker of generic OpDefs for ONNX ops without a hand-written one."""
+    global _generic, _schema_since
+    _generic, _schema_since = make, since
+
+
+def _load_generic_ops() -> None:
+    if _generic is None:
+        from graphdist.ir import onnx_schema_ops  # noqa: F401 - installs itself; it imports this module
+
+
+def _models(opdef: OpDef, opset: int) -> bool:
+    """Whether the hand-written ``opdef`` models its op's form at ``opset``."""
+    _load_generic_ops()
+    here = _schema_since(opdef.op_type, opdef.domain, opset)
+    if here is None:
+        return False
+    floor = _schema_since(opdef.op_type, opdef.domain, opdef.since or OPSET)
+    return floor is None or here >= floor
+
+
+def get_opdef(op_type: str, domain: str = ONNX_DOMAIN, opset: int | None = None) -> OpDef:
+    """Returns the OpDef of ``domain.op_type`` (at ``opset``, the domain's version in the graph).
+
+    The hand-written OpDef when there is one that models the op's form at
+    ``opset`` (see :attr:`OpDef.since`); otherwise, for ops with an ONNX
+    schema, a generic OpDef made from it (shapes from ONNX's shape inference,
+    lowered unchanged, no gradient). ``opset=None`` asks for the hand-written
+    OpDef only.
 
     Raises:
-        GraphError: The op is not registered.
+        GraphError: No such op (at that opset).
     """
-    try:
-        return _REGISTRY[(domain, op_type)]
-    except KeyError:
+    opdef = _REGISTRY.get((domain, op_type))
+    if opdef is not None and (opset is None or domain == GRAPHDIST_DOMAIN or _models(opdef, opset)):
+        return opdef
+    _load_generic_ops()
+    if opset is not None:
+        generic = _generic(op_type, domain, opset)
+        if generic is not None:
+            return generic
+    raise GraphError(_unknown_op_message(op_type, domain, opset))
+
+
+def _unknown_op_message(op_type: str, domain: str, opset: int | None) -> str:
+    qualified = f"{domain + '.' if domain else ''}{op_type}"
+    if opset is None or domain == GRAPHDIST_DOMAIN:
         known = sorted(o for d, o in _REGISTRY if d == domain)
-        raise GraphError(
-            f"op {domain + '.' if domain else ''}{op_type} is not supported by graphdist; "
-            f"supported ops in this domain: {', '.join(known)}"
-        ) from None
+        return f"op {qualified} is not supported by graphdist; supported ops in this domain: {', '.join(known)}"
+    domain_name = domain or "ai.onnx"
+    removed = _schema_since(op_type, domain, opset)
+    if removed is not None:
+        return (f"op {qualified} was removed from {domain_name!r} at opset {removed} (the model uses opset "
+                f"{opset}); export the model with an opset older than {removed} or replace the op")
+    first = _schema_since(op_type, domain, 10**4)
+    if first is None:
+        return (f"op {qualified} is not an op graphdist knows: no ONNX schema in domain "
+                f"{domain_name!r} (custom and contrib domains are not supported)")
+    return (f"op {qualified} does not exist at opset {opset} of domain {domain_name!r} (it is newer): raise the "
+            f"model's opset_import for {domain_name!r}")
+
+
+def node_opdef(node: Node) -> OpDef:
+    """The OpDef of ``node`` at its graph's opset (hand-written only when it is in no graph)."""
+    graph = node.graph
+    opset = graph.opset_imports.get(node.domain) if graph is not None else None
+    return get_opdef(node.op_type, node.domain, opset)
 
 
 def has_opdef(op_type: str, domain: str = ONNX_DOMAIN) -> bool:
-    """True when ``domain.op_type`` is registered."""
+    """True when ``domain.op_type`` has a hand-written OpDef."""
     return (domain, op_type) in _REGISTRY
 
 
@@ -561,6 +623,25 @@ def _infer_random_like(node: Node, _: int | None) -> TypeList:
     return [(dtype, x.shape)]
 
 
+#: The oldest opset whose form of each op the rules here model (later versions only added types),
+#: from the ONNX changelog; ops not listed are modelled from their opset-18 form on.
+_SINCE = {
+    **dict.fromkeys(("Add", "Sub", "Mul", "Div", "Pow", "Equal", "Less", "Greater", "And", "Or", "Xor",
+                     "Sin", "Cos"), 7),
+    **dict.fromkeys(("Neg", "Abs", "Exp", "Log", "Sqrt", "Tanh", "Sigmoid", "Relu", "Reciprocal", "Floor",
+                     "Ceil", "Cast"), 6),
+    **dict.fromkeys(("Identity", "Not", "Softplus", "Transpose", "Gather", "MatMul", "Conv",
+                     "RandomUniformLike", "ConvTranspose"), 1),
+    **dict.fromkeys(("Max", "Min", "Expand"), 8),
+    **dict.fromkeys(("Sign", "Erf", "IsNaN", "Where"), 9),
+    **dict.fromkeys(("Mod", "IsInf", "Slice"), 10),
+    **dict.fromkeys(("Round", "ArgMax", "ArgMin", "Clip", "Pad"), 11),
+    **dict.fromkeys(("LessOrEqual", "GreaterOrEqual"), 12),
+    **dict.fromkeys(("ReduceSum", "Squeeze", "Unsqueeze", "Split", "Softmax", "LogSoftmax"), 13),
+    "Reshape": 5, "Concat": 4, "MaxPool": 8, "AveragePool": 7,
+}
+
+
 def _register_defaults() -> None:
     onnx_ops: dict[str, InferFn] = {}
     for name in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Mod"):
@@ -584,14 +665,17 @@ def _register_defaults() -> None:
         Softmax=_infer_softmax, LogSoftmax=_infer_softmax,
     )
     for name, infer in onnx_ops.items():
-        register_op(OpDef(name, ONNX_DOMAIN, infer))
+        register_op(OpDef(name, ONNX_DOMAIN, infer, since=_SINCE.get(name)))
     # Ops used by graphdist.trace.nn.
-    register_op(OpDef("Conv", ONNX_DOMAIN, _infer_conv,
+    register_op(OpDef("Conv", ONNX_DOMAIN, _infer_conv, since=_SINCE["Conv"],
                       doc="N-d convolution, layout (N, C, spatial...), weights (C_out, C_in/group, kernel...)."))
-    register_op(OpDef("MaxPool", ONNX_DOMAIN, _infer_pool, doc="Max over sliding windows (padding never wins)."))
-    register_op(OpDef("AveragePool", ONNX_DOMAIN, _infer_pool, doc="Mean over sliding windows."))
-    register_op(OpDef("Pad", ONNX_DOMAIN, _infer_pad, doc="Pads (or crops) axes by constant begin/end amounts."))
-    register_op(OpDef("RandomUniformLike", ONNX_DOMAIN, _infer_random_like,
+    register_op(OpDef("MaxPool", ONNX_DOMAIN, _infer_pool, since=_SINCE["MaxPool"],
+                      doc="Max over sliding windows (padding never wins)."))
+    register_op(OpDef("AveragePool", ONNX_DOMAIN, _infer_pool, since=_SINCE["AveragePool"],
+                      doc="Mean over sliding windows."))
+    register_op(OpDef("Pad", ONNX_DOMAIN, _infer_pad, since=_SINCE["Pad"],
+                      doc="Pads (or crops) axes by constant begin/end amounts."))
+    register_op(OpDef("RandomUniformLike", ONNX_DOMAIN, _infer_random_like, since=_SINCE["RandomUniformLike"],
                       doc="Uniform random values in [low, high) with the shape of the input."))
 
 
@@ -669,5 +753,5 @@ def _infer_conv_transpose(node: Node, _: int | None) -> TypeList:
     return [(dtype, (x.shape[0], out_channels, *spatial))]
 
 
-register_op(OpDef("ConvTranspose", ONNX_DOMAIN, _infer_conv_transpose,
+register_op(OpDef("ConvTranspose", ONNX_DOMAIN, _infer_conv_transpose, since=_SINCE["ConvTranspose"],
                   doc="Transposed N-d convolution (the input gradient of Conv), weights (C, C_out/group, kernel...)."))

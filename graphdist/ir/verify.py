@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from graphdist.errors import GraphError
 from graphdist.ir.comm_ops import is_communication
 from graphdist.ir.graph import Graph, Node
-from graphdist.ir.ops import get_opdef
+from graphdist.ir.ops import node_opdef
 
 __all__ = ["verify", "STAGES"]
 
@@ -78,7 +78,7 @@ def _duplicates(names: Iterable[str]) -> list[str]:
 def _check_node(node: Node, defined: set[int]) -> list[str]:
     problems = []
     try:
-        opdef = get_opdef(node.op_type, node.domain)
+        opdef = node_opdef(node)
     except GraphError as err:
         return [str(err)]
     for index, value in enumerate(node.inputs):

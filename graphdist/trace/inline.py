@@ -10,16 +10,21 @@ data-parallel inference step of an imported model from both).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from graphdist.errors import InvalidArgumentError, TracingError
-from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Value
+from graphdist.ir.fold import fold_node
+from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Value
+from graphdist.ir.onnx_schema_ops import schema_since
 from graphdist.trace.tracer import current_trace
 
-__all__ = ["inline_graph", "graph_function", "example_batch"]
+__all__ = ["inline_graph", "graph_function", "example_batch", "converted_graph"]
+
+logger = logging.getLogger(__name__)
 
 
 def _check_argument(graph: Graph, spec: Value, arg: Any, index: int, batch_axis: int | None) -> None:
@@ -35,8 +40,16 @@ def _check_argument(graph: Graph, spec: Value, arg: Any, index: int, batch_axis:
             raise TracingError(f"{where} got shape {list(shape)}: dimension {axis} must be {want}")
 
 
-def inline_graph(graph: Graph, args: Sequence[Any], *, batch_axis: int | None = None) -> list[Any]:
+def inline_graph(graph: Graph, args: Sequence[Any], *, batch_axis: int | None = None,
+                 bindings: Mapping[str, Any] | None = None, own_opset: bool = False) -> list[Any]:
     """Emits ``graph``'s nodes into the current trace and returns its outputs.
+
+    The graph keeps its ops' forms: a graph at a newer opset than the trace
+    raises the trace's opset (graphdist's own ops keep their meaning in newer
+    opsets); one at an older opset whose ops changed form since is converted
+    up with ONNX's version converter first. Nodes whose values are known now
+    (``Shape`` of a static shape, small arithmetic on constants) become
+    constants (:func:`graphdist.ir.fold.fold_node`).
 
     Args:
         graph: A graph of ONNX ops (typically from :func:`graphdist.ir.from_onnx`
@@ -48,6 +61,11 @@ def inline_graph(graph: Graph, args: Sequence[Any], *, batch_axis: int | None = 
             than the graph's inputs declare (the batch, when a model exported
             for batch 8 runs on a replica's share of 4). Output types are
             always re-inferred from the arguments.
+        bindings: Values for some of the graph's initializers, by name (a
+            model's variables, read in the trace); the others become constants.
+        own_opset: Trace the graph at its own opset (the trace must be empty:
+            nothing else will be emitted at that opset); for running an
+            imported model by itself.
 
     Returns:
         Traced tensors, one per graph output.
@@ -70,6 +88,7 @@ def inline_graph(graph: Graph, args: Sequence[Any], *, batch_axis: int | None = 
         raise TracingError(f"graph {graph.name!r} holds {', '.join(special)} nodes, which belong to one compiled "
                            "step and cannot be inlined into another; inline a graph of ONNX ops (a traced "
                            "forward pass or an imported model)")
+    graph = _at_trace_opset(graph, ctx, own_opset)
     mapping: dict[int, Value] = {}
     for index, (spec, arg) in enumerate(zip(graph.inputs, args)):
         _check_argument(graph, spec, arg, index, batch_axis)
@@ -78,8 +97,14 @@ def inline_graph(graph: Graph, args: Sequence[Any], *, batch_axis: int | None = 
             mapping[id(spec)] = arg.value
         else:
             mapping[id(spec)] = ctx.constant(np.asarray(arg, dtype=spec.dtype), name=spec.name)
+    bound = dict(bindings or {})
     for value in graph.initializers.values():
-        mapping[id(value)] = ctx.constant(value.const_value, name=value.name)
+        if value.name in bound:
+            mapping[id(value)] = _bound_value(graph, value, bound.pop(value.name), ctx)
+        else:
+            mapping[id(value)] = ctx.constant(value.const_value, name=value.name)
+    if bound:
+        raise TracingError(f"graph {graph.name!r} has no initializer(s) {sorted(bound)} to bind")
 
     def resolve(value: Value | None) -> Value | None:
         if value is None:
@@ -92,14 +117,82 @@ def inline_graph(graph: Graph, args: Sequence[Any], *, batch_axis: int | None = 
 
     for node in graph.nodes:
         attrs = {k: list(v) if isinstance(v, list) else v for k, v in node.attrs.items()}
-        outs = ctx.emit(node.op_type, [resolve(v) for v in node.inputs], attrs, domain=node.domain,
-                        num_outputs=len(node.outputs), name=node.name)
+        inputs = [resolve(v) for v in node.inputs]
+        folded = fold_node(node.op_type, node.domain, attrs, inputs, len(node.outputs), ctx.graph.opset_imports)
+        if folded is not None and all(a.dtype == old.dtype for a, old in zip(folded, node.outputs)):
+            for old, array in zip(node.outputs, folded):
+                mapping[id(old)] = ctx.constant(array, name=old.name)
+            continue
+        outs = ctx.emit(node.op_type, inputs, attrs, domain=node.domain, num_outputs=len(node.outputs),
+                        name=node.name)
         for old, new in zip(node.outputs, outs):
             if new.value.dtype != old.dtype:
                 raise TracingError(f"graph {graph.name!r}: node {node.name} ({node.op_type}) gives {new.value.dtype} "
                                    f"for %{old.name}, which the graph declares {old.dtype}")
             mapping[id(old)] = new.value
     return [Tensor(resolve(v), ctx) for v in graph.outputs]
+
+
+def _bound_value(graph: Graph, spec: Value, bound: Any, ctx: Any) -> Value:
+    from graphdist.trace.tensor import Tensor
+
+    if not isinstance(bound, Tensor):
+        return ctx.constant(np.asarray(bound, dtype=spec.dtype), name=spec.name)
+    ctx.check_owned(bound)
+    if bound.value.dtype != spec.dtype or tuple(bound.value.shape) != tuple(spec.shape):
+        raise TracingError(f"graph {graph.name!r}: initializer %{spec.name} is {spec.type_str()}, but the value "
+                           f"bound to it is {bound.value.type_str()}")
+    return bound.value
+
+
+def _at_trace_opset(graph: Graph, ctx: Any, own_opset: bool) -> Graph:
+    """``graph`` with ops in forms valid in the trace; raises the trace's opset where needed."""
+    trace = ctx.graph
+    if own_opset:
+        if trace.nodes:
+            raise TracingError(f"inline_graph({graph.name!r}, own_opset=True) needs an empty trace: ops already "
+                               f"traced are at opset {trace.opset}")
+        trace.opset_imports.update(graph.opset_imports)
+        return graph
+    for domain, version in graph.opset_imports.items():
+        if domain and trace.opset_imports.setdefault(domain, version) != version:
+            raise TracingError(f"graph {graph.name!r} uses opset {version} of domain {domain!r}, but the trace "
+                               f"already uses opset {trace.opset_imports[domain]} of it; convert one of the models")
+    if graph.opset >= trace.opset:
+        trace.opset_imports[ONNX_DOMAIN] = graph.opset  # the trace's own ops keep their meaning in newer opsets
+        return graph
+    changed = sorted({n.op_type for n in graph.nodes if n.domain == ONNX_DOMAIN
+                      and schema_since(n.op_type, ONNX_DOMAIN, graph.opset)
+                      != schema_since(n.op_type, ONNX_DOMAIN, trace.opset)})
+    return graph if not changed else converted_graph(graph, trace.opset, changed)
+
+
+def converted_graph(graph: Graph, opset: int, changed: Sequence[str] = ()) -> Graph:
+    """``graph`` converted to default-domain ``opset`` by ONNX's version converter (cached on the graph).
+
+    Raises:
+        TracingError: The converter fails (its message, and the ops whose form changed).
+    """
+    cache = graph.meta.setdefault("converted", {})
+    if opset not in cache:
+        from onnx import version_converter
+
+        from graphdist.ir.onnx_io import from_onnx
+
+        try:
+            model = version_converter.convert_version(graph.to_onnx(), opset)
+        except Exception as err:  # noqa: BLE001 - the converter raises assorted errors
+            raise TracingError(
+                f"graph {graph.name!r} is at opset {graph.opset} and the trace at {opset}; its op(s) "
+                f"{', '.join(changed) or '?'} changed form since, and ONNX's version converter failed "
+                f"({type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}); "
+                f"export the model at opset {opset} or newer") from None
+        result = from_onnx(model)
+        result.name = graph.name
+        cache[opset] = result
+        logger.info("converted %s from opset %d to %d (%s changed form)", graph.name, graph.opset, opset,
+                    ", ".join(changed))
+    return cache[opset]
 
 
 def graph_function(graph: Graph, *, batch_axis: int | None = None) -> Callable[..., Any]:

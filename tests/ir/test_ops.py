@@ -186,8 +186,31 @@ def test_registry_lookup_error_lists_supported_ops() -> None:
     assert "AllReduce" not in message  # other domain
     with pytest.raises(GraphError, match=r"graphdist\.Nope.*AllGather, AllReduce"):
         get_opdef("Nope", "graphdist")
-    with pytest.raises(GraphError, match="Einsum"):
-        build("Einsum", [(F32, (2,))], {"equation": "i->i"})
+    with pytest.raises(GraphError, match="op Frobnicate is not an op graphdist knows: no ONNX schema"):
+        build("Frobnicate", [(F32, (2,))])
+
+
+def test_ops_without_a_hand_written_opdef_get_onnx_shape_inference() -> None:
+    _, node = build("Einsum", [(F32, (2, 3)), (F32, (3, 4))], {"equation": "ij,jk->ik"})
+    assert types(node) == [("float32", (2, 4))]
+    assert "generic" in get_opdef("Einsum", "", 18).doc and get_opdef("Einsum", "", 18).gradient is None
+    _, node = build("NonZero", [(F32, (2, 3))])  # a data-dependent size: a symbolic dimension
+    assert node.outputs[0].shape[0] == 2 and isinstance(node.outputs[0].shape[1], str)
+    _, node = build("Tile", [(F32, (2, 3)), np.array([2, 1], np.int64)])  # small constants are data
+    assert types(node) == [("float32", (4, 3))]
+    with pytest.raises(GraphError, match=r"Einsum \(einsum\): .*Rank of input 0 \(2\) does not match"):
+        build("Einsum", [(F32, (2, 3))], {"equation": "ijk->i"})
+
+
+def test_hand_written_opdefs_apply_from_their_since_opset() -> None:
+    assert get_opdef("Softmax", "", 13) is get_opdef("Softmax")  # the per-axis form
+    assert get_opdef("Softmax", "", 11) is not get_opdef("Softmax")  # coerced to 2-D before 13: generic
+    assert get_opdef("Relu", "", 6) is get_opdef("Relu")
+    assert get_opdef("ReduceMean", "", 17) is not get_opdef("ReduceMean")  # axes attribute before 18
+    with pytest.raises(GraphError, match="Upsample was removed from 'ai.onnx' at opset 10"):
+        get_opdef("Upsample", "", 18)
+    with pytest.raises(GraphError, match="Gelu does not exist at opset 18"):
+        get_opdef("Gelu", "", 18)
 
 
 def test_registry_contents() -> None:

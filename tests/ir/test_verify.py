@@ -115,7 +115,7 @@ def test_unregistered_op() -> None:
     node = Node("Frobnicate", [graph.inputs[0]], name="frob")
     node.outputs.append(Value("frob_out", np.float32, (2, 3), producer=node))
     graph.append(node)
-    fails(graph, "op Frobnicate is not supported")
+    fails(graph, "op Frobnicate is not an op graphdist knows")
 
 
 def test_duplicate_names() -> None:

@@ -1,0 +1,162 @@
+"""Generic OpDefs for ONNX ops that have no hand-written one, made from ONNX's own schemas.
+
+graphdist writes OpDefs by hand for the ops it traces from numpy or
+differentiates (:mod:`graphdist.ir.ops`, :mod:`graphdist.ir.nn_ops`). Every
+other op of an ONNX domain (``ai.onnx``, ``ai.onnx.ml``, ...) at the opset a
+model imports it at still works: its OpDef is made here from the op's schema
+(``onnx.defs.get_schema``):
+
+* shapes and dtypes come from ONNX's shape inference for one node
+  (``onnx.shape_inference.infer_node_outputs``), given the input types and the
+  values of small constant inputs (so a constant ``shape`` or ``axes`` operand
+  gives exact output shapes);
+* a dimension ONNX cannot infer (a data-dependent size, as NonZero's) becomes
+  a symbolic dimension named after the node and output;
+* it is lowered unchanged, executed by ONNX Runtime / ``onnx.reference``, and
+  has no gradient (asking for one raises ``TracingError`` naming the op).
+
+Values that are not tensors (sequences, optionals, maps) are refused with a
+:class:`~graphdist.errors.GraphError` naming the op: graphdist's values are
+tensors.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from graphdist.errors import GraphError
+from graphdist.ir.graph import Node, Value
+from graphdist.ir.ops import OpDef, TypeList, install_generic_ops, numpy_dtype, onnx_dtype
+
+__all__ = ["schema_since", "generic_opdef", "MAX_DATA_ELEMENTS", "tensor_type_proto", "type_of"]
+
+#: Constant inputs up to this many elements are handed to ONNX's inference as values (shape-like operands).
+MAX_DATA_ELEMENTS = 4096
+
+_DOMAIN_NAMES = {"": "ai.onnx", "ai.onnx": "ai.onnx"}
+
+
+@functools.cache
+def _schema(op_type: str, domain: str, opset: int) -> onnx.defs.OpSchema | None:
+    try:
+        return onnx.defs.get_schema(op_type, opset, domain)
+    except onnx.defs.SchemaError:
+        return None
+
+
+def schema_since(op_type: str, domain: str, opset: int) -> int | None:
+    """The since-version of ``domain.op_type``'s schema in effect at ``opset`` (``None``: no such op)."""
+    schema = _schema(op_type, domain, opset)
+    return None if schema is None else schema.since_version
+
+
+@functools.cache
+def generic_opdef(op_type: str, domain: str, opset: int) -> OpDef | None:
+    """The generic OpDef of ``domain.op_type`` at ``opset``, or ``None`` when ONNX has no such op."""
+    schema = _schema(op_type, domain, opset)
+    if schema is None or schema.deprecated:
+        return None
+    return OpDef(op_type, domain, _infer_from_schema(schema, domain, opset),
+                 doc=f"ONNX {_DOMAIN_NAMES.get(domain, domain)}.{op_type}-{schema.since_version} "
+                     "(generic: ONNX shape inference, no gradient)",
+                 since=schema.since_version)
+
+
+def tensor_type_proto(value: Value) -> onnx.TypeProto:
+    """An ONNX tensor type for ``value`` (symbolic dimensions as ``dim_param``)."""
+    return helper.make_tensor_type_proto(onnx_dtype(value.dtype), list(value.shape))
+
+
+def type_of(type_proto: onnx.TypeProto, what: str, fresh_dim: Any) -> tuple[np.dtype, tuple]:
+    """``(dtype, shape)`` of a tensor ``type_proto``; unknown dimensions from ``fresh_dim(axis)``.
+
+    Raises:
+        GraphError: Not a tensor type, or a tensor of unknown rank.
+    """
+    kind = type_proto.WhichOneof("value")
+    if kind != "tensor_type":
+        raise GraphError(f"{what} is a{'n' if (kind or 'x')[0] in 'aeiou' else ''} "
+                         f"{(kind or 'untyped').replace('_type', '')} value; graphdist supports tensor values "
+                         "only (no sequences, optionals or maps): keep this part of the model outside graphdist")
+    tensor = type_proto.tensor_type
+    if not tensor.elem_type:
+        raise GraphError(f"{what} has no element type; give the model typed values")
+    if not tensor.HasField("shape"):
+        raise GraphError(f"{what} has an unknown rank: ONNX cannot infer it from the inputs; make the operands "
+                         "that decide it (a shape or axes input) constants")
+    dims = []
+    for axis, dim in enumerate(tensor.shape.dim):
+        if dim.HasField("dim_value"):
+            dims.append(int(dim.dim_value))
+        else:
+            dims.append(dim.dim_param or fresh_dim(axis))
+    return numpy_dtype(tensor.elem_type), tuple(dims)
+
+
+def _input_data(node: Node) -> dict[str, onnx.TensorProto]:
+    data = {}
+    for index, value in enumerate(node.inputs):
+        if value is not None and value.const_value is not None and np.size(value.const_value) <= MAX_DATA_ELEMENTS:
+            data[f"i{index}"] = numpy_helper.from_array(np.asarray(value.const_value), f"i{index}")
+    return data
+
+
+def _node_proto(node: Node, num_outputs: int) -> onnx.NodeProto:
+    from graphdist.ir.onnx_io import attribute_proto  # local: onnx_io imports this module's users
+
+    proto = helper.make_node(node.op_type, ["" if v is None else f"i{i}" for i, v in enumerate(node.inputs)],
+                             [f"o{i}" for i in range(num_outputs)], domain=node.domain)
+    proto.attribute.extend(attribute_proto(k, v) for k, v in sorted(node.attrs.items()) if v is not None)
+    return proto
+
+
+def _output_count(schema: onnx.defs.OpSchema, node: Node, num_outputs: int | None) -> int:
+    if node.outputs:
+        return len(node.outputs)
+    if num_outputs is not None:
+        return num_outputs
+    formal = schema.outputs
+    if formal and formal[-1].option == onnx.defs.OpSchema.FormalParameterOption.Variadic:
+        raise GraphError(f"{node.op_type} ({node.name}) has a variadic output: say how many outputs it has")
+    return sum(1 for p in formal if p.option == onnx.defs.OpSchema.FormalParameterOption.Single)
+
+
+def _infer_from_schema(schema: onnx.defs.OpSchema, domain: str, opset: int):
+    opsets = [helper.make_opsetid(domain, opset)]
+
+    def infer(node: Node, num_outputs: int | None) -> TypeList:
+        count = _output_count(schema, node, num_outputs)
+        where = f"{node.op_type} ({node.name})"
+        types = {f"i{i}": tensor_type_proto(v) for i, v in enumerate(node.inputs) if v is not None}
+        try:
+            inferred = onnx.shape_inference.infer_node_outputs(schema, _node_proto(node, count), types,
+                                                               _input_data(node), opset_imports=opsets)
+        except onnx.shape_inference.InferenceError as err:
+            raise GraphError(f"{where}: {_first_line(err)}") from None
+        except Exception as err:  # noqa: BLE001 - the C++ checker raises assorted types
+            raise GraphError(f"{where}: ONNX shape inference failed ({type(err).__name__}: "
+                             f"{_first_line(err)})") from None
+        result = []
+        for index in range(count):
+            type_proto = inferred.get(f"o{index}")
+            if type_proto is None:
+                raise GraphError(f"{where}: ONNX shape inference gives no type for output {index}; check the "
+                                 "node's inputs and attributes against the op's schema")
+            result.append(type_of(type_proto, f"output {index} of {where}",
+                                  lambda axis, i=index: f"{node.name}_{i}_d{axis}"))
+        return result
+
+    return infer
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+install_generic_ops(generic_opdef, schema_since)
