@@ -26,7 +26,7 @@ from onnx import helper, numpy_helper
 
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Value
 
-__all__ = ["fold_node", "MAX_FOLDED_ELEMENTS"]
+__all__ = ["fold_node", "run_node", "MAX_FOLDED_ELEMENTS"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,25 +69,31 @@ def _shape_or_size(op_type: str, attrs: Mapping[str, Any], value: Value) -> list
 
 def _evaluate(op_type: str, domain: str, attrs: Mapping[str, Any], inputs: Sequence[Value | None],
               num_outputs: int, opset_imports: Mapping[str, int]) -> list[np.ndarray] | None:
+    arrays = [None if v is None else np.asarray(v.const_value) for v in inputs]
+    results = run_node(op_type, domain, attrs, arrays, num_outputs, opset_imports)
+    if results is None or any(a.size > MAX_FOLDED_ELEMENTS for a in results):
+        return None
+    return results
+
+
+def run_node(op_type: str, domain: str, attrs: Mapping[str, Any], arrays: Sequence[np.ndarray | None],
+             num_outputs: int, opset_imports: Mapping[str, int]) -> list[np.ndarray] | None:
+    """Runs one node in ``onnx.reference`` on ``arrays``; ``None`` when the reference cannot."""
     from onnx.reference import ReferenceEvaluator
 
     from graphdist.ir.onnx_io import attribute_proto  # local: onnx_io imports the op registry
 
-    names = ["" if v is None else f"i{i}" for i, v in enumerate(inputs)]
+    names = ["" if a is None else f"i{i}" for i, a in enumerate(arrays)]
     node = helper.make_node(op_type, names, [f"o{i}" for i in range(num_outputs)], domain=domain)
     node.attribute.extend(attribute_proto(k, v) for k, v in sorted(attrs.items()) if v is not None)
-    initializers = [numpy_helper.from_array(np.asarray(v.const_value), f"i{i}")
-                    for i, v in enumerate(inputs) if v is not None]
+    initializers = [numpy_helper.from_array(a, f"i{i}") for i, a in enumerate(arrays) if a is not None]
     outputs = [helper.make_empty_tensor_value_info(f"o{i}") for i in range(num_outputs)]
-    graph = helper.make_graph([node], "fold", [], outputs, initializer=initializers)
+    graph = helper.make_graph([node], "run", [], outputs, initializer=initializers)
     opsets = [helper.make_opsetid(d, v) for d, v in opset_imports.items() if d != GRAPHDIST_DOMAIN]
-    model = helper.make_model(graph, opset_imports=opsets)
     try:
-        results = ReferenceEvaluator(model).run(None, {})
-    except Exception as err:  # noqa: BLE001 - the reference raises anything; the node then runs at run time
-        logger.debug("not folding %s: %s: %s", op_type, type(err).__name__, err)
+        with np.errstate(all="ignore"):
+            results = ReferenceEvaluator(helper.make_model(graph, opset_imports=opsets)).run(None, {})
+    except Exception as err:  # noqa: BLE001 - the reference raises anything; the caller falls back
+        logger.debug("onnx.reference cannot run %s: %s: %s", op_type, type(err).__name__, err)
         return None
-    arrays = [np.asarray(r) for r in results]
-    if any(a.size > MAX_FOLDED_ELEMENTS for a in arrays):
-        return None
-    return arrays
+    return [np.asarray(r) for r in results]

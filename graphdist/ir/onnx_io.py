@@ -17,8 +17,9 @@ import onnx
 from onnx import helper, numpy_helper
 
 from graphdist.errors import GraphError
+from graphdist.ir.fold import fold_node
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Node, Value
-from graphdist.ir.onnx_schema_ops import type_of
+from graphdist.ir.onnx_schema_ops import generic_opdef, type_of
 from graphdist.ir.ops import GRAPHDIST_OPSET, OPSET, get_opdef, onnx_dtype
 
 __all__ = ["to_onnx", "from_onnx", "attribute_proto", "ORT_IR_VERSION", "MAX_OPSET"]
@@ -215,8 +216,9 @@ def from_onnx(model: onnx.ModelProto | str | os.PathLike[str]) -> Graph:
         graph._names.add(vi.name)
         graph.inputs.append(value)
         values[vi.name] = value
+    fold = model.producer_name != "graphdist"  # graphdist's own graphs are imported exactly as written
     for node_proto in proto.node:
-        _import_node(graph, node_proto, values, types)
+        _import_node(graph, node_proto, values, types, fold)
     for vi in proto.output:
         if vi.name not in values:
             raise GraphError(f"graph output {vi.name!r} is not computed by any node")
@@ -252,7 +254,7 @@ def _constant_value(proto: onnx.NodeProto, where: str) -> np.ndarray:
                      f"'value' or one of {', '.join(_CONSTANT_FORMS)}")
 
 
-def _import_node(graph: Graph, proto: onnx.NodeProto, values: dict[str, Value], types: dict) -> None:
+def _import_node(graph: Graph, proto: onnx.NodeProto, values: dict[str, Value], types: dict, fold: bool) -> None:
     domain = "" if proto.domain == "ai.onnx" else proto.domain
     tagged = {p.key: p.value for p in proto.metadata_props}.get("graphdist_op")
     if tagged in _RUNTIME_IDENTITIES and proto.op_type == "Identity":
@@ -273,10 +275,16 @@ def _import_node(graph: Graph, proto: onnx.NodeProto, values: dict[str, Value], 
         raise GraphError(f"node {proto.name!r} reads undefined value {err.args[0]!r}") from None
     while inputs and inputs[-1] is None:
         inputs.pop()  # trailing omitted optional inputs: ONNX allows both spellings
+    folded = fold_node(proto.op_type, domain, attrs, inputs, len(proto.output), graph.opset_imports) if fold else None
+    if folded is not None and all(proto.output):
+        # Computed shapes (Shape -> Gather -> Concat -> Reshape) become constants when the shapes are static.
+        for name, array in zip(proto.output, folded):
+            values[name] = _import_initializer(graph, name, array)
+        return
     node = Node(proto.op_type, inputs, attrs, domain=domain)
     node.name = graph.unique_name(proto.name or proto.op_type.lower(), node=True)
     _restore_meta(node, proto)
-    out_types = _output_types(node, proto, opdef, types, where)
+    out_types = _output_types(node, proto, opdef, types, where, graph.opset_imports.get(domain, OPSET))
     for index, (name, (dtype, shape)) in enumerate(zip(proto.output, out_types)):
         if not name:
             name = graph.unique_name(f"{node.name}_unused_{index}")
@@ -287,7 +295,7 @@ def _import_node(graph: Graph, proto: onnx.NodeProto, values: dict[str, Value], 
     graph.append(node)
 
 
-def _output_types(node: Node, proto: onnx.NodeProto, opdef: Any, types: dict, where: str) -> list:
+def _output_types(node: Node, proto: onnx.NodeProto, opdef: Any, types: dict, where: str, node_opset: int) -> list:
     """The node's output types: ONNX's inference where it has them (static shapes), else the OpDef's rule."""
     known = [types.get(name) for name in proto.output]
     for vi in known:
@@ -298,5 +306,13 @@ def _output_types(node: Node, proto: onnx.NodeProto, opdef: Any, types: dict, wh
         return [type_of(vi.type, vi.name, lambda axis, n=vi.name: f"{n}_d{axis}") for vi in known]
     try:
         return opdef.infer(node, len(proto.output))
+    except GraphError as err:
+        generic = generic_opdef(node.op_type, node.domain, node_opset)
+        if generic is None or generic is opdef:
+            raise GraphError(f"cannot import {where}: {err}") from None
+    # A hand-written rule needs constants (a Reshape's shape) that the model computes at run time: ONNX's
+    # inference gives the rank here; inlined with static shapes, the computation folds to constants.
+    try:
+        return generic.infer(node, len(proto.output))
     except GraphError as err:
         raise GraphError(f"cannot import {where}: {err}") from None

@@ -141,6 +141,11 @@ def _infer_from_schema(schema: onnx.defs.OpSchema, domain: str, opset: int):
         except Exception as err:  # noqa: BLE001 - the C++ checker raises assorted types
             raise GraphError(f"{where}: ONNX shape inference failed ({type(err).__name__}: "
                              f"{_first_line(err)})") from None
+        if schema.has_function or schema.has_context_dependent_function:
+            if any(not _has_shape(inferred.get(f"o{i}")) for i in range(count)):
+                inferred = _infer_through_function(node, count, types, opsets) or inferred
+        if any(not _has_shape(inferred.get(f"o{i}")) for i in range(count)):
+            inferred = {**inferred, **_infer_by_running(node, count, opsets)}
         result = []
         for index in range(count):
             type_proto = inferred.get(f"o{index}")
@@ -152,6 +157,59 @@ def _infer_from_schema(schema: onnx.defs.OpSchema, domain: str, opset: int):
         return result
 
     return infer
+
+
+def _has_shape(type_proto: onnx.TypeProto | None) -> bool:
+    return (type_proto is not None and type_proto.WhichOneof("value") == "tensor_type"
+            and type_proto.tensor_type.HasField("shape"))
+
+
+def _infer_through_function(node: Node, count: int, types: dict[str, onnx.TypeProto],
+                            opsets: list[onnx.OperatorSetIdProto]) -> dict[str, onnx.TypeProto] | None:
+    """Output types from ONNX's model-level inference, which expands a function op's body (per-node
+    inference of some function ops, such as GroupNormalization-18, gives no shapes).
+    """
+    inputs = [helper.make_value_info(name, type_proto) for name, type_proto in types.items()]
+    data = _input_data(node)
+    graph = helper.make_graph([_node_proto(node, count)], "infer", [i for i in inputs if i.name not in data],
+                              [helper.make_empty_tensor_value_info(f"o{i}") for i in range(count)],
+                              initializer=list(data.values()))
+    model = helper.make_model(graph, opset_imports=opsets)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    except Exception:  # noqa: BLE001 - the per-node answer stands
+        return None
+    found = {vi.name: vi.type for vi in [*inferred.graph.output, *inferred.graph.value_info]}
+    return {f"o{i}": found[f"o{i}"] for i in range(count) if _has_shape(found.get(f"o{i}"))}
+
+
+#: Inputs up to this many elements in all may be run through onnx.reference to learn output shapes.
+MAX_RUN_ELEMENTS = 1 << 20
+
+
+def _infer_by_running(node: Node, count: int, opsets: list[onnx.OperatorSetIdProto]) -> dict[str, onnx.TypeProto]:
+    """Output types found by running the node in ``onnx.reference`` on zeros (constants as they are).
+
+    The last resort for ops whose ONNX inference gives no rank (MeanVarianceNormalization): only with static
+    input shapes, and only for the outputs whose shapes do not depend on the zeros (same types on ones).
+    """
+    from graphdist.ir.fold import run_node
+
+    shapes = [v.shape for v in node.inputs if v is not None]
+    if not all(isinstance(d, int) for shape in shapes for d in shape):
+        return {}
+    if sum(int(np.prod(shape)) for shape in shapes) > MAX_RUN_ELEMENTS:
+        return {}
+    versions = {o.domain: o.version for o in opsets}
+    results = []
+    for fill in (0, 1):
+        arrays = [None if v is None else (np.asarray(v.const_value) if v.const_value is not None
+                                          else np.full(v.shape, fill, dtype=v.dtype)) for v in node.inputs]
+        results.append(run_node(node.op_type, node.domain, node.attrs, arrays, count, versions))
+    if results[0] is None or results[1] is None:
+        return {}
+    return {f"o{i}": helper.make_tensor_type_proto(onnx_dtype(a.dtype), list(a.shape))
+            for i, (a, b) in enumerate(zip(*results)) if a.shape == b.shape and a.dtype == b.dtype}
 
 
 def _first_line(err: Exception) -> str:

@@ -427,9 +427,12 @@ def _infer_split(node: Node, num_outputs: int | None) -> TypeList:
         count = node.attrs.get("num_outputs", num_outputs)
         if count is None or not isinstance(size, int):
             raise GraphError(f"Split ({node.name}): needs num_outputs or constant split sizes")
-        if size % count:
-            raise GraphError(f"Split ({node.name}): axis of size {size} cannot be split evenly into {count}")
-        sizes = [size // count] * count
+        # ONNX (Split-18): ceil(size / count) per output, the last one smaller when it does not divide.
+        chunk = -(-size // count)
+        sizes = [min(chunk, max(0, size - i * chunk)) for i in range(count)]
+        if count > size or sizes[-1] <= 0:
+            raise GraphError(f"Split ({node.name}): axis of size {size} cannot be split into {count} non-empty "
+                             f"parts of ceil({size}/{count}) = {chunk}; use fewer outputs or explicit split sizes")
     outs = []
     for s in sizes:
         shape = list(x.shape)

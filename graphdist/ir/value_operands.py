@@ -11,9 +11,15 @@ Python values in its signature.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
 from graphdist.ir.graph import ONNX_DOMAIN, Graph
 
-__all__ = ["VALUE_OPERANDS", "static_inputs"]
+__all__ = ["VALUE_OPERANDS", "static_inputs", "static_input_names", "bind_model_inputs"]
 
 _REDUCTIONS = ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
                "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")
@@ -54,3 +60,35 @@ def static_inputs(graph: Graph) -> list[int]:
         if value.producer is not None and value.producer.op_type not in _SHAPE_ONLY:
             wanted.extend(v for v in value.producer.inputs if v is not None)
     return [index for index, value in enumerate(graph.inputs) if id(value) in seen]
+
+
+def static_input_names(model: onnx.ModelProto) -> list[str]:
+    """:func:`static_inputs` for an ONNX model, before import: the names of the graph inputs (not
+    initializers) that decide a value operand, in input order.
+    """
+    proto = model.graph
+    producers = {name: node for node in proto.node for name in node.output if name}
+    wanted = [node.input[p] for node in proto.node if node.domain in ("", "ai.onnx")
+              for p in VALUE_OPERANDS.get(node.op_type, ()) if p < len(node.input) and node.input[p]]
+    seen: set[str] = set()
+    while wanted:
+        name = wanted.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        producer = producers.get(name)
+        if producer is not None and producer.op_type not in _SHAPE_ONLY:
+            wanted.extend(n for n in producer.input if n)
+    initializers = {t.name for t in proto.initializer}
+    return [vi.name for vi in proto.input if vi.name in seen and vi.name not in initializers]
+
+
+def bind_model_inputs(model: onnx.ModelProto, values: Mapping[str, np.ndarray]) -> onnx.ModelProto:
+    """A copy of ``model`` whose inputs named in ``values`` are initializers holding those values."""
+    bound = onnx.ModelProto()
+    bound.CopyFrom(model)
+    kept = [vi for vi in bound.graph.input if vi.name not in values]
+    del bound.graph.input[:]
+    bound.graph.input.extend(kept)
+    bound.graph.initializer.extend(numpy_helper.from_array(np.asarray(v), name) for name, v in values.items())
+    return bound
