@@ -2,7 +2,7 @@
 
 Lowered models pass ``onnx.checker`` with ``full_check`` and load in ONNX
 Runtime; ``to_onnx -> from_onnx`` keeps structure and numerics; import turns
-``Constant`` nodes into initializers, upgrades older opsets and names what it
+``Constant`` nodes into initializers, keeps the model's opset and names what it
 cannot import.
 """
 
@@ -166,7 +166,7 @@ def test_from_onnx_with_constant_nodes() -> None:
     np.testing.assert_allclose(run_ort(graph.to_onnx(), {"x": x})[0], expected, rtol=1e-6)
 
 
-def test_from_onnx_upgrades_older_opsets() -> None:
+def test_from_onnx_imports_older_opsets_as_written() -> None:
     graph = helper.make_graph(
         [
             helper.make_node("Unsqueeze", ["x"], ["u"], axes=[0]),
