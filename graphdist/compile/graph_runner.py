@@ -25,6 +25,7 @@ from graphdist.compile.function import Function
 from graphdist.errors import InvalidArgumentError
 from graphdist.ir.graph import Graph
 from graphdist.ir.onnx_io import from_onnx
+from graphdist.ir.onnx_schema_ops import type_of
 from graphdist.ir.value_operands import bind_model_inputs, static_input_names, static_inputs
 from graphdist.trace.inline import inline_graph
 
@@ -65,6 +66,8 @@ class GraphRunner:
             self._model = model
             initializers = {t.name for t in model.graph.initializer}
             self.input_names = [vi.name for vi in model.graph.input if vi.name not in initializers]
+            for vi in model.graph.input:  # before any import: a sequence input is refused up front
+                type_of(vi.type, f"graph input {vi.name!r}", lambda axis: "")
             static = set(static_input_names(model))
             self.static = [i for i, name in enumerate(self.input_names) if name in static]
             if not self.static:

@@ -21,10 +21,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import onnx
 from onnx import helper, numpy_helper
 
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Value
+from graphdist.ir.subgraphs import split_captures
 
 __all__ = ["fold_node", "run_node", "MAX_FOLDED_ELEMENTS"]
 
@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 #: Outputs larger than this stay computed at run time (a weight-sized ConstantOfShape, say).
 MAX_FOLDED_ELEMENTS = 1 << 16
 
+#: Loops may run long: never folded (an If on a constant condition is).
+_LOOPS = frozenset({"Loop", "Scan"})
 _RANDOM = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Bernoulli",
                      "Multinomial", "Dropout"})
 
@@ -40,10 +42,7 @@ _RANDOM = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "Rando
 def fold_node(op_type: str, domain: str, attrs: Mapping[str, Any], inputs: Sequence[Value | None],
               num_outputs: int, opset_imports: Mapping[str, int]) -> list[np.ndarray] | None:
     """The outputs of the node ``domain.op_type(inputs)`` when they can be computed now, else ``None``."""
-    if domain == GRAPHDIST_DOMAIN or op_type in _RANDOM:
-        return None
-    if any(isinstance(v, onnx.AttributeProto) and v.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-           for v in attrs.values()):
+    if domain == GRAPHDIST_DOMAIN or op_type in _RANDOM or op_type in _LOOPS:
         return None
     if op_type in ("Shape", "Size") and domain == "" and inputs and inputs[0] is not None:
         return _shape_or_size(op_type, attrs, inputs[0])
@@ -81,11 +80,12 @@ def run_node(op_type: str, domain: str, attrs: Mapping[str, Any], arrays: Sequen
     """Runs one node in ``onnx.reference`` on ``arrays``; ``None`` when the reference cannot."""
     from onnx.reference import ReferenceEvaluator
 
-    from graphdist.ir.onnx_io import attribute_proto  # local: onnx_io imports the op registry
+    from graphdist.ir.onnx_io import node_attributes  # local: onnx_io imports the op registry
 
-    names = ["" if a is None else f"i{i}" for i, a in enumerate(arrays)]
+    real, captured, captured_names = split_captures(arrays, attrs)
+    names = ["" if a is None else f"i{i}" for i, a in enumerate(real)]
     node = helper.make_node(op_type, names, [f"o{i}" for i in range(num_outputs)], domain=domain)
-    node.attribute.extend(attribute_proto(k, v) for k, v in sorted(attrs.items()) if v is not None)
+    node.attribute.extend(node_attributes(dict(attrs), {n: f"i{len(real) + j}" for j, n in enumerate(captured_names)}))
     initializers = [numpy_helper.from_array(a, f"i{i}") for i, a in enumerate(arrays) if a is not None]
     outputs = [helper.make_empty_tensor_value_info(f"o{i}") for i in range(num_outputs)]
     graph = helper.make_graph([node], "run", [], outputs, initializer=initializers)

@@ -21,6 +21,7 @@ from graphdist.ir.fold import fold_node
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Node, Value
 from graphdist.ir.onnx_schema_ops import generic_opdef, type_of
 from graphdist.ir.ops import GRAPHDIST_OPSET, OPSET, get_opdef, onnx_dtype
+from graphdist.ir.subgraphs import CAPTURES_ATTR, free_names, renamed_attribute, split_captures, subgraphs_of
 
 __all__ = ["to_onnx", "from_onnx", "attribute_proto", "ORT_IR_VERSION", "MAX_OPSET"]
 
@@ -58,6 +59,19 @@ def attribute_proto(name: str, value: Any) -> onnx.AttributeProto:
     return helper.make_attribute(name, value)
 
 
+def node_attributes(attrs: dict[str, Any], captures: dict[str, str] | None = None) -> list[onnx.AttributeProto]:
+    """A node's ONNX attributes; subgraphs read the captured outer values by their current names
+    (``captures``: the name a subgraph uses -> the value's name now).
+    """
+    protos = []
+    for key, value in sorted(attrs.items()):
+        if value is None or key == CAPTURES_ATTR:
+            continue
+        proto = attribute_proto(key, value)
+        protos.append(renamed_attribute(proto, captures) if captures else proto)
+    return protos
+
+
 #: graphdist ops that are the identity at run time: written as ONNX Identity (tagged) so any
 #: runtime can execute a traced graph; import restores them from the tag.
 _RUNTIME_IDENTITIES = frozenset({"StopGradient"})
@@ -65,17 +79,18 @@ _RUNTIME_IDENTITIES = frozenset({"StopGradient"})
 
 def _node_proto(node: Node, keep_meta: bool = False) -> onnx.NodeProto:
     as_identity = node.domain == GRAPHDIST_DOMAIN and node.op_type in _RUNTIME_IDENTITIES
+    inputs, captured, captured_names = split_captures(node.inputs, node.attrs)
     proto = helper.make_node(
         "Identity" if as_identity else node.op_type,
-        ["" if v is None else v.name for v in node.inputs],
+        ["" if v is None else v.name for v in inputs],
         [v.name for v in node.outputs],
         name=node.name,
         domain="" if as_identity else node.domain,
     )
+    proto.attribute.extend(node_attributes(node.attrs, dict(zip(captured_names, (v.name for v in captured)))))
     if as_identity:
         entry = proto.metadata_props.add()
         entry.key, entry.value = "graphdist_op", node.op_type
-    proto.attribute.extend(attribute_proto(k, v) for k, v in sorted(node.attrs.items()) if v is not None)
     for key, text in (("device", node.device), ("replica", node.replica)):
         if text is not None:
             entry = proto.metadata_props.add()
@@ -138,11 +153,6 @@ _PYTHON_ATTRIBUTES = frozenset({onnx.AttributeProto.INT, onnx.AttributeProto.FLO
 
 
 def _python_attr(attr: onnx.AttributeProto) -> Any:
-    if attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-        raise GraphError(
-            f"ONNX attribute {attr.name!r} holds a subgraph (If/Loop/Scan); graphdist imports only "
-            "straight-line graphs"
-        )
     value = helper.get_attribute_value(attr)
     if attr.type not in _PYTHON_ATTRIBUTES or (isinstance(value, list) and not value):
         return attr  # kept as is: lowering writes it back with its own type
@@ -223,8 +233,24 @@ def from_onnx(model: onnx.ModelProto | str | os.PathLike[str]) -> Graph:
         if vi.name not in values:
             raise GraphError(f"graph output {vi.name!r} is not computed by any node")
         type_of(vi.type, f"graph output {vi.name!r}", lambda axis: f"d{axis}")
-    graph.outputs = [values[o.name] for o in proto.output]
+    graph.outputs = [_named_output(graph, values[o.name], o.name) for o in proto.output]
     return graph
+
+
+def _named_output(graph: Graph, value: Value, name: str) -> Value:
+    """``value`` as the graph output ``name``: through an Identity when it has another name (a folded
+    If's branch result) or is not computed by a node.
+    """
+    if value.name == name and value.producer is not None:
+        return value
+    node = Node("Identity", [value], {})
+    node.name = graph.unique_name(f"{name}_identity", node=True)
+    out = Value(name if name not in graph._names or value.name == name else graph.unique_name(name),
+                value.dtype, value.shape, producer=node, index=0)
+    graph._names.add(out.name)
+    node.outputs.append(out)
+    graph.append(node)
+    return out
 
 
 _CONSTANT_FORMS = {
@@ -275,6 +301,16 @@ def _import_node(graph: Graph, proto: onnx.NodeProto, values: dict[str, Value], 
         raise GraphError(f"node {proto.name!r} reads undefined value {err.args[0]!r}") from None
     while inputs and inputs[-1] is None:
         inputs.pop()  # trailing omitted optional inputs: ONNX allows both spellings
+    captured = free_names(subgraphs_of(attrs))
+    if captured:  # control flow: the outer values its subgraphs read become explicit (extra) inputs
+        missing = [name for name in captured if name not in values]
+        if missing:
+            raise GraphError(f"{where}: its subgraph reads {missing}, which the enclosing graph does not define")
+        attrs[CAPTURES_ATTR] = captured
+        inputs += [values[name] for name in captured]
+    if fold and proto.op_type == "If" and domain == "" and inputs[0].const_value is not None:
+        _import_taken_branch(graph, proto, attrs, values, types)  # as ORT's constant folding does
+        return
     folded = fold_node(proto.op_type, domain, attrs, inputs, len(proto.output), graph.opset_imports) if fold else None
     if folded is not None and all(proto.output):
         # Computed shapes (Shape -> Gather -> Concat -> Reshape) become constants when the shapes are static.
@@ -295,24 +331,50 @@ def _import_node(graph: Graph, proto: onnx.NodeProto, values: dict[str, Value], 
     graph.append(node)
 
 
+def _import_taken_branch(graph: Graph, proto: onnx.NodeProto, attrs: dict[str, Any], values: dict[str, Value],
+                         types: dict) -> None:
+    """An ``If`` on a constant condition: the taken branch's nodes join the graph in its place."""
+    condition = bool(np.asarray(values[proto.input[0]].const_value).reshape(-1)[0])
+    branch = attrs["then_branch" if condition else "else_branch"].g
+    types = {**types, **{vi.name: vi for vi in [*branch.value_info, *branch.output]}}
+    for tensor in branch.initializer:
+        values[tensor.name] = _import_initializer(graph, tensor.name, numpy_helper.to_array(tensor))
+    for node_proto in branch.node:
+        _import_node(graph, node_proto, values, types, True)
+    for name, result in zip(proto.output, branch.output):
+        if name:
+            values[name] = values[result.name]
+
+
 def _output_types(node: Node, proto: onnx.NodeProto, opdef: Any, types: dict, where: str, node_opset: int) -> list:
-    """The node's output types: ONNX's inference where it has them (static shapes), else the OpDef's rule."""
+    """The node's output types: ONNX's whole-model inference when it gives static shapes, else the OpDef's
+    rule (which sees folded constants and static shapes ONNX's pass did not), else ONNX's partial answer.
+    """
     known = [types.get(name) for name in proto.output]
     for vi in known:
         if vi is not None and vi.type.WhichOneof("value") not in (None, "tensor_type"):
             type_of(vi.type, f"output {vi.name!r} of {where}", lambda axis: "")  # raises: not a tensor
+    onnx_types = None
     if all(vi is not None and vi.type.tensor_type.elem_type and vi.type.tensor_type.HasField("shape")
            for vi in known):
-        return [type_of(vi.type, vi.name, lambda axis, n=vi.name: f"{n}_d{axis}") for vi in known]
+        onnx_types = [type_of(vi.type, vi.name, lambda axis, n=vi.name: f"{n}_d{axis}") for vi in known]
+        if all(isinstance(d, int) for _, shape in onnx_types for d in shape):
+            return onnx_types
     try:
-        return opdef.infer(node, len(proto.output))
+        return _rule_types(node, opdef, len(proto.output), node_opset)
     except GraphError as err:
+        if onnx_types is not None:
+            return onnx_types
+        raise GraphError(f"cannot import {where}: {err}") from None
+
+
+def _rule_types(node: Node, opdef: Any, count: int, node_opset: int) -> list:
+    try:
+        return opdef.infer(node, count)
+    except GraphError:
         generic = generic_opdef(node.op_type, node.domain, node_opset)
         if generic is None or generic is opdef:
-            raise GraphError(f"cannot import {where}: {err}") from None
+            raise
     # A hand-written rule needs constants (a Reshape's shape) that the model computes at run time: ONNX's
     # inference gives the rank here; inlined with static shapes, the computation folds to constants.
-    try:
-        return generic.infer(node, len(proto.output))
-    except GraphError as err:
-        raise GraphError(f"cannot import {where}: {err}") from None
+    return generic.infer(node, count)

@@ -32,6 +32,7 @@ from onnx import helper, numpy_helper
 from graphdist.errors import GraphError
 from graphdist.ir.graph import Node, Value
 from graphdist.ir.ops import OpDef, TypeList, install_generic_ops, numpy_dtype, onnx_dtype
+from graphdist.ir.subgraphs import split_captures, subgraphs_of
 
 __all__ = ["schema_since", "generic_opdef", "MAX_DATA_ELEMENTS", "tensor_type_proto", "type_of"]
 
@@ -107,11 +108,14 @@ def _input_data(node: Node) -> dict[str, onnx.TensorProto]:
 
 
 def _node_proto(node: Node, num_outputs: int) -> onnx.NodeProto:
-    from graphdist.ir.onnx_io import attribute_proto  # local: onnx_io imports this module's users
+    """The node with inputs ``i0, i1, ...`` and outputs ``o0, ...`` (captured outer values: the last ``i``)."""
+    from graphdist.ir.onnx_io import node_attributes  # local: onnx_io imports this module's users
 
-    proto = helper.make_node(node.op_type, ["" if v is None else f"i{i}" for i, v in enumerate(node.inputs)],
+    inputs, captured, names = split_captures(node.inputs, node.attrs)
+    proto = helper.make_node(node.op_type, ["" if v is None else f"i{i}" for i, v in enumerate(inputs)],
                              [f"o{i}" for i in range(num_outputs)], domain=node.domain)
-    proto.attribute.extend(attribute_proto(k, v) for k, v in sorted(node.attrs.items()) if v is not None)
+    renames = {name: f"i{len(inputs) + j}" for j, name in enumerate(names)}
+    proto.attribute.extend(node_attributes(node.attrs, renames))
     return proto
 
 
@@ -141,7 +145,7 @@ def _infer_from_schema(schema: onnx.defs.OpSchema, domain: str, opset: int):
         except Exception as err:  # noqa: BLE001 - the C++ checker raises assorted types
             raise GraphError(f"{where}: ONNX shape inference failed ({type(err).__name__}: "
                              f"{_first_line(err)})") from None
-        if schema.has_function or schema.has_context_dependent_function:
+        if subgraphs_of(node.attrs) or schema.has_function or schema.has_context_dependent_function:
             if any(not _has_shape(inferred.get(f"o{i}")) for i in range(count)):
                 inferred = _infer_through_function(node, count, types, opsets) or inferred
         if any(not _has_shape(inferred.get(f"o{i}")) for i in range(count)):
@@ -188,10 +192,10 @@ MAX_RUN_ELEMENTS = 1 << 20
 
 
 def _infer_by_running(node: Node, count: int, opsets: list[onnx.OperatorSetIdProto]) -> dict[str, onnx.TypeProto]:
-    """Output types found by running the node in ``onnx.reference`` on zeros (constants as they are).
+    """Output types found by running the node in ``onnx.reference`` on ones and twos (constants as they are).
 
     The last resort for ops whose ONNX inference gives no rank (MeanVarianceNormalization): only with static
-    input shapes, and only for the outputs whose shapes do not depend on the zeros (same types on ones).
+    input shapes, and only for the outputs whose shapes do not depend on the fill (same types on both).
     """
     from graphdist.ir.fold import run_node
 
@@ -202,7 +206,7 @@ def _infer_by_running(node: Node, count: int, opsets: list[onnx.OperatorSetIdPro
         return {}
     versions = {o.domain: o.version for o in opsets}
     results = []
-    for fill in (0, 1):
+    for fill in (1, 2):  # numbers that differ (value-dependent shapes differ), booleans both True
         arrays = [None if v is None else (np.asarray(v.const_value) if v.const_value is not None
                                           else np.full(v.shape, fill, dtype=v.dtype)) for v in node.inputs]
         results.append(run_node(node.op_type, node.domain, node.attrs, arrays, count, versions))

@@ -18,6 +18,7 @@ import onnx
 from onnx import numpy_helper
 
 from graphdist.ir.graph import ONNX_DOMAIN, Graph
+from graphdist.ir.subgraphs import free_names
 
 __all__ = ["VALUE_OPERANDS", "static_inputs", "static_input_names", "bind_model_inputs"]
 
@@ -31,6 +32,7 @@ VALUE_OPERANDS: dict[str, tuple[int, ...]] = {
     "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,), "Pad": (1, 3), "Range": (0, 1, 2), "OneHot": (1,),
     "TopK": (1,), "Resize": (1, 2, 3), "Upsample": (1,), "CenterCropPad": (1,), "Col2Im": (1, 2),
     "MaxUnpool": (2,), "DFT": (1, 2), "STFT": (1, 3), "MelWeightMatrix": (0, 1, 2, 3, 4),
+    "Loop": (0,),  # the trip count decides the length of scan outputs
     "BlackmanWindow": (0,), "HannWindow": (0,), "HammingWindow": (0,), "AffineGrid": (1,),
 }
 
@@ -79,6 +81,7 @@ def static_input_names(model: onnx.ModelProto) -> list[str]:
         producer = producers.get(name)
         if producer is not None and producer.op_type not in _SHAPE_ONLY:
             wanted.extend(n for n in producer.input if n)
+            wanted.extend(free_names(sub for attr in producer.attribute for sub in _graphs(attr)))
     initializers = {t.name for t in proto.initializer}
     return [vi.name for vi in proto.input if vi.name in seen and vi.name not in initializers]
 
@@ -92,3 +95,9 @@ def bind_model_inputs(model: onnx.ModelProto, values: Mapping[str, np.ndarray]) 
     bound.graph.input.extend(kept)
     bound.graph.initializer.extend(numpy_helper.from_array(np.asarray(v), name) for name, v in values.items())
     return bound
+
+
+def _graphs(attr: onnx.AttributeProto) -> list[onnx.GraphProto]:
+    if attr.type == onnx.AttributeProto.GRAPH:
+        return [attr.g]
+    return list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else []

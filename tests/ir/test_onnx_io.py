@@ -18,6 +18,7 @@ import graphdist as gd
 from graphdist.errors import GraphError
 from graphdist.ir import GRAPHDIST_DOMAIN, OPSET, Graph, from_onnx, to_onnx, verify
 from graphdist.ir.onnx_io import ORT_IR_VERSION
+from graphdist.trace.inline import inline_graph
 
 RNG = np.random.default_rng(7)
 X = RNG.standard_normal((4, 5)).astype(np.float32)
@@ -211,21 +212,35 @@ def test_from_onnx_op_of_an_unknown_domain_names_it() -> None:
         from_onnx(model)
 
 
-def test_from_onnx_if_with_subgraph_names_it() -> None:
-    def branch(name: str, value: float) -> onnx.GraphProto:
-        const = helper.make_node("Constant", [], [f"{name}_out"],
-                                 value=numpy_helper.from_array(np.array([value], np.float32)))
-        return helper.make_graph([const], name, [],
-                                 [helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, [1])])
+def test_from_onnx_if_reads_outer_values_through_explicit_captures() -> None:
+    def branch(name: str, op: str) -> onnx.GraphProto:
+        node = helper.make_node(op, ["x", "x"], [f"{name}_out"])  # x: a value of the enclosing graph
+        return helper.make_graph([node], name, [], [helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT,
+                                                                                  [2])])
 
-    node = helper.make_node("If", ["cond"], ["y"], name="choose", then_branch=branch("then", 1.0),
-                            else_branch=branch("else", 0.0))
-    graph = helper.make_graph([node], "branchy", [helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    node = helper.make_node("If", ["cond"], ["y"], name="choose", then_branch=branch("then", "Add"),
+                            else_branch=branch("else", "Mul"))
+    relu = helper.make_node("Relu", ["x0"], ["x"])
+    graph = helper.make_graph([relu, node], "branchy", [helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+                                                        helper.make_tensor_value_info("x0", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
-    onnx.checker.check_model(model)
-    with pytest.raises(GraphError, match=r"node 'choose' \(If\).*holds a subgraph"):
-        from_onnx(model)
+    model.ir_version = ORT_IR_VERSION
+    imported = from_onnx(model)
+    (if_node,) = imported.find_nodes("If")
+    assert [v.name for v in if_node.inputs] == ["cond", "x"]  # the captured outer value is an explicit input
+    x = np.array([-1.0, 3.0], np.float32)
+    from graphdist.compile.graph_runner import GraphRunner
+
+    runner = GraphRunner(imported)
+    for cond in (True, False):
+        (got,) = runner(np.array(cond), x)
+        np.testing.assert_array_equal(got, run_ort(model, {"cond": np.array(cond), "x0": x})[0])
+    # inlined into a trace the captured value gets a new name: lowering renames the subgraph's reference
+    traced = gd.trace(lambda c, a: inline_graph(imported, [c, np.maximum(a, 0.5)])[0], np.array(True), x)
+    lowered = traced.to_onnx()
+    onnx.checker.check_model(lowered, full_check=True)
+    assert run_ort(lowered, feeds_for(traced, np.array(True), x))[0].tolist() == [1.0, 6.0]
 
 
 def test_from_onnx_rejects_unknown_rank_inputs() -> None:

@@ -1,0 +1,98 @@
+"""Control-flow ops (If, Loop, Scan): subgraph attributes and the outer values they read.
+
+An ONNX subgraph may read values of the enclosing graph by name, without
+listing them as node inputs. graphdist's dataflow must see those reads (dead
+node elimination, partitioning and renaming all follow node inputs), so an
+imported control-flow node lists them as extra inputs after its ONNX inputs,
+and the attribute :data:`CAPTURES_ATTR` records the names the subgraphs use
+for them. Lowering writes the ONNX inputs only and renames the subgraphs'
+references to the current names of the captured values, so a value renamed
+by a pass (a replica copy, a transfer) is still found.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import onnx
+
+__all__ = ["CAPTURES_ATTR", "subgraphs_of", "free_names", "split_captures", "renamed_attribute"]
+
+#: Node attribute (not an ONNX attribute: lowering drops it) listing the outer names a node's subgraphs read.
+CAPTURES_ATTR = "graphdist.captures"
+
+_GRAPH_KINDS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+
+
+def subgraphs_of(attrs: Mapping[str, Any]) -> list[onnx.GraphProto]:
+    """The subgraphs held by a node's attributes (kept as ``AttributeProto`` objects at import)."""
+    graphs: list[onnx.GraphProto] = []
+    for value in attrs.values():
+        if isinstance(value, onnx.AttributeProto) and value.type == onnx.AttributeProto.GRAPH:
+            graphs.append(value.g)
+        elif isinstance(value, onnx.AttributeProto) and value.type == onnx.AttributeProto.GRAPHS:
+            graphs.extend(value.graphs)
+    return graphs
+
+
+def _nested(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    nested: list[onnx.GraphProto] = []
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            nested.append(attr.g)
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            nested.extend(attr.graphs)
+    return nested
+
+
+def _free_in(graph: onnx.GraphProto) -> list[str]:
+    defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    defined |= {t.name for t in graph.sparse_initializer}
+    free: list[str] = []
+    for node in graph.node:
+        reads = [*node.input, *(name for sub in _nested(node) for name in _free_in(sub))]
+        free.extend(name for name in reads if name and name not in defined and name not in free)
+        defined.update(name for name in node.output if name)
+    free.extend(v.name for v in graph.output if v.name not in defined and v.name not in free)
+    return free
+
+
+def free_names(graphs: Iterable[onnx.GraphProto]) -> list[str]:
+    """Names the subgraphs read from enclosing scopes, in first-use order."""
+    names: list[str] = []
+    for graph in graphs:
+        names.extend(name for name in _free_in(graph) if name not in names)
+    return names
+
+
+def split_captures(inputs: Sequence[Any], attrs: Mapping[str, Any]) -> tuple[list[Any], list[Any], list[str]]:
+    """``(onnx_inputs, captured_inputs, captured_names)`` of a node's input list."""
+    names = list(attrs.get(CAPTURES_ATTR) or [])
+    count = len(inputs) - len(names)
+    return list(inputs[:count]), list(inputs[count:]), names
+
+
+def _rename(graph: onnx.GraphProto, mapping: Mapping[str, str]) -> None:
+    shadowed = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    for node in graph.node:
+        for index, name in enumerate(node.input):
+            if name in mapping and name not in shadowed:
+                node.input[index] = mapping[name]
+        for sub in _nested(node):
+            _rename(sub, {k: v for k, v in mapping.items() if k not in shadowed})
+        shadowed.update(node.output)
+    for output in graph.output:
+        if output.name in mapping and output.name not in shadowed:
+            output.name = mapping[output.name]
+
+
+def renamed_attribute(attr: onnx.AttributeProto, mapping: Mapping[str, str]) -> onnx.AttributeProto:
+    """A copy of a subgraph attribute whose outer references follow ``mapping`` (old name -> new)."""
+    if attr.type not in _GRAPH_KINDS or not any(k != v for k, v in mapping.items()):
+        return attr
+    copy = onnx.AttributeProto()
+    copy.CopyFrom(attr)
+    for graph in ([copy.g] if copy.type == onnx.AttributeProto.GRAPH else list(copy.graphs)):
+        _rename(graph, mapping)
+    return copy
