@@ -7,7 +7,9 @@ feeds against the declared graph inputs (names and element types) before
 running, so it rejects what ONNX Runtime rejects instead of silently
 computing in another dtype.
 
-Ops of the ``graphdist`` domain can be given as ``onnx.reference.op_run.OpRun``
+Where onnx's reference computes an op wrongly, graphdist registers a corrected
+kernel (:mod:`graphdist.backends.reference_fixes`). Ops of the ``graphdist``
+domain can be given as ``onnx.reference.op_run.OpRun``
 subclasses (``custom_ops``); they are passed to the evaluator as ``new_ops``.
 """
 
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from graphdist import stats
+from graphdist.backends.reference_fixes import REFERENCE_FIXES
 from graphdist.errors import BackendError
 from graphdist.runtime.devices import Device, parse_device
 
@@ -164,7 +167,7 @@ class ReferenceBackend:
         parse_device(device)
         name = model.graph.name or "<unnamed>"
         try:
-            evaluator = ReferenceEvaluator(model, new_ops=self.custom_ops or None)
+            evaluator = ReferenceEvaluator(model, new_ops=[*REFERENCE_FIXES, *self.custom_ops])
         except Exception as err:
             raise BackendError(
                 f"reference evaluator cannot load segment {name!r}: "

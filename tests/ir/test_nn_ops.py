@@ -233,9 +233,6 @@ WRONG_FORWARD: dict[tuple[str, str], str] = {
     ("dropout_inference", "tvm"): "TVM 0.27's ONNX frontend returns Dropout's mask as float32, not bool",
     ("layer_norm_axis1_bias", "tvm"): "TVM 0.27's ONNX frontend returns scalar placeholders for Mean, InvStdDev",
     ("layer_norm_last_axis", "tvm"): "TVM 0.27's ONNX frontend returns scalar placeholders for Mean, InvStdDev",
-    ("lrn_n_differs_from_c", "reference"): "onnx.reference's LRN (onnx 1.23) is wrong when N != C",
-    ("global_max_pool_3d", "reference"): "onnx.reference's GlobalMaxPool (onnx 1.23) is wrong unless 4-D",
-    ("global_max_pool_5d", "reference"): "onnx.reference's GlobalMaxPool (onnx 1.23) is wrong unless 4-D",
 }
 #: (case, backend) -> why the backend cannot run the case at all.
 CANNOT_RUN: dict[tuple[str, str], str] = {
