@@ -81,6 +81,10 @@ class AutodiffPass(PassBase):
 
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
         gradient_nodes = graph.find_nodes("Gradient", GRAPHDIST_DOMAIN)
+        if gradient_nodes and graph.opset < OPSET:
+            raise TracingError(f"graph {graph.name!r} is at opset {graph.opset}: gradient rules emit ops in their "
+                               f"opset-{OPSET} forms; differentiate a model called inside a step (gd.onnx.load, "
+                               f"inline_graph convert it up) rather than one traced at its own opset")
         for gradient_node in gradient_nodes:
             builder = GradBuilder(graph)
             results = _backward(graph, gradient_node, builder)
