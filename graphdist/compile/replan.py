@@ -97,8 +97,8 @@ def _rebatched(record: StepRecord, replicas: int, checker: Callable[[], dict[str
                             f"{record.replicas_in_sync} replicas. Export it from a step whose global batch divides "
                             "among the replicas")
         return graph
-    if batch is None:
-        return graph  # no per-replica inputs: every replica computes on the same shapes
+    if batch is None:  # no per-replica inputs: every replica computes on the same shapes
+        return RebatchPass(None, replicas)(graph).graph
     total = int(batch) * record.replicas_in_sync
     if total % replicas:
         raise PlanError(f"plan {record.name!r} has a global batch of {total} ({record.replicas_in_sync} replica(s) of "
@@ -106,7 +106,7 @@ def _rebatched(record: StepRecord, replicas: int, checker: Callable[[], dict[str
                         f"divides {total}, or export the step with another global batch")
     wanted = total // replicas
     if wanted == int(batch):
-        return graph
+        return RebatchPass(wanted, replicas)(graph).graph
     check = record.rebatch
     if not check.get("verified") and checker is not None:
         check = record.rebatch = checker()
@@ -116,7 +116,7 @@ def _rebatched(record: StepRecord, replicas: int, checker: Callable[[], dict[str
                         f"{record.replicas_in_sync} replicas (same per-replica batch), or rewrite the step so its "
                         "graph follows x.shape[0]")
     try:
-        return RebatchPass(wanted)(graph).graph
+        return RebatchPass(wanted, replicas)(graph).graph
     except GraphError as err:
         raise PlanError(f"plan {record.name!r}: {err}") from None
 

@@ -257,3 +257,22 @@ def test_plan_replanned_for_a_parameter_server_trains_like_one_device(exported: 
                           "--strategy", "parameter_server", "--out", str(tmp_path))
     assert job.returncode == 0, job.stdout + job.stderr
     _check_weights(dict(np.load(tmp_path / "rank0.npz")), _variables_after(2))
+
+
+def test_imported_model_inference_plan_replans_like_ort(tmp_path) -> None:
+    """An opset-21 ONNX model (Gemm, LayerNormalization, Gelu) served under Mirrored(2), its plan re-planned
+    for one device and for four replicas: the gathered outputs equal ONNX Runtime's on the global batch."""
+    import onnxruntime as ort
+
+    from graphdist.compile.inference import make_inference_step
+    from tests.ir.test_onnx_opsets import gelu_layer_norm_model
+
+    model = gelu_layer_norm_model(21)
+    step, (shares,) = make_inference_step(gd.ir.from_onnx(model), gd.MirroredStrategy(["cpu:0", "cpu:1"]), batch=8)
+    plan_dir = step.get_concrete_function(shares).export(tmp_path / "served")
+    x = np.concatenate(shares.values)
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    loaded = gd.load_plan(plan_dir)
+    for target in (gd.OneDeviceStrategy("cpu:0"), gd.MirroredStrategy(["cpu:0", "cpu:1", "cpu:2", "cpu:3"])):
+        np.testing.assert_allclose(loaded.replan(target)(x), expected, rtol=1e-5, atol=1e-6)

@@ -233,3 +233,44 @@ def test_model_step_rebatched_equals_the_step_traced_at_that_size(module: str) -
     assert before.meta["batch"] == 8 and any(v.meta.get("batch") for v in before.initializers.values())
     assert_structural_equal(_rebatch(before.copy(), 16), traced(32))
 
+
+
+# ------------------------------------------------------------ gathers over the replicas
+def _gathering(per_replica: int, replicas: int):
+    """A step that gathers each replica's rows (``strategy.gather``) for ``replicas`` replicas."""
+    strategy = gd.MirroredStrategy([f"cpu:{i}" for i in range(replicas)])
+
+    @gd.function
+    def step(x):
+        return strategy.gather(strategy.run(lambda a: np.tanh(a) * 2.0, args=(x,)), axis=0)
+
+    data = np.ones((per_replica * replicas, 3), np.float32)
+    return step.get_concrete_function(gd.PerReplica(tuple(np.split(data, replicas)))).graph("traced")
+
+
+def test_gathers_follow_the_replica_count_on_the_same_global_batch() -> None:
+    before = _gathering(4, 2)  # 2 replicas of 4 rows, gathered: 8 rows
+    (gather,) = before.find_nodes("CrossReplicaGather", "graphdist")
+    assert gather.attrs["num_replicas"] == 2 and before.outputs[0].shape[0] == 8
+    result = RebatchPass(2, replicas=4)(before.copy())
+    assert result.modified
+    verify(result.graph)
+    assert_structural_equal(result.graph, _gathering(2, 4))  # traced directly for 4 replicas of 2 rows
+    again = RebatchPass(2, replicas=4)(result.graph)
+    assert not again.modified
+
+
+def test_replica_count_alone_changes_gathers_of_unbatched_steps() -> None:
+    strategy = gd.MirroredStrategy(TWO)
+
+    @gd.function
+    def step():
+        return strategy.gather(strategy.run(lambda: gd.get_replica_context().replica_id_in_sync_group * 1.0
+                                            + np.zeros((1,), np.float32)), axis=0)
+
+    traced = step.get_concrete_function().graph("traced")
+    assert traced.meta.get("batch") is None and traced.outputs[0].shape == (2,)
+    result = RebatchPass(None, replicas=3)(traced)
+    assert result.modified and result.graph.outputs[0].shape == (3,)
+    with pytest.raises(gd.GraphError, match="without per-replica inputs"):
+        RebatchPass(4, replicas=3)(result.graph)
