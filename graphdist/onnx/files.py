@@ -1,0 +1,180 @@
+"""Reading and writing ONNX model files for :func:`graphdist.onnx.load` and ``OnnxModel.save``.
+
+:func:`read_model` turns a path or an ``onnx.ModelProto`` into a model whose
+tensors are all in memory: external data (``onnx.save(...,
+save_as_external_data=True)``) is read from the files next to the model, and
+every way that can fail (a missing or truncated model file, a missing or
+short external-data file, a model newer than ONNX Runtime runs) is a
+:class:`~graphdist.errors.GraphError` naming the file and saying what to do.
+
+:func:`write_model` writes a model atomically (a temporary file renamed into
+place, :func:`graphdist.fsutil.atomic_write_bytes`); models over protobuf's
+2 GiB limit keep their large tensors in one external-data file next to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import onnx
+from onnx import external_data_helper
+
+from graphdist.errors import GraphError, InvalidArgumentError
+from graphdist.fsutil import atomic_write_bytes
+from graphdist.ir.onnx_io import MAX_OPSET
+
+__all__ = ["read_model", "write_model", "external_tensors", "INLINE_LIMIT"]
+
+logger = logging.getLogger(__name__)
+
+#: Serialized models larger than this keep their big tensors in an external-data file (protobuf's
+#: limit is 2 GiB; the margin leaves room for the graph itself).
+INLINE_LIMIT = 1_800_000_000
+
+
+def external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
+    """The model's tensors (initializers, Constant values, subgraphs' too) stored as external data."""
+    return [t for t in external_data_helper._get_all_tensors(model) if external_data_helper.uses_external_data(t)]
+
+
+def _location(tensor: onnx.TensorProto) -> str:
+    return next((entry.value for entry in tensor.external_data if entry.key == "location"), "")
+
+
+def read_model(model: onnx.ModelProto | str | os.PathLike[str]) -> tuple[onnx.ModelProto, str | None]:
+    """The model with every tensor in memory, and the file it came from (``None`` for a ``ModelProto``).
+
+    A ``ModelProto`` is copied (the caller's object is never changed).
+
+    Raises:
+        GraphError: The file is missing, not an ONNX model (truncated, or
+            another format), its external data is missing or short, a
+            ``ModelProto`` refers to external data (load it from its path
+            instead), or the model's opset is newer than ONNX Runtime runs.
+        InvalidArgumentError: ``model`` is neither a path nor a ``ModelProto``.
+    """
+    if isinstance(model, onnx.ModelProto):
+        proto = onnx.ModelProto()
+        proto.CopyFrom(model)
+        source = None
+        pending = external_tensors(proto)
+        if pending:
+            names = ", ".join(sorted(t.name for t in pending)[:5])
+            raise GraphError(f"the ModelProto's tensor(s) {names} are stored as external data "
+                             f"({_location(pending[0])!r}), which a ModelProto alone cannot locate; pass the "
+                             "model's path to gd.onnx.load (or onnx.load(path) it first, which reads the data)")
+    elif isinstance(model, (str, os.PathLike)):
+        source = os.fspath(model)
+        proto = _parse_file(source)
+        _load_external_data(proto, source)
+    else:
+        raise InvalidArgumentError(f"gd.onnx.load: model must be a path to an .onnx file or an onnx.ModelProto, "
+                                   f"got {type(model).__name__}")
+    _check_graph(proto, source)
+    return proto, source
+
+
+def _describe(source: str | None) -> str:
+    return f"ONNX file {source!r}" if source is not None else "the ONNX model"
+
+
+def _parse_file(path: str) -> onnx.ModelProto:
+    if not os.path.exists(path):
+        raise GraphError(f"ONNX file {path!r} does not exist; check the path")
+    if os.path.isdir(path):
+        raise GraphError(f"{path!r} is a directory; give the path of an .onnx file")
+    data = Path(path).read_bytes()
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except Exception as err:  # noqa: BLE001 - protobuf's DecodeError and friends
+        raise GraphError(f"ONNX file {path!r} ({len(data):,} bytes) cannot be parsed as an ONNX model "
+                         f"({type(err).__name__}: {err}); it is truncated or not an ONNX file: copy or export "
+                         "it again") from None
+    return proto
+
+
+def _check_graph(proto: onnx.ModelProto, source: str | None) -> None:
+    """Catches files that parse (protobuf reads a prefix cut at a field boundary) but hold no whole model."""
+    what = _describe(source)
+    if not proto.graph.node and not proto.graph.output:
+        raise GraphError(f"{what} holds no ONNX graph (empty, truncated or not an ONNX file)")
+    if not proto.opset_import:
+        raise GraphError(f"{what} declares no opset (opset_import is empty): it is truncated or was not "
+                         "written by an ONNX exporter; export it again")
+    defined = {vi.name for vi in proto.graph.input} | {t.name for t in proto.graph.initializer}
+    defined |= {name for node in proto.graph.node for name in node.output}
+    missing = [vi.name for vi in proto.graph.output if vi.name not in defined]
+    if missing:
+        raise GraphError(f"{what}: graph output(s) {', '.join(map(repr, missing))} are computed by no node; the "
+                         "file is truncated or the model is incomplete: export it again")
+    versions = {o.domain or "ai.onnx": int(o.version) for o in proto.opset_import}
+    if versions.get("ai.onnx", 0) > MAX_OPSET:
+        raise GraphError(f"{what} uses opset {versions['ai.onnx']} of ai.onnx; ONNX Runtime (and so graphdist) "
+                         f"runs opsets up to {MAX_OPSET}: export it with opset {MAX_OPSET} or older")
+
+
+def _load_external_data(proto: onnx.ModelProto, path: str) -> None:
+    tensors = external_tensors(proto)
+    if not tensors:
+        return
+    base = os.path.dirname(os.path.abspath(path))
+    for tensor in tensors:
+        location = _location(tensor)
+        file = os.path.join(base, location)
+        if not location or not os.path.isfile(file):
+            raise GraphError(f"ONNX file {path!r} keeps tensor {tensor.name!r} in the external-data file "
+                             f"{location!r}, which does not exist (looked for {file!r}); copy it next to the "
+                             "model, or export the model without external data")
+    try:
+        external_data_helper.load_external_data_for_model(proto, base)
+    except Exception as err:  # noqa: BLE001 - onnx raises ValueError/OSError for short or unreadable files
+        raise GraphError(f"ONNX file {path!r}: its external data in "
+                         f"{sorted({_location(t) for t in tensors})} cannot be read ({type(err).__name__}: "
+                         f"{err}); the data file is truncated or belongs to another model") from None
+    for tensor in external_tensors(proto):
+        raise GraphError(f"ONNX file {path!r}: tensor {tensor.name!r} was not read from {_location(tensor)!r}")
+    logger.debug("read external data of %d tensor(s) for %s", len(tensors), path)
+
+
+def write_model(model: onnx.ModelProto, path: str | os.PathLike[str]) -> str:
+    """Writes ``model`` to ``path`` atomically; returns the path.
+
+    Models whose serialized size passes :data:`INLINE_LIMIT` keep their
+    tensors in ``<name>.data`` next to the file (written first, also
+    atomically), as ``onnx.save(..., save_as_external_data=True)`` does.
+
+    Raises:
+        GraphError: The directory cannot be written.
+    """
+    dest = Path(path)
+    try:
+        size = model.ByteSize()
+        if size <= INLINE_LIMIT:
+            atomic_write_bytes(dest, model.SerializeToString())
+        else:
+            _write_with_external_data(model, dest)
+    except OSError as err:
+        raise GraphError(f"cannot write the ONNX model to {str(dest)!r}: {err.strerror or err}; check that the "
+                         "directory is writable") from err
+    return str(dest)
+
+
+def _write_with_external_data(model: onnx.ModelProto, dest: Path) -> None:
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    location = f"{dest.name}.data"
+    external_data_helper.convert_model_to_external_data(copy, all_tensors_to_one_file=True, location=location,
+                                                        size_threshold=1024)
+    data = bytearray()
+    for tensor in external_tensors(copy):
+        raw = tensor.raw_data
+        offset = len(data)
+        data += raw
+        external_data_helper.set_external_data(tensor, location, offset=offset, length=len(raw))
+        tensor.ClearField("raw_data")
+    atomic_write_bytes(dest.parent / location, bytes(data))
+    atomic_write_bytes(dest, copy.SerializeToString())
+    logger.info("wrote %s with its tensors in %s (%d bytes)", dest, location, len(data))
