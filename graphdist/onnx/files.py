@@ -25,13 +25,15 @@ from graphdist.errors import GraphError, InvalidArgumentError
 from graphdist.fsutil import atomic_write_bytes
 from graphdist.ir.onnx_io import MAX_OPSET
 
-__all__ = ["read_model", "write_model", "external_tensors", "INLINE_LIMIT"]
+__all__ = ["read_model", "write_model", "external_tensors", "INLINE_LIMIT", "EXTERNAL_THRESHOLD"]
 
 logger = logging.getLogger(__name__)
 
 #: Serialized models larger than this keep their big tensors in an external-data file (protobuf's
 #: limit is 2 GiB; the margin leaves room for the graph itself).
 INLINE_LIMIT = 1_800_000_000
+#: Tensors of at least this many bytes go to the external-data file (ONNX's own default threshold).
+EXTERNAL_THRESHOLD = 1024
 
 
 def external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
@@ -166,14 +168,15 @@ def _write_with_external_data(model: onnx.ModelProto, dest: Path) -> None:
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     location = f"{dest.name}.data"
-    external_data_helper.convert_model_to_external_data(copy, all_tensors_to_one_file=True, location=location,
-                                                        size_threshold=1024)
     data = bytearray()
-    for tensor in external_tensors(copy):
+    for tensor in external_data_helper._get_all_tensors(copy):
+        if not tensor.HasField("raw_data") or len(tensor.raw_data) < EXTERNAL_THRESHOLD:
+            continue
         raw = tensor.raw_data
         offset = len(data)
         data += raw
         external_data_helper.set_external_data(tensor, location, offset=offset, length=len(raw))
+        tensor.data_location = onnx.TensorProto.EXTERNAL
         tensor.ClearField("raw_data")
     atomic_write_bytes(dest.parent / location, bytes(data))
     atomic_write_bytes(dest, copy.SerializeToString())
