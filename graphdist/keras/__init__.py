@@ -13,7 +13,7 @@ Create the model (and optimizer) inside ``strategy.scope()``; ``fit``,
 """
 
 from graphdist import optimizers
-from graphdist.keras import activations, backend, callbacks, initializers, layers, losses, metrics, utils
+from graphdist.keras import activations, backend, callbacks, initializers, layers, losses, metrics, models, utils
 from graphdist.keras.callbacks import History
 from graphdist.keras.functional import Input
 from graphdist.keras.models import Model, Sequential
@@ -28,6 +28,7 @@ __all__ = [
     "NotCompiledError",
     "load_model",
     "layers",
+    "models",
     "losses",
     "metrics",
     "callbacks",

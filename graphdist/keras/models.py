@@ -43,7 +43,7 @@ from graphdist.keras.progress import Progress
 from graphdist.keras.training import Engine, NotCompiledError, check_strategy
 from graphdist.trace.variables import Variable
 
-__all__ = ["Model", "Sequential", "FunctionalModel"]
+__all__ = ["Model", "Sequential", "FunctionalModel", "from_onnx"]
 
 def _optimizer(identifier: Any) -> Any:
     try:
@@ -542,3 +542,7 @@ class Sequential(Model):
     def from_config(cls, config: dict[str, Any]) -> Sequential:
         layers = [get_layer_class(entry["class_name"]).from_config(entry["config"]) for entry in config["layers"]]
         return cls(layers, name=config.get("name"))
+
+
+# A model whose forward pass is an ONNX graph (graphdist.keras.onnx_model; it subclasses Model, defined above).
+from graphdist.keras.onnx_model import from_onnx  # noqa: E402

@@ -306,6 +306,18 @@ class OnnxModel:
         return result[0] if len(result) == 1 else result
 
     # --------------------------------------------------------------------- save
+    def to_onnx(self) -> onnx.ModelProto:
+        """The model as loaded, with the variables' current values as its initializers (a new proto)."""
+        proto = onnx.ModelProto()
+        proto.CopyFrom(self._proto)
+        current = dict(zip(self._variable_names, self._variables))
+        for tensor in proto.graph.initializer:
+            variable = current.get(tensor.name)
+            if variable is not None:
+                dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
+                tensor.CopyFrom(numpy_helper.from_array(np.asarray(variable.numpy(), dtype=dtype), tensor.name))
+        return proto
+
     def save(self, path: str | os.PathLike[str]) -> str:
         """Writes the model with the variables' current values as its initializers (atomically).
 
@@ -318,17 +330,29 @@ class OnnxModel:
         Raises:
             GraphError: The file cannot be written.
         """
-        proto = onnx.ModelProto()
-        proto.CopyFrom(self._proto)
-        current = dict(zip(self._variable_names, self._variables))
-        for tensor in proto.graph.initializer:
-            variable = current.get(tensor.name)
-            if variable is not None:
-                dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
-                tensor.CopyFrom(numpy_helper.from_array(np.asarray(variable.numpy(), dtype=dtype), tensor.name))
-        written = write_model(proto, path)
-        logger.info("saved %s with %d variable(s) to %s", self.name, len(current), written)
+        written = write_model(self.to_onnx(), path)
+        logger.info("saved %s with %d variable(s) to %s", self.name, len(self._variables), written)
         return written
+
+    def input_specs(self) -> list[tuple[tuple[int | None, ...], np.dtype]]:
+        """Each input's declared shape (unknown dimensions ``None``) and dtype, in :attr:`input_names` order."""
+        declared = {vi.name: vi for vi in self._proto.graph.input}
+        specs = []
+        for name in self.input_names:
+            tensor_type = declared[name].type.tensor_type
+            dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim)
+            specs.append((dims, onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)))
+        return specs
+
+    def output_shapes(self) -> list[tuple[int | None, ...]] | None:
+        """Each output's shape as imported (symbolic dimensions ``None``); ``None`` before the model is imported
+        (models with shape-deciding inputs are imported per call).
+        """
+        if not self._graphs:
+            return None
+        graph = next(iter(self._graphs.values()))[0]
+        outputs = graph.outputs[:len(self.output_names)]
+        return [tuple(d if isinstance(d, int) else None for d in v.shape) for v in outputs]
 
     def __repr__(self) -> str:
         return (f"<gd.onnx.OnnxModel {self.name!r} inputs={self.input_names} outputs={self.output_names} "

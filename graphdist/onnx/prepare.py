@@ -12,9 +12,10 @@
   op, and its gradient reaches the weight) and a trace feeds them from the
   variables.
 * :func:`training_model`: the training form: ``Dropout`` with
-  ``training_mode=True`` and ``BatchNormalization`` with ``training_mode=1``
-  (batch statistics), whose new running mean and variance become extra graph
-  outputs (the caller assigns them to the variables). Models older than
+  ``training_mode=True`` (and a ``mask`` output, which its gradient reads)
+  and ``BatchNormalization`` with ``training_mode=1`` (batch statistics),
+  whose new running mean and variance become extra graph outputs (the
+  caller assigns them to the variables). Models older than
   those forms are converted up first with ONNX's version converter.
 """
 
@@ -202,6 +203,8 @@ def training_model(model: onnx.ModelProto, variables: Sequence[str]) -> Training
             inputs[2] = true_name
             del node.input[:]
             node.input.extend(inputs)
+            if len(node.output) < 2:  # the gradient needs the mask of the elements kept
+                node.output.append(fresh(f"{node.output[0]}_mask"))
         elif node.op_type == "BatchNormalization":
             _set_attribute(node, "training_mode", 1)
             outputs = list(node.output[:1])
