@@ -11,6 +11,8 @@ directory, then renamed into place) by the chief only:
 * ``variables.npz``: a ``gd.train.Checkpoint`` of the model's weights (keys
   by layer position) and, when compiled, the optimizer's state (step count,
   slots), so training can continue where it stopped;
+* ``model.onnx``: for a model made by ``gd.keras.models.from_onnx``, its
+  ONNX graph (with the weights at save time), from which it is rebuilt;
 * ``serving/``: the compiled predict step exported as a plan
   (``gd.load_plan(dir + "/serving")`` runs it without this code, for global
   batches of ``serving_batch_size`` rows).
@@ -84,9 +86,10 @@ def save_model(model: Any, filepath: str | os.PathLike[str], overwrite: bool = T
         raise InvalidArgumentError(f"model.save: {dest} exists; pass overwrite=True to replace it")
     if not is_chief(model.distribute_strategy):
         return str(dest.resolve())
+    saved_files = getattr(model, "_saved_files", None)  # models with files of their own (from_onnx: model.onnx)
     config = {
         "format": FORMAT, "version": VERSION, "class_name": type(model).__name__,
-        "config": model.get_config() if isinstance(model, (Sequential, FunctionalModel)) else None,
+        "config": model.get_config() if isinstance(model, (Sequential, FunctionalModel)) or saved_files else None,
         "build_input_shape": list(model._build_input_shape[1:]),
         "compile": _compile_config(model), "serving_batch_size": serving_batch_size,
     }
@@ -96,6 +99,8 @@ def save_model(model: Any, filepath: str | os.PathLike[str], overwrite: bool = T
         Checkpoint(**_trackables(model)).save(staging / _VARIABLES)
         _export_serving(model, staging / _SERVING, serving_batch_size)
         (staging / _CONFIG).write_text(json.dumps(config, indent=1))
+        for name, data in (saved_files() if saved_files else {}).items():
+            (staging / name).write_bytes(data)
         files = {str(p.relative_to(staging)): p.read_bytes() for p in sorted(staging.rglob("*")) if p.is_file()}
         write_plan_directory(dest, files, overwrite=True, marker=_CONFIG)
     finally:
@@ -145,6 +150,10 @@ def load_model(filepath: str | os.PathLike[str], custom_objects: dict[str, type]
         model = Sequential.from_config(config["config"])
     elif class_name == "FunctionalModel":
         model = FunctionalModel.from_config(config["config"])
+    elif class_name == "OnnxKerasModel":
+        from graphdist.keras.onnx_model import OnnxKerasModel
+
+        model = OnnxKerasModel._from_saved(directory, config["config"])
     elif custom_objects and class_name in custom_objects:
         model = custom_objects[class_name]()
     else:
