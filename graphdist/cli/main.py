@@ -167,31 +167,6 @@ def _write(path: str, writer: Callable[[str], Any]) -> None:
                          "and is writable") from err
 
 
-def _load_onnx_graph(path: str) -> Any:
-    import onnx
-
-    from graphdist.ir import from_onnx
-
-    file = Path(path)
-    if not file.is_file():
-        raise UsageError(f"ONNX file {path!r} does not exist; check the path")
-    try:
-        model = onnx.load(str(file))
-        onnx.checker.check_model(model)
-    except Exception as err:  # noqa: BLE001 - protobuf and checker raise many types
-        reason = " ".join(str(err).split()) or type(err).__name__
-        raise UsageError(
-            f"cannot read {path!r} as an ONNX model ({reason}); give a valid .onnx file "
-            "(one that onnx.checker.check_model accepts)"
-        ) from err
-    from graphdist.errors import GraphError
-
-    try:
-        return from_onnx(model)
-    except GraphError as err:
-        raise UsageError(f"cannot import {path!r}: {err}") from err
-
-
 class _Built:
     """What a TARGET compiled to: its concrete function and a description."""
 
@@ -206,16 +181,14 @@ def _build_target(args: argparse.Namespace) -> _Built:
     target = args.target
     strategy = _make_strategy(args.strategy, args.devices)
     if _is_onnx_path(target):
-        from graphdist.compile.inference import make_inference_step
+        from graphdist.cli.onnx_target import build_onnx_target
 
-        graph = _load_onnx_graph(target)
-        strategy = strategy or gd.OneDeviceStrategy("cpu:0")
-        try:
-            step, example = make_inference_step(graph, strategy, args.batch, backend=args.backend)
-        except gd.InvalidArgumentError as err:
-            raise UsageError(str(err)) from err
+        step, example, strategy = build_onnx_target(args, strategy)
         return _Built(_concrete(step, example, target), strategy, example,
                       f"data-parallel inference of {target} under {strategy!r}")
+    if getattr(args, "input_shape", None):
+        raise UsageError("--input-shape applies to .onnx targets only; a module:function target's example inputs "
+                         "decide its shapes (see --batch)")
     if ":" not in target:
         raise UsageError(
             f"TARGET {target!r} is neither 'module:function' (e.g. models.mlp:forward) nor a path "
@@ -725,7 +698,9 @@ TARGET is one of:
                     gd.function (e.g. strategy.run of a train step + strategy.reduce)
                     and example_args its arguments; models.mlp/convnet/transformer have one.
   path/model.onnx   a data-parallel inference step for the model: every input split
-                    along axis 0 across the replicas, outputs gathered back.
+                    along axis 0 across the replicas, outputs gathered back;
+                    --input-shape NAME=D0xD1x... sets an input's shape (D0: the global
+                    batch) where the model leaves dimensions unknown.
 
 --strategy: one_device (first of --devices, default cpu:0), mirrored, central_storage,
 default; factories and .onnx targets default to one_device on cpu:0. --devices: a
@@ -747,6 +722,7 @@ examples:
   graphdist inspect models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 --stage diff
   graphdist inspect models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 --stage partitioned -o mlp.svg
   graphdist inspect mlp.onnx --strategy mirrored --devices cpu:0,cpu:1 --batch 16
+  graphdist inspect resnet.onnx --input-shape data=8x3x224x224 --strategy mirrored --devices cpu:0,cpu:1
 """
 
 _EXPORT_EPILOG = _TARGET_HELP + """
@@ -785,6 +761,9 @@ def _add_target_options(command: argparse.ArgumentParser) -> None:
                               "example_inputs() taking 'batch')")
     command.add_argument("--backend", choices=BACKENDS, default=None,
                          help="backend that compiles the plan (default: $GRAPHDIST_BACKEND or ort)")
+    from graphdist.cli.onnx_target import add_input_shape_option
+
+    add_input_shape_option(command)
 
 
 def build_parser() -> argparse.ArgumentParser:
