@@ -55,9 +55,18 @@ calling thread. An executable sizes the pool of the thread that runs it to its
 thread budget (``runtime.config_threadpool``) so that logical devices running
 side by side share the cores instead of oversubscribing them.
 
+ONNX Runtime fallback (:mod:`graphdist.backends.tvm_fallback`): a segment
+with an op TVM's frontend cannot convert, or an op on the denylist of forms
+TVM 0.27 computes wrong or cannot build, is compiled by the ``ort`` backend
+instead (``TvmBackend.compile`` returns a
+:class:`~graphdist.backends.tvm_fallback.FallbackExecutable`), with a warning
+on this module's logger naming the op and the segment (once per op type per
+process; ``tvm_fallbacks`` in :mod:`graphdist.stats`). Segments on ``tpu:N``
+have no fallback: they raise :class:`BackendError` naming the op.
+
 Errors of TVM never reach the user unwrapped: an op the frontend cannot
-convert, or a failed build, raises :class:`BackendError` naming the segment
-and the op.
+convert (:class:`TvmConversionError`, where there is no fallback), or a failed
+build, raises :class:`BackendError` naming the segment and the op.
 """
 
 from __future__ import annotations
@@ -81,6 +90,13 @@ import numpy as np
 
 from graphdist import stats
 from graphdist.backends.base import cache_dir, discard_artifact, read_verified_artifact, write_artifact_checksum
+from graphdist.backends.tvm_fallback import (
+    FallbackExecutable,
+    TvmConversionError,
+    Unsupported,
+    compile_on_ort,
+    unsupported_nodes,
+)
 from graphdist.backends.tvm_onnx import prepare_for_tvm
 from graphdist.errors import BackendError
 from graphdist.runtime.buffers import aligned, is_aligned
@@ -95,6 +111,7 @@ __all__ = [
     "SCHEDULE_VERSION",
     "BuiltModule",
     "TvmBackend",
+    "TvmConversionError",
     "TvmExecutable",
     "build",
     "hand_schedules_enabled",
@@ -112,8 +129,7 @@ SCHEDULE_VERSION = "2"
 DEFAULT_CUDA_ARCH = "sm_80"
 #: Byte alignment TVM requires of a buffer it reads without copying.
 _CONVERT_ERROR = re.compile(r"Error converting operator (\w+)")
-
-
+_NOT_SUPPORTED = re.compile(r"operators are not supported for frontend ONNX: ([\w, ]+)")
 @functools.cache
 def _tvm() -> Any:
     """Imports tvm on first use (about a second; most processes never need it); cached, as every segment
@@ -136,7 +152,9 @@ def _code_version() -> str:
     from graphdist.backends import tvm_onnx, tvm_schedules
 
     digest = hashlib.sha256()
-    for module in (sys.modules[__name__], tvm_onnx, tvm_schedules):
+    from graphdist.backends import tvm_fallback, tvm_legalize
+
+    for module in (sys.modules[__name__], tvm_onnx, tvm_schedules, tvm_fallback, tvm_legalize):
         digest.update(Path(module.__file__).read_bytes())
     return digest.hexdigest()[:10]
 
@@ -254,7 +272,8 @@ def build(model: onnx.ModelProto, device: Device | str = "cpu:0", *, threads: in
         tune: MetaSchedule trials for CPU targets; ``None`` reads ``GRAPHDIST_TVM_TUNE``.
 
     Raises:
-        BackendError: The frontend cannot convert an op, or TVM fails to build.
+        TvmConversionError: The frontend cannot convert an op, or an op is on the fallback's denylist.
+        BackendError: TVM fails to build.
     """
     device = parse_device(device)
     tvm = _tvm()
@@ -290,6 +309,10 @@ def _import_onnx(model: onnx.ModelProto, name: str) -> Any:
     from tvm.relax.frontend.onnx import from_onnx
 
     prepared = prepare_for_tvm(model)
+    denied = unsupported_nodes(prepared)
+    if denied:
+        described = "; ".join(f"op {u.op!r} (node {u.node!r}): {u.reason}" for u in denied)
+        raise TvmConversionError(f"TVM cannot run segment {name!r} correctly: {described}", tuple(denied))
     # The frontend prints "Error converting operator X, with inputs: ..." to stdout before re-raising
     # the converter's bare exception: captured here, so the op is named in the error and nothing leaks.
     printed = io.StringIO()
@@ -298,17 +321,29 @@ def _import_onnx(model: onnx.ModelProto, name: str) -> Any:
             return from_onnx(prepared, keep_params_in_input=False)
     except Exception as err:
         match = _CONVERT_ERROR.search(printed.getvalue())
-        op = f" op {match.group(1)!r}" if match else ""
-        raise BackendError(
+        listed = _NOT_SUPPORTED.search(str(err))
+        ops = [match.group(1)] if match else [op.strip() for op in listed.group(1).split(",")] if listed else []
+        op = f" op {', '.join(map(repr, ops))}" if ops else ""
+        reason = f"TVM's ONNX frontend cannot convert it: {_first_line(err)}"
+        nodes = {op_type: next((n.name for n in prepared.graph.node if n.op_type == op_type), "") for op_type in ops}
+        raise TvmConversionError(
             f"TVM's ONNX frontend cannot convert segment {name!r}{op}: {_first_line(err)}. "
-            "Use backend 'ort' or 'reference' for this function."
+            "Use backend 'ort' or 'reference' for this function.",
+            tuple(Unsupported(op_type, node, reason) for op_type, node in nodes.items()),
         ) from err
+
+
+def _legalize(tvm: Any) -> Any:
+    """TVM's legalization with graphdist's overrides (:mod:`graphdist.backends.tvm_legalize`)."""
+    from graphdist.backends.tvm_legalize import legalize_overrides
+
+    return tvm.relax.transform.LegalizeOps(customize_legalize_map=legalize_overrides())
 
 
 def _cpu_passes(tvm: Any) -> Any:
     relax = tvm.relax
     return tvm.transform.Sequential([
-        relax.transform.LegalizeOps(),
+        _legalize(tvm),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
@@ -341,7 +376,7 @@ def _build_cuda(tvm: Any, mod: Any, target: Any) -> Any:
 
     gpu = dlight.gpu
     with target:
-        mod = tvm.relax.get_pipeline("zero")(mod)
+        mod = tvm.relax.get_pipeline("zero")(_legalize(tvm)(mod))
         mod = dlight.ApplyDefaultSchedule(gpu.Matmul(), gpu.GEMV(), gpu.Reduction(), gpu.GeneralReduction(),
                                           gpu.Fallback())(mod)
     return tvm.compile(mod, target)
@@ -522,11 +557,17 @@ class TvmBackend:
         return "tpu" if device.kind == "tpu" else str(device)
 
     def compile(self, model: onnx.ModelProto, device: Device | str, *, threads: int | None = None,
-                cache_dir: Path | None = None, shared: dict[str, Any] | None = None) -> TvmExecutable:
+                cache_dir: Path | None = None,
+                shared: dict[str, Any] | None = None) -> TvmExecutable | FallbackExecutable:
         """Builds (or loads from ``cache_dir``) ``model`` for ``device`` and loads it on the VM.
 
+        A segment TVM cannot convert correctly (:class:`TvmConversionError`) is compiled by the ``ort``
+        backend instead (with a warning; its artefacts in ``cache_dir/ort-fallback``), except on
+        ``tpu:N``.
+
         Raises:
-            BackendError: TVM cannot convert or build the segment.
+            BackendError: TVM cannot build the segment; or it cannot convert it and the device is a
+                ``tpu:N`` or ONNX Runtime cannot run it either.
             DeviceError: The device is a GPU this machine does not have (use :func:`build` to
                 generate its code anyway).
         """
@@ -547,7 +588,10 @@ class TvmBackend:
                 if shared is not None:
                     shared[key] = library
                 return TvmExecutable(library, model, device, threads)
-        built = build(model, device, threads=threads)
+        try:
+            built = build(model, device, threads=threads)
+        except TvmConversionError as err:
+            return compile_on_ort(model, device, threads, cache_dir, err)
         stats.increment("compiles")
         logger.debug("built segment %r for %s in %.2f s", name, device, built.seconds)
         if cache_dir is not None:
