@@ -154,6 +154,8 @@ def _resize(node: Any, attrs: dict[str, Any], segment: _Segment) -> str | None:
         return "TVM 0.27's Resize is right only for some static size ratios; this one's sizes are not static"
     ratios = [(i, o) for i, o in zip(source, target) if i != o]
     scales = segment.constant(node.input[2]) if len(node.input) > 2 else None
+    if len(node.input) > 2 and node.input[2] and scales is None:
+        return "TVM 0.27's Resize is right only for some constant scales; these are computed at run time"
     if scales is not None and scales.size and coordinates not in ("align_corners", "tf_crop_and_resize"):
         if any(i and not np.isclose(o / i, s, rtol=1e-6, atol=0) for i, o, s in zip(source, target, scales.ravel())):
             return ("TVM 0.27's Resize uses the output/input size ratio where ONNX uses the given scales "
