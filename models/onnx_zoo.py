@@ -27,7 +27,7 @@ from __future__ import annotations
 import glob
 import os
 import zlib
-from functools import cache
+from functools import lru_cache
 
 import numpy as np
 import onnx
@@ -72,7 +72,7 @@ def _random_weight(rng: np.random.Generator, shape: tuple[int, ...], roles: list
     return rng.standard_normal(shape) * 0.1
 
 
-@cache
+@lru_cache(maxsize=2)  # VGG-19 alone is 560 MB
 def _zoo_model_bytes(name: str, seed: int) -> bytes:
     original = onnx.load(zoo_path(name))
     graph = original.graph
