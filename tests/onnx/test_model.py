@@ -202,9 +202,11 @@ def _train(strategy: gd.Strategy, proto: onnx.ModelProto, steps: int, global_bat
     return model, losses
 
 
-@pytest.mark.parametrize("make_strategy", [lambda: gd.MirroredStrategy(["cpu:0", "cpu:1"]),
-                                           lambda: gd.CentralStorageStrategy(["cpu:0", "cpu:1"])],
-                         ids=["mirrored", "central_storage"])
+@pytest.mark.parametrize("make_strategy", [
+    lambda: gd.MirroredStrategy(["cpu:0", "cpu:1"]),
+    lambda: gd.CentralStorageStrategy(["cpu:0", "cpu:1"]),
+    lambda: gd.TPUStrategy(gd.cluster_resolver.TPUClusterResolver("local[2]")),  # compiled whole by TVM
+], ids=["mirrored", "central_storage", "tpu"])
 def test_opset21_model_trains_under_two_replicas_like_one_device(make_strategy, tmp_path: Path) -> None:
     proto = mlp21()
     one, one_losses = _train(gd.OneDeviceStrategy("cpu:0"), proto, steps=4, global_batch=8)
