@@ -179,6 +179,7 @@ class GraphdistBackendRep(BackendRep):
         self._runner = GraphRunner(model, backend=backend, strategy=OneDeviceStrategy(device))
         self.input_names: list[str] = list(self._runner.input_names)
         self.output_names: list[str] = [vi.name for vi in model.graph.output]
+        self._outputs_type = namedtupledict("Outputs", self.output_names)
         self._value_infos = {vi.name: vi for vi in model.graph.input}
         initializers = {t.name for t in model.graph.initializer}
         self._initializer_inputs = [vi.name for vi in model.graph.input if vi.name in initializers]
@@ -261,7 +262,7 @@ class GraphdistBackendRep(BackendRep):
         if len(results) != len(self.output_names):
             raise BackendError(f"{self._label} declares {len(self.output_names)} output(s); graphdist returned "
                                f"{len(results)}")
-        return namedtupledict("Outputs", self.output_names)(*results)
+        return self._outputs_type(*results)
 
 
 class GraphdistBackend(Backend):
