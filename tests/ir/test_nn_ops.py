@@ -8,8 +8,10 @@ forward values.
   ``tests/ir/test_gradients_nn.py``) agree with ``onnx.reference`` on
   one-node models, or with ONNX Runtime where onnx 1.23's reference
   implementation is wrong (LRN when N != C, GlobalMaxPool unless 4-D); and
-  graphdist's lowering of each op computes the same on every backend (known
-  backend bugs are strict xfails).
+  graphdist's lowering of each op computes the same on every backend (the
+  tvm backend rewrites or sends to ONNX Runtime the forms TVM 0.27 gets wrong:
+  training BatchNormalization statistics, Dropout's mask, LayerNormalization's
+  Mean/InvStdDev).
 """
 
 from __future__ import annotations
@@ -226,14 +228,6 @@ FORWARD: dict[str, Forward] = {
     "selu": Forward("Selu", [r(3, 4)], {}, 1, selu),
 }
 
-#: (case, backend) -> why that backend computes something else than the oracle (strict xfails:
-#: they fail today, and start failing the suite once the backend is fixed).
-WRONG_FORWARD: dict[tuple[str, str], str] = {
-    ("batch_norm_training", "tvm"): "TVM 0.27's ONNX frontend computes wrong running_mean/running_var",
-    ("dropout_inference", "tvm"): "TVM 0.27's ONNX frontend returns Dropout's mask as float32, not bool",
-    ("layer_norm_axis1_bias", "tvm"): "TVM 0.27's ONNX frontend returns scalar placeholders for Mean, InvStdDev",
-    ("layer_norm_last_axis", "tvm"): "TVM 0.27's ONNX frontend returns scalar placeholders for Mean, InvStdDev",
-}
 #: (case, backend) -> why the backend cannot run the case at all.
 CANNOT_RUN: dict[tuple[str, str], str] = {
     ("lrn_even_size", "ort"): "ONNX Runtime's LRN kernel requires an odd size",
@@ -273,9 +267,7 @@ def _forward_params() -> list[Any]:
         for backend in ALL:
             if (name, backend) in CANNOT_RUN:
                 continue
-            marks = [pytest.mark.xfail(reason=WRONG_FORWARD[name, backend], strict=True)] \
-                if (name, backend) in WRONG_FORWARD else []
-            params.append(pytest.param(name, backend, marks=marks, id=f"{name}-{backend}"))
+            params.append(pytest.param(name, backend, id=f"{name}-{backend}"))
     return params
 
 
