@@ -18,7 +18,9 @@ Runtime / numpy (found by running every traced op through both):
 * ``Equal`` of booleans -> ``Not(Xor(a, b))``: TVM emits a float compare on
   ``i1`` values, which LLVM rejects.
 * ``Pow`` of integers -> computed in float64 and cast back (TVM's power is
-  float-only; exact for every int32 result).
+  float-only; exact for every int32 result); of an integer base and a float
+  exponent too (truncated, as ONNX Runtime); a float base's exponent of another
+  type is cast to the base's type (TVM's frontend requires one type).
 * ``ConvTranspose`` with unit strides and dilations, one group, explicit pads
   of at most ``kernel - 1`` and no output padding (a convolution's input
   gradient) -> ``Conv`` of the spatially flipped, in/out-swapped kernel with
@@ -274,7 +276,14 @@ class _Rewriter:
         from onnx import helper
 
         out_type = self.types.get(node.output[0])
-        if out_type not in _INT_TYPES or any(self.types.get(name) not in _INT_TYPES for name in node.input):
+        base_type, exponent_type = (self.types.get(name) for name in node.input)
+        numeric = _INT_TYPES | _FLOAT_TYPES
+        if out_type in _FLOAT_TYPES and exponent_type in numeric and exponent_type != base_type:
+            # A float base with an exponent of another type: TVM's power needs one type (ONNX casts).
+            exponent = self.fresh(f"{node.input[1]}/as_base")
+            return [helper.make_node("Cast", [node.input[1]], [exponent], name=self.fresh(node.name), to=out_type),
+                    helper.make_node("Pow", [node.input[0], exponent], list(node.output), name=f"{node.name}/typed")]
+        if out_type not in _INT_TYPES or base_type not in _INT_TYPES or exponent_type not in numeric:
             return None
         casts, doubles = [], []
         for name in node.input:

@@ -104,6 +104,7 @@ def test_op_tvm_cannot_convert_runs_on_ort_with_one_warning(fresh_warnings: None
     ("resize", "test_resize_downsample_scales_linear_antialias", "Resize"),  # TVM ignored antialias
     ("resize", "test_resize_downsample_scales_cubic", "Resize"),  # TVM used the size ratio, not the scale
     ("resize", "test_resize_upsample_sizes_nearest", "Resize"),  # TVM rounded ties the other way
+    ("maxpool", "test_maxpool_with_argmax_2d_precomputed_pads", "MaxPool"),  # no Indices output in TVM
 ])
 def test_denylisted_op_runs_on_ort_and_matches_the_reference(module: str, name: str, op: str) -> None:
     case = node_case(module, name)
@@ -249,6 +250,10 @@ FIXED = [
     ("reducemin", "test_reduce_min_empty_set"),  # 3.4e38 instead of inf
     ("reducemin", "test_reduce_min_bool_inputs"),  # booleans: TVM could not build it
     ("dropout", "test_dropout_default_mask"),  # the mask was float32, not bool
+    ("pow", "test_pow_types_float32_int64"),  # exponent of another type: TVM could not convert it
+    ("pow", "test_pow_types_float32_uint32"),  # (ONNX Runtime has no kernel for this one)
+    ("pow", "test_pow_types_int64_float32"),  # integer base, float exponent: truncated
+    ("pow", "test_pow_types_int32_int32"),  # integers: TVM's power is float-only
 ]
 
 
