@@ -273,10 +273,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 rounds of 1 call (a smoke run, noisy)")
     parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--budget", type=float, default=None, metavar="S",
+                        help="seconds to keep repeating rounds until enough were quiet (default 240)")
     parser.add_argument("--write", action="store_true", help="update this section of BENCHMARKS.md")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    results = run(quick=args.quick, rounds=args.rounds)
+    results = run(quick=args.quick, rounds=args.rounds, budget_s=args.budget)
     print(table(results))
     if args.write:
         update_section(NAME, markdown(results))

@@ -64,6 +64,7 @@ def load_onnx_graph(path: str, shapes: dict[str, tuple[int, ...]]) -> Any:
     from graphdist.errors import GraphError
     from graphdist.ir import from_onnx
     from graphdist.onnx.files import read_model
+    from graphdist.onnx.prepare import clean_model
 
     try:
         model, _ = read_model(path)
@@ -83,7 +84,7 @@ def load_onnx_graph(path: str, shapes: dict[str, tuple[int, ...]]) -> Any:
             logger.warning("input %s of %s has unknown dimensions %s: the example inputs use 1 for them; give "
                            "--input-shape %s=D0x... to choose", name, path, _declared(vi), name)
     try:
-        return from_onnx(model)
+        return from_onnx(clean_model(model))  # less Dropout-7's unused mask outputs, which ONNX cannot type
     except GraphError as err:
         raise UsageError(f"cannot import {path!r}: {err}") from err
 

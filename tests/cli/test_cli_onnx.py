@@ -76,3 +76,16 @@ def test_onnx_file_errors_name_the_file(tmp_path: Path) -> None:
     assert_clean_failure(graphdist("inspect", str(truncated)), "cannot read", "cut.onnx", "truncated")
     assert_clean_failure(graphdist("inspect", "models.mlp:forward", "--input-shape", "x=1x64"),
                          "--input-shape applies to .onnx targets")
+
+
+def test_zoo_model_with_fixed_batch_input(tmp_path: Path) -> None:
+    """SqueezeNet (opset 9; Dropout-7 with an unused mask output) with its batch given on the command line."""
+    from models.onnx_zoo import input_name, zoo_model
+
+    model = zoo_model("squeezenet")
+    path = tmp_path / "squeezenet.onnx"
+    onnx.save(model, str(path))
+    result = graphdist("inspect", str(path), *MIRRORED, "--input-shape", f"{input_name(model)}=4x3x224x224",
+                       "--stage", "plan")
+    assert result.returncode == 0, result.stderr
+    assert "2 segment(s) on cpu:0, cpu:1" in result.stdout
