@@ -27,6 +27,7 @@ __all__ = [
     "machine_info",
     "machine_markdown",
     "median",
+    "replace_section",
     "time_interleaved",
     "update_section",
     "write_document",
@@ -167,6 +168,30 @@ def write_document(sections: Mapping[str, str], path: Path = BENCHMARKS_MD, info
     parts += ["\n" + _wrap(name, text) for name, text in sections.items()]
     path.write_text("\n".join(parts) + "\n")
     logger.info("wrote %s", path)
+    return path
+
+
+def replace_section(name: str, text: str, path: Path = BENCHMARKS_MD) -> Path:
+    """Replaces (or appends) one benchmark's section of BENCHMARKS.md, leaving every other section alone,
+    the machine section included (for benchmarks whose section states its own machine and load).
+
+    Args:
+        name: Benchmark name (the section's marker).
+        text: Markdown of the section.
+        path: File to update (read right before writing; created when missing).
+
+    Returns:
+        ``path``.
+    """
+    document = path.read_text() if path.exists() else ""
+    begin, end = _markers(name)
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.DOTALL)
+    if pattern.search(document):
+        document = pattern.sub(lambda _m: _wrap(name, text), document, count=1)
+    else:
+        document = document.rstrip("\n") + ("\n\n" if document else "") + _wrap(name, text) + "\n"
+    path.write_text(document)
+    logger.info("updated section %r of %s", name, path)
     return path
 
 

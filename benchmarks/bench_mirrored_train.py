@@ -85,7 +85,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import BENCHMARKS_MD, machine_info, machine_markdown, median
+from benchmarks import BENCHMARKS_MD, machine_info, machine_markdown, median, replace_section
 from benchmarks.bench_train_step import NumpyTrainStep
 from benchmarks.quiet import QUIET, CpuMeter, loadavg, quiet_rounds, timed, wait_quiet
 from benchmarks.tf_serve import ServeProcess
@@ -1073,17 +1073,9 @@ def markdown(results: dict[str, Any], notes: Sequence[str] = ()) -> str:
 
 
 def write_section(text: str, path: Path = BENCHMARKS_MD) -> Path:
-    """Replaces this benchmark's section of BENCHMARKS.md, or appends it; leaves every other section alone."""
-    begin, end = f"<!-- begin {NAME} -->", f"<!-- end {NAME} -->"
-    block = f"{begin}\n{text.strip()}\n{end}"
-    document = path.read_text() if path.exists() else ""  # read right before writing
-    if begin in document and end in document:
-        head, rest = document.split(begin, 1)
-        document = head + block + rest.split(end, 1)[1]
-    else:
-        document = document.rstrip("\n") + ("\n\n" if document else "") + block + "\n"
-    path.write_text(document)
-    return path
+    """Replaces this benchmark's section of BENCHMARKS.md, or appends it; leaves every other section alone
+    (the machine section too: this section states its own machine)."""
+    return replace_section(NAME, text, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -32,7 +32,6 @@ import argparse
 import json
 import logging
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -43,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import BENCHMARKS_MD, _markers, _wrap, machine_info, median
+from benchmarks import machine_info, median, replace_section
 from benchmarks.quiet import QUIET, CpuMeter, loadavg, wait_quiet
 
 __all__ = ["NAME", "GOAL", "SIZES", "LARGE_BYTES", "run", "table", "markdown", "main"]
@@ -224,17 +223,9 @@ polling loop; from 4 MB the payload dominates. Reproduce: `python -m benchmarks.
 
 
 def write_section(name: str, text: str) -> None:
-    """Replaces (or appends) this benchmark's section of BENCHMARKS.md, leaving the machine section
-    alone (it describes the load of the run that measured the other sections; this section states its own).
-    """
-    document = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else ""
-    begin, end = _markers(name)
-    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.DOTALL)
-    if pattern.search(document):
-        document = pattern.sub(lambda _m: _wrap(name, text), document, count=1)
-    else:
-        document = document.rstrip("\n") + "\n\n" + _wrap(name, text) + "\n"
-    BENCHMARKS_MD.write_text(document)
+    """Replaces this benchmark's section of BENCHMARKS.md, leaving the machine section alone (it describes
+    the load of the run that measured the other sections; this section states its own)."""
+    replace_section(name, text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

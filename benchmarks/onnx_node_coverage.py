@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import BENCHMARKS_MD, machine_info, machine_markdown
+from benchmarks import BENCHMARKS_MD, machine_info, machine_markdown, replace_section
 
 __all__ = ["NAME", "GOALS", "JSON_PATH", "node_cases", "reason_of", "run_case", "run", "table", "markdown",
            "write_section", "main"]
@@ -328,19 +328,9 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def write_section(text: str, path: Path = BENCHMARKS_MD) -> Path:
-    """Replaces this section of BENCHMARKS.md, or appends it; leaves every other section (and the machine
-    section: this one carries its own machine line) alone.
-    """
-    begin, end = f"<!-- begin {NAME} -->", f"<!-- end {NAME} -->"
-    block = f"{begin}\n{text.strip()}\n{end}"
-    document = path.read_text() if path.exists() else ""
-    if begin in document and end in document:
-        head, rest = document.split(begin, 1)
-        document = head + block + rest.split(end, 1)[1]
-    else:
-        document = document.rstrip("\n") + ("\n\n" if document else "") + block + "\n"
-    path.write_text(document)
-    return path
+    """Replaces this benchmark's section of BENCHMARKS.md, or appends it; leaves every other section alone
+    (the machine section too: this section states its own machine)."""
+    return replace_section(NAME, text, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
