@@ -1,15 +1,83 @@
-"""Device configuration (``gd.config``)."""
+"""Device configuration (``gd.config``), with TensorFlow's names where ``tf.config`` has them.
+
+``list_physical_devices(device_type=None)`` lists the hardware (one ``CPU``, each
+``GPU``); ``list_devices()`` lists graphdist's device strings that can run now;
+``set_soft_device_placement(enabled)`` decides what a strategy naming an absent
+GPU does (on by default: it runs on a logical CPU device and warns once).
+"""
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, NamedTuple
 
-from graphdist.runtime.devices import host_cores, list_devices, num_gpus
+from graphdist.errors import InvalidArgumentError
+from graphdist.runtime import devices as _devices
+from graphdist.runtime.devices import (
+    get_soft_device_placement,
+    host_cores,
+    list_devices,
+    num_gpus,
+    set_soft_device_placement,
+)
 
-__all__ = ["experimental_connect_to_cluster", "list_devices", "num_gpus", "host_cores"]
+__all__ = [
+    "PhysicalDevice",
+    "experimental_connect_to_cluster",
+    "get_soft_device_placement",
+    "host_cores",
+    "list_devices",
+    "list_physical_devices",
+    "num_gpus",
+    "set_soft_device_placement",
+]
 
 logger = logging.getLogger(__name__)
+
+_DEVICE_TYPES = ("CPU", "GPU", "TPU")
+
+
+class PhysicalDevice(NamedTuple):
+    """A piece of hardware (``tf.config.PhysicalDevice``).
+
+    Attributes:
+        name: ``"/physical_device:CPU:0"``, ``"/physical_device:GPU:1"``...
+        device_type: ``"CPU"``, ``"GPU"`` or ``"TPU"``.
+    """
+
+    name: str
+    device_type: str
+
+
+def list_physical_devices(device_type: str | None = None) -> list[PhysicalDevice]:
+    """The hardware devices of this machine (``tf.config.list_physical_devices``).
+
+    The host is one ``CPU`` device whatever its core count (graphdist splits
+    the cores between logical ``cpu:N`` devices); each GPU the CUDA driver
+    reports is a ``GPU``. TPU-like cores are simulated on the host, so no
+    ``TPU`` is listed.
+
+    Args:
+        device_type: ``"CPU"``, ``"GPU"`` or ``"TPU"`` (case-insensitive, so the
+            seeds' ``'gpu'`` works); ``None`` lists every device.
+
+    Returns:
+        The devices of that type, an empty list when there are none (the usual
+        ``if gd.config.list_physical_devices("GPU"):`` test).
+
+    Raises:
+        InvalidArgumentError: ``device_type`` is not one of those names.
+    """
+    devices = [PhysicalDevice("/physical_device:CPU:0", "CPU")]
+    devices += [PhysicalDevice(f"/physical_device:GPU:{i}", "GPU") for i in range(_devices.num_gpus())]
+    if device_type is None:
+        return devices
+    if not isinstance(device_type, str) or device_type.strip().upper() not in _DEVICE_TYPES:
+        raise InvalidArgumentError(
+            f"list_physical_devices(device_type={device_type!r}): device_type must be one of "
+            f"{', '.join(map(repr, _DEVICE_TYPES))} (any case) or None for every device")
+    wanted = device_type.strip().upper()
+    return [d for d in devices if d.device_type == wanted]
 
 
 def experimental_connect_to_cluster(cluster_spec_or_resolver: Any, job_name: str = "localhost",

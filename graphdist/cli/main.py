@@ -124,6 +124,14 @@ def _make_strategy(name: str | None, devices_text: str | None) -> Any:
         later = {"multi_worker_mirrored", "parameter_server"}
         why = " (a multi-process strategy: run the script with `graphdist launch`)" if key in later else ""
         raise UsageError(f"unknown strategy {name!r}{why}; choose one of {', '.join(STRATEGIES)}")
+    from graphdist.runtime.devices import soft_device_placement
+
+    # Strict placement: a plan exported or inspected for the devices named here must be for those devices.
+    with soft_device_placement(False):
+        return _strategy_for(gd, key, devices, devices_text)
+
+
+def _strategy_for(gd: Any, key: str, devices: list[str] | None, devices_text: str | None) -> Any:
     try:
         if key == "one_device":
             if devices is not None and len(devices) > 1:

@@ -34,7 +34,7 @@ from graphdist.compile.pipeline import PipelineConfig
 from graphdist.distribute.cross_device_ops import CrossDeviceOps, NcclAllReduce, ReductionToOneDevice
 from graphdist.distribute.strategy import Strategy
 from graphdist.ir.placement import VariablePlacement, VariableSpec
-from graphdist.runtime.devices import Device, check_available, num_gpus, parse_device
+from graphdist.runtime.devices import Device, num_gpus, parse_device, place_softly
 
 __all__ = ["CentralStorageStrategy"]
 
@@ -60,8 +60,8 @@ class CentralStorageStrategy(Strategy):
     def __init__(self, compute_devices: Sequence[Any] | None = None, parameter_device: Any = None) -> None:
         if compute_devices is None:
             compute_devices = [f"cuda:{i}" for i in range(num_gpus())] or ["cpu:0"]
-        self._parameter_device: Device = parse_device("cpu:0" if parameter_device is None else parameter_device)
-        check_available(self._parameter_device)
+        requested = parse_device("cpu:0" if parameter_device is None else parameter_device)
+        self._parameter_device: Device = place_softly([requested])[0]
         super().__init__(compute_devices)
         logger.info("Using CentralStorageStrategy with compute devices %s and parameter device %s",
                     self.extended.worker_devices, self._parameter_device)

@@ -30,7 +30,7 @@ from graphdist.distribute.reduce_op import ReduceOp
 from graphdist.distribute.replica_context import ReplicaContext, emit_cross_replica, new_group_key, replica_region
 from graphdist.errors import AxisError, InvalidArgumentError
 from graphdist.ir.placement import VariablePlacement, VariableSpec
-from graphdist.runtime.devices import Device, check_available, parse_device
+from graphdist.runtime.devices import Device, parse_device, place_softly
 from graphdist.trace import context
 from graphdist.trace.tensor import Tensor
 from graphdist.trace.tracer import axis_tuple, call_user_function, current_trace
@@ -108,9 +108,7 @@ class Strategy:
         duplicates = sorted({str(d) for d in parsed if parsed.count(d) > 1})
         if duplicates:
             raise InvalidArgumentError(f"devices lists {', '.join(duplicates)} more than once; name each device once")
-        for device in parsed:
-            check_available(device)
-        return parsed
+        return place_softly(parsed)  # a missing GPU runs on a logical CPU device, or raises
 
     # ---------------------------------------------------------- properties
     @property

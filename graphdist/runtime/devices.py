@@ -15,15 +15,23 @@ TensorFlow spellings are accepted and normalised, case-insensitively:
 ``"GPU:1"``, ``"/gpu:1"``, ``"/device:CPU:0"`` and full names such as
 ``"/job:localhost/replica:0/task:0/device:CPU:0"`` (the job, replica and task
 parts are checked and dropped).
+
+Soft placement (``gd.config.set_soft_device_placement``, on by default as in
+TensorFlow): a strategy that names a GPU this machine does not have runs that
+replica on a logical ``cpu:N`` device instead (:func:`place_softly`) and logs
+one warning per mapping; with soft placement off it raises :class:`DeviceError`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import logging
 import os
 import re
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from graphdist.errors import DeviceError
@@ -32,10 +40,14 @@ __all__ = [
     "KINDS",
     "Device",
     "check_available",
+    "get_soft_device_placement",
     "host_cores",
     "list_devices",
     "num_gpus",
     "parse_device",
+    "place_softly",
+    "set_soft_device_placement",
+    "soft_device_placement",
     "thread_budget",
 ]
 
@@ -208,14 +220,16 @@ def check_available(device: Device | str) -> None:
     count = num_gpus()
     if device.index < count:
         return
+    soft = "" if get_soft_device_placement() else (
+        ", or call gd.config.set_soft_device_placement(True) so strategies run it on a logical CPU device")
     if count == 0:
         raise DeviceError(
             f"device {str(device)!r} is not available: no GPU is visible on this "
-            f"machine; use 'cpu:{device.index}' (a logical CPU device) instead"
+            f"machine; use 'cpu:{device.index}' (a logical CPU device) instead{soft}"
         )
     raise DeviceError(
         f"device {str(device)!r} is not available: this machine has {count} GPU(s) "
-        f"('cuda:0' to 'cuda:{count - 1}'); use one of those or 'cpu:{device.index}'"
+        f"('cuda:0' to 'cuda:{count - 1}'); use one of those or 'cpu:{device.index}'{soft}"
     )
 
 
@@ -233,3 +247,99 @@ def thread_budget(num_logical_devices: int) -> int:
             f"num_logical_devices must be at least 1, got {num_logical_devices!r}"
         )
     return max(host_cores() // num_logical_devices, 1)
+
+
+# ------------------------------------------------------------- soft placement
+_soft_placement = True
+_soft_lock = threading.Lock()
+_warned_mappings: set[str] = set()
+
+
+def set_soft_device_placement(enabled: bool) -> None:
+    """Turns soft device placement on or off for the process (``tf.config.set_soft_device_placement``).
+
+    Args:
+        enabled: ``True`` (the default state): a strategy naming a GPU that
+            this machine lacks runs on a logical CPU device and warns.
+            ``False``: it raises :class:`DeviceError`.
+
+    Raises:
+        DeviceError: ``enabled`` is not a bool.
+    """
+    global _soft_placement
+    if not isinstance(enabled, bool):
+        raise DeviceError(f"set_soft_device_placement(enabled): enabled must be True or False, "
+                          f"got {type(enabled).__name__} {enabled!r}")
+    with _soft_lock:
+        _soft_placement = enabled
+
+
+def get_soft_device_placement() -> bool:
+    """Whether soft device placement is on (``tf.config.get_soft_device_placement``)."""
+    return _soft_placement
+
+
+@contextlib.contextmanager
+def soft_device_placement(enabled: bool) -> Iterator[None]:
+    """Sets soft placement to ``enabled`` inside the block and restores the earlier state after it."""
+    before = get_soft_device_placement()
+    set_soft_device_placement(enabled)
+    try:
+        yield
+    finally:
+        set_soft_device_placement(before)
+
+
+def _is_missing(device: Device) -> bool:
+    return device.kind == "cuda" and device.index >= num_gpus()
+
+
+def place_softly(devices: Sequence[Device]) -> tuple[Device, ...]:
+    """Replaces the GPUs this machine lacks by logical CPU devices when soft placement is on.
+
+    A missing ``cuda:N`` becomes ``cpu:N`` unless another listed device is
+    already ``cpu:N``, then the lowest free ``cpu`` index, so replicas keep
+    distinct devices. The first time a given mapping is made it is logged as a
+    warning (TensorFlow's "Some requested devices are not visible").
+
+    Args:
+        devices: Parsed devices, in replica order.
+
+    Returns:
+        The devices to run on, in the same order.
+
+    Raises:
+        DeviceError: A device is unavailable and soft placement is off (the
+            message says how to fix it).
+    """
+    devices = tuple(devices)
+    if not any(_is_missing(d) for d in devices) or not get_soft_device_placement():
+        for device in devices:
+            check_available(device)
+        return devices
+    taken = {d.index for d in devices if d.kind == "cpu"}
+    placed = []
+    for device in devices:
+        if not _is_missing(device):
+            placed.append(device)
+            continue
+        index = device.index if device.index not in taken else min(set(range(len(taken) + 1)) - taken)
+        taken.add(index)
+        placed.append(Device("cpu", index))
+    _warn_mapping(devices, tuple(placed))
+    return tuple(placed)
+
+
+def _warn_mapping(requested: tuple[Device, ...], placed: tuple[Device, ...]) -> None:
+    pairs = [f"{a} -> {b}" for a, b in zip(requested, placed) if a != b]
+    mapping = ", ".join(pairs)
+    with _soft_lock:
+        if mapping in _warned_mappings:
+            return
+        _warned_mappings.add(mapping)
+    visible = num_gpus()
+    logger.warning(
+        "soft device placement: %s not visible on this machine (%d GPU%s); running on logical CPU devices "
+        "instead: %s. Call gd.config.set_soft_device_placement(False) to make this an error.",
+        ", ".join(str(a) for a, b in zip(requested, placed) if a != b), visible, "" if visible == 1 else "s",
+        mapping)

@@ -258,8 +258,12 @@ def test_bad_input() -> None:
     for malformed in ("nowhere:0", "cpu:-1", "cpu:0:1", 3):
         with pytest.raises(gd.DeviceError, match="device"):
             gd.CentralStorageStrategy(["cpu:0", "cpu:1"], parameter_device=malformed)
-    with pytest.raises(gd.DeviceError, match="not available"):
-        gd.CentralStorageStrategy(["cpu:0"], parameter_device=f"gpu:{gd.config.num_gpus() + 3}")
+    gd.config.set_soft_device_placement(False)  # on (the default), the absent GPU becomes a logical CPU
+    try:
+        with pytest.raises(gd.DeviceError, match="not available"):
+            gd.CentralStorageStrategy(["cpu:0"], parameter_device=f"gpu:{gd.config.num_gpus() + 3}")
+    finally:
+        gd.config.set_soft_device_placement(True)
     strategy = gd.CentralStorageStrategy(["cpu:0", "cpu:1"])
     with pytest.raises(gd.InvalidArgumentError, match="2 replicas"):
         strategy.run(lambda v: v, args=(gd.PerReplica((np.ones(2),) * 3),))
