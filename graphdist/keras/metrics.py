@@ -9,6 +9,18 @@ examples, whatever the replica count and however a partial last batch was
 split. Eagerly, :meth:`Metric.update_state` / :meth:`Metric.result` /
 :meth:`Metric.reset_state` work as in Keras.
 
+Inside a traced step (TensorFlow's custom training loop:
+``train_accuracy.update_state(labels, predictions)`` in the replica function
+given to ``strategy.run`` under ``gd.function``) the state lives in a
+variable ``[total, count]`` (float64) created through the running strategy on
+the first traced update (as an optimizer's slots are). Each update computes
+the replica's partial sums, all-reduces them over the replicas (one
+``SUM`` all-reduce, as TF sums its metric variables over replicas) and adds
+them to the variable, so every replica keeps the same value. ``result()`` and
+``reset_state()`` then work outside the step (inside it they are traced too).
+Once the variable exists, eager updates and ``fit``'s merges go to it as well:
+there is one state.
+
 With a ``sample_weight`` (one weight per example) a metric is the weighted
 mean ``sum(w * value) / sum(w)``, as Keras' metrics compute it; ``fit`` and
 ``evaluate`` pass the sample weights to the ``weighted_metrics`` of
@@ -21,8 +33,11 @@ from typing import Any
 
 import numpy as np
 
+from graphdist.distribute.replica_context import get_replica_context
 from graphdist.errors import InvalidArgumentError
 from graphdist.keras import losses as losses_lib
+from graphdist.trace.tracer import current_trace
+from graphdist.trace.variables import Variable, read_variable
 
 __all__ = ["Metric", "Mean", "SparseCategoricalAccuracy", "CategoricalAccuracy", "BinaryAccuracy", "Accuracy",
            "MeanSquaredError", "MeanAbsoluteError", "get", "serialize", "deserialize"]
@@ -37,6 +52,7 @@ class Metric:
 
     def __init__(self, name: str | None = None) -> None:
         self.name = name or type(self).__name__
+        self._state: Variable | None = None  # [total, count], made by the first traced update
         self.reset_state()
 
     def batch_totals(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> tuple[Any, Any]:
@@ -51,12 +67,23 @@ class Metric:
         raise NotImplementedError
 
     def merge(self, total: float, count: float) -> None:
-        """Adds reduced partial sums."""
+        """Adds reduced partial sums (eagerly, in float64)."""
+        if self._state is not None:
+            self._state.assign(self._state.numpy() + np.array([float(total), float(count)]))
+            return
         self._total += float(total)
         self._count += float(count)
 
     def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-        """Adds a batch eagerly (weighted by ``sample_weight``, one weight per example, when given)."""
+        """Adds a batch (weighted by ``sample_weight``, one weight per example, when given).
+
+        Eagerly the sums are added on the host; inside a traced step (``strategy.run`` under
+        ``gd.function``) they are all-reduced over the replicas and added to the metric's variable.
+        """
+        if current_trace() is not None:
+            self._add_traced(self.batch_totals(y_true, y_pred) if sample_weight is None
+                             else self.batch_totals(y_true, y_pred, sample_weight=sample_weight))
+            return
         if sample_weight is None:
             total, count = self.batch_totals(np.asarray(y_true), np.asarray(y_pred))
         else:
@@ -64,14 +91,51 @@ class Metric:
                                              sample_weight=np.asarray(sample_weight, dtype=np.float32))
         self.merge(total, count)
 
-    def result(self) -> float:
-        """``total / count`` (0 before any update)."""
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """``update_state(*args, **kwargs)``, then :meth:`result` (as Keras' ``metric(y_true, y_pred)``)."""
+        self.update_state(*args, **kwargs)
+        return self.result()
+
+    def result(self) -> Any:
+        """``total / count`` (0 before any update); a traced scalar inside a traced step."""
+        if current_trace() is not None:
+            state = read_variable(self._variable())
+            return state[0] / np.maximum(state[1], np.float64(np.finfo(np.float64).tiny))
+        if self._state is not None:
+            total, count = self._state.numpy().tolist()
+            return total / count if count else 0.0
         return self._total / self._count if self._count else 0.0
 
     def reset_state(self) -> None:
-        """Forgets every update."""
+        """Forgets every update (in its variable too, traced inside a traced step)."""
         self._total = 0.0
         self._count = 0.0
+        if current_trace() is not None:
+            self._variable().assign(np.zeros(2, np.float64))
+        elif self._state is not None:
+            self._state.assign(np.zeros(2, np.float64))
+
+    # ------------------------------------------------------------ traced state
+    def _variable(self) -> Variable:
+        """The ``[total, count]`` variable, created through the current strategy on first use; it starts
+        from what eager updates added so far.
+        """
+        if self._state is None:
+            self._state = Variable(np.array([self._total, self._count], np.float64), name=f"{self.name}/state",
+                                   trainable=False)
+        return self._state
+
+    def _add_traced(self, totals: tuple[Any, Any]) -> None:
+        """Adds a replica's traced ``(total, count)``, summed over the replicas, to the variable."""
+        partial = np.stack([np.reshape(_float32(t), ()) for t in totals])
+        context = get_replica_context()
+        summed = context.all_reduce("SUM", partial) if context is not None else partial
+        self._variable().assign_add(summed.astype(np.float64))
+
+    @property
+    def variables(self) -> list[Variable]:
+        """The metric's variables (``[]`` until a traced step has updated it)."""
+        return [] if self._state is None else [self._state]
 
     def get_config(self) -> dict[str, Any]:
         """Constructor arguments (JSON-able)."""
@@ -79,6 +143,11 @@ class Metric:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}={self.result():.4g}>"
+
+
+def _float32(value: Any) -> Any:
+    """``value`` as float32: traced tensors and numpy values through ``astype``, Python numbers through numpy."""
+    return value.astype(np.float32) if hasattr(value, "astype") else np.asarray(value, np.float32)
 
 
 def _totals(values: Any, sample_weight: Any) -> tuple[Any, Any]:
@@ -103,6 +172,10 @@ class Mean(Metric):
 
     def update_state(self, values: Any, y_pred: Any = None, sample_weight: Any = None) -> None:  # type: ignore[override]
         """Adds values (``update_state(values, sample_weight=None)``, as Keras' ``Mean``)."""
+        if current_trace() is not None:
+            values = values if y_pred is None else y_pred
+            self._add_traced(_totals(_float32(values), sample_weight))
+            return
         values = np.asarray(values if y_pred is None else y_pred, dtype=np.float64)
         if sample_weight is None:
             self.merge(values.sum(), values.size)
