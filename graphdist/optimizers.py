@@ -36,6 +36,8 @@ class Optimizer:
         self._slot_keys: dict[tuple[int, str], str] = {}
         self._tracked: dict[int, int] = {}  # id(variable) -> position, in first-update order
         self._pending: dict[str, np.ndarray] = {}  # restored slot values awaiting their slot
+        # Restored slot values matched to their variable by a checkpoint's object graph, until the slot exists.
+        self._restored: dict[tuple[int, str], tuple[Variable, np.ndarray]] = {}
         self.iterations = Variable(np.int64(0), name=f"{name}/iterations", trainable=False)
 
     def variables(self) -> list[Variable]:
@@ -53,6 +55,9 @@ class Optimizer:
             position = self._tracked.setdefault(id(variable), len(self._tracked))
             checkpoint_key = f"slots/{position}/{variable._name}/{kind}"
             initial = self._pending.pop(checkpoint_key, None)
+            restored = self._restored.pop(key, None)
+            if restored is not None and restored[0] is variable:
+                initial = restored[1]
             if initial is None or initial.shape != variable.shape:
                 initial = np.full(variable.shape, initial_value, variable.dtype)
             slot = Variable(initial.astype(variable.dtype), name=f"{self._name}/{variable._name}/{kind}",
@@ -70,6 +75,10 @@ class Optimizer:
     def _restore_pending(self, values: dict[str, np.ndarray]) -> None:
         """Keeps restored slot values whose slots are created later (lazily)."""
         self._pending.update(values)
+
+    def _restore_slot(self, variable: Variable, kind: str, value: np.ndarray) -> None:
+        """Keeps the restored value of ``variable``'s slot ``kind`` until the slot is created (lazily)."""
+        self._restored[(id(variable), kind)] = (variable, value)
 
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Variable]]) -> None:
         """Aggregates gradients across replicas, then updates each variable."""

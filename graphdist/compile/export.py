@@ -11,13 +11,17 @@ plan reached through a concrete function) writes::
       graphs/traced.onnx     the step as traced (for Netron)
       graphs/rewritten.onnx  after the strategy's passes
       graphs/partitioned.onnx  with placement and communication nodes
+      graphdist-manifest.json  the SHA-256 of every other file, plan.json included
 
-Everything is written into a temporary directory next to ``directory``,
-flushed to disk, and renamed into place, so an interrupted export leaves
-either nothing or the previous plan at the destination (``overwrite=True``
-renames the old plan aside, renames the new one in, then deletes the old).
+Everything is written into a hidden temporary directory next to
+``directory``, flushed to disk, and swapped in (see
+:mod:`graphdist.fsutil.savedir`): an interrupted export leaves either
+nothing or the previous plan at the destination, never a moment without a
+complete plan; the next export to the same place removes what an
+interrupted one left. An existing directory is replaced only with
+``overwrite=True`` and only when graphdist wrote every file in it.
 
-``plan.json`` (``"format": "graphdist-plan"``, ``"version": 1``) holds the
+``plan.json`` (``"format": "graphdist-plan"``, ``"version": 3``) holds the
 plan's name, backend, devices; ``arguments`` (the step's argument structure
 as JSON and, per argument leaf, which plan inputs it feeds); ``inputs``
 (name, dtype, shape, argument leaf, replica); ``variables`` (name, input,
@@ -71,7 +75,7 @@ from graphdist.compile.step import StepRecord
 from graphdist.errors import PlanError
 from graphdist.ir.placement import PlacementSpec, VariablePlacement
 
-__all__ = ["export_concrete", "export_plan", "step_files"]
+__all__ = ["concrete_files", "export_concrete", "export_plan", "step_files"]
 
 logger = logging.getLogger(__name__)
 
@@ -234,6 +238,19 @@ def step_files(plan: Plan, graphs: dict[str, Any], record: StepRecord, resolved:
     return _plan_files(plan, record.name, interface, data, config.strategy, extra)
 
 
+def concrete_files(concrete: Any) -> dict[str, bytes]:
+    """Every file of the plan directory of ``concrete`` (a ``ConcreteFunction``), in memory.
+
+    Raises:
+        PlanError: The plan is not compiled, or the step's arguments or results cannot be described in JSON.
+    """
+    from graphdist.compile.step import record_of_concrete
+
+    record = record_of_concrete(concrete)
+    graphs = {stage: concrete.graph(stage) for stage in STAGES}
+    return step_files(concrete.plan, graphs, record, concrete.resolved, concrete.config)
+
+
 def export_concrete(concrete: Any, directory: str | os.PathLike[str], *, overwrite: bool = False) -> str:
     """Writes the plan of ``concrete`` (a ``ConcreteFunction``) with its current variables to ``directory``.
 
@@ -245,18 +262,12 @@ def export_concrete(concrete: Any, directory: str | os.PathLike[str], *, overwri
         The directory's absolute path.
 
     Raises:
-        PlanError: ``directory`` exists (without ``overwrite``), the plan is
-            not compiled, or the step's arguments or results cannot be
-            described in JSON.
+        PlanError: ``directory`` exists (without ``overwrite``) or holds files graphdist did not write,
+            the plan is not compiled, or the step's arguments or results cannot be described in JSON.
     """
-    from graphdist.compile.step import record_of_concrete
-
-    record = record_of_concrete(concrete)
-    graphs = {stage: concrete.graph(stage) for stage in STAGES}
-    files = step_files(concrete.plan, graphs, record, concrete.resolved, concrete.config)
+    files = concrete_files(concrete)
     dest = write_plan_directory(directory, files, overwrite)
-    logger.info("exported plan %s (%d segment(s), %d variable(s)) to %s", concrete.name, len(concrete.plan.segments),
-                len(record.variables), dest)
+    logger.info("exported plan %s (%d segment(s)) to %s", concrete.name, len(concrete.plan.segments), dest)
     return str(dest)
 
 

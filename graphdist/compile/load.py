@@ -1,17 +1,18 @@
 """Reading a plan directory: validate every file, rebuild the plan, compile it (``gd.load_plan``).
 
-Nothing is trusted: ``plan.json`` is checked against its schema, every file
-against its SHA-256, every ONNX model with the checker, and the segments,
+Nothing is trusted: every file, ``plan.json`` included, is checked against
+the SHA-256 the directory's manifest (``graphdist-manifest.json``) lists for
+it, ``plan.json`` against its schema and every other file against its
+SHA-256 there too, every array's declared size against its bytes before it
+is allocated, every ONNX model with the checker, and the segments,
 collectives and task DAG against each other. No pickle is ever loaded.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,9 @@ from graphdist.compile.loaded import LoadedPlan
 from graphdist.compile.plan import CommTask, Plan, Segment
 from graphdist.compile.plan_files import (
     FORMAT,
+    MANIFEST_REQUIRED_FROM,
     PLAN_FILE,
+    PLAN_KIND,
     READABLE_VERSIONS,
     REEXPORT,
     array_digest,
@@ -34,6 +37,7 @@ from graphdist.compile.plan_files import (
     task_dag,
 )
 from graphdist.errors import GraphdistError, PlanError
+from graphdist.fsutil import MANIFEST_FILE, manifest_digests, read_npz, recover_directory
 from graphdist.ir.graph import Graph
 from graphdist.ir.placement import KINDS, PlacementSpec, VariablePlacement, VariableSpec
 
@@ -50,6 +54,8 @@ class _Reader:
         self.memory = memory
         self.label = label or f"plan directory {directory}"
         self.files: dict[str, bytes] = {}
+        #: SHA-256 of every file by relative path, from the directory's manifest (``None``: none, or in memory).
+        self.manifest: dict[str, str] | None = None
 
     def error(self, message: str) -> PlanError:
         return PlanError(f"{self.label}: {message}")
@@ -63,7 +69,15 @@ class _Reader:
         path = self.directory / rel
         if not path.is_file():
             raise self.error(f"{where}: the file {rel} is missing; the plan directory is incomplete: {REEXPORT}")
-        return path.read_bytes()
+        data = path.read_bytes()
+        if self.manifest is not None:
+            if rel not in self.manifest:
+                raise self.error(f"{where}: the file {rel} is not listed in {MANIFEST_FILE}; plan.json was edited: "
+                                 f"{REEXPORT}")
+            if sha256_of(data) != self.manifest[rel]:
+                raise self.error(f"{where}: the file {rel} fails its SHA-256 checksum in {MANIFEST_FILE} (it was "
+                                 f"edited, truncated or corrupted after export); {REEXPORT}")
+        return data
 
     def get(self, obj: Any, key: str, kind: type | tuple[type, ...], where: str, optional: bool = False) -> Any:
         if not isinstance(obj, dict) or key not in obj:
@@ -113,29 +127,22 @@ class _Reader:
         return model
 
     def arrays(self, data: bytes, entries: list[dict[str, Any]], where: str, rel: str) -> dict[str, np.ndarray]:
-        """The arrays of a ``.npz`` file, keyed by entry, checked against ``entries``."""
-        out: dict[str, np.ndarray] = {}
-        try:
-            with np.load(io.BytesIO(data), allow_pickle=False) as archive:
-                for index, info in enumerate(entries):
-                    at = f"{where}[{index}]"
-                    entry = self.get(info, "entry", str, at)
-                    if entry not in archive.files:
-                        raise self.error(f"{rel} has no entry {entry!r} for {info.get('name')!r}; {REEXPORT}")
-                    array = archive[entry]
-                    dtype = _parse_dtype(self, self.get(info, "dtype", str, at), at)
-                    shape = self.get(info, "shape", list, at)
-                    if array.dtype != dtype or list(array.shape) != shape:
-                        raise self.error(f"{rel}: {info.get('name')!r} is {array.dtype}{list(array.shape)}, plan.json "
-                                         f"says {dtype}{shape}; {REEXPORT}")
-                    if array_digest(array) != self.get(info, "sha256", str, at):
-                        raise self.error(f"{rel}: the value of {info.get('name')!r} fails its SHA-256 checksum; "
-                                         f"{REEXPORT}")
-                    out[entry] = array
-        except GraphdistError:
-            raise
-        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
-            raise self.error(f"{rel} cannot be read ({type(err).__name__}: {err}); {REEXPORT}") from None
+        """The arrays of a ``.npz`` file, keyed by entry, checked against ``entries`` (each header's
+        declared size against its bytes before anything is allocated).
+        """
+        wanted: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
+        for index, info in enumerate(entries):
+            at = f"{where}[{index}]"
+            entry = self.get(info, "entry", str, at)
+            shape = self.get(info, "shape", list, at)
+            if not all(type(d) is int and d >= 0 for d in shape):
+                raise self.error(f"plan.json: {at}.shape must be a list of sizes, got {shape!r}; {REEXPORT}")
+            wanted[entry] = (_parse_dtype(self, self.get(info, "dtype", str, at), at), tuple(shape))
+        out = read_npz(data, wanted, error=PlanError, where=f"{self.label}: {rel}")
+        for index, info in enumerate(entries):
+            if array_digest(out[info["entry"]]) != self.get(info, "sha256", str, f"{where}[{index}]"):
+                raise self.error(f"{rel}: the value of {info.get('name')!r} fails its SHA-256 checksum; "
+                                 f"{REEXPORT}")
         return out
 
 
@@ -149,13 +156,22 @@ def _parse_dtype(reader: _Reader, text: str, where: str) -> np.dtype:
     return dtype
 
 
-def _read_document(reader: _Reader) -> dict[str, Any]:
+def _read_manifest(reader: _Reader) -> None:
+    """Puts back a plan whose overwrite was cut between its renames, then reads the directory's manifest."""
     directory = reader.directory
-    if reader.memory is None and not directory.is_dir():
+    recover_directory(directory)
+    if not directory.is_dir():
         raise PlanError(f"plan directory {directory} does not exist; pass the directory that plan.export() wrote")
-    if reader.memory is None and not (directory / PLAN_FILE).is_file():
+    if not (directory / PLAN_FILE).is_file():
         raise reader.error(f"{PLAN_FILE} is missing, so this is not an exported plan (or the export did not "
                            f"finish); {REEXPORT}")
+    manifest = manifest_digests(directory, kind=PLAN_KIND, error=PlanError, where=reader.label)
+    reader.manifest = None if manifest is None else manifest.files
+
+
+def _read_document(reader: _Reader) -> dict[str, Any]:
+    if reader.memory is None:
+        _read_manifest(reader)
     try:
         doc = json.loads(reader.raw(PLAN_FILE, PLAN_FILE))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -168,6 +184,13 @@ def _read_document(reader: _Reader) -> dict[str, Any]:
         raise reader.error(f"{PLAN_FILE} has schema version {version!r}, but this graphdist (version "
                            f"{graphdist_version()}) reads versions {', '.join(map(str, READABLE_VERSIONS))}; "
                            "re-export the plan with this version of graphdist")
+    if reader.memory is None and reader.manifest is None:
+        if version >= MANIFEST_REQUIRED_FROM:
+            raise reader.error(f"{MANIFEST_FILE} is missing: a version {version} plan lists its files' checksums "
+                               f"there, so the directory is incomplete or was edited; {REEXPORT}")
+        logger.warning("%s: written by an older graphdist (plan.json version %s, no %s): plan.json is not "
+                       "covered by a checksum, so edits to it go undetected; save it again to add one",
+                       reader.label, version, MANIFEST_FILE)
     return doc
 
 

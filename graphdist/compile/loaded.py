@@ -228,13 +228,16 @@ class LoadedPlan:
         Args:
             directory: Where to write; ``None`` (default) replaces the
                 directory the plan was loaded from (``variables.npz`` and its
-                checksum in ``plan.json`` change together: the whole
-                directory is rewritten and swapped in, so files other than
-                the plan's own are not kept).
+                checksums in ``plan.json`` and the manifest change together:
+                the whole directory is rewritten and swapped in).
             overwrite: Replace an existing plan at ``directory``.
 
         Returns:
             The directory's absolute path.
+
+        Raises:
+            PlanError: The target holds files graphdist did not write (they would be lost), or exists
+                and neither ``overwrite`` nor an in-place save allows replacing it.
         """
         if directory is None and self.directory is None:
             raise PlanError(f"plan {self.name!r} was made in memory (re-planned) and has no directory yet; pass "
@@ -242,7 +245,7 @@ class LoadedPlan:
         target = Path(directory).absolute() if directory is not None else self.directory
         in_place = self.directory is not None and target.resolve() == self.directory.resolve()
         files = self._current_files()
-        dest = write_plan_directory(target, files, overwrite or in_place)
+        dest = write_plan_directory(target, files, overwrite or in_place, what=f"plan {self.name!r}: save")
         if in_place or self.directory is None:
             self._files = {k: v for k, v in files.items() if k != PLAN_FILE}
             self.metadata = json.loads(files[PLAN_FILE])

@@ -11,9 +11,6 @@ import collections
 import hashlib
 import io
 import os
-import shutil
-import tempfile
-import uuid
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -22,15 +19,19 @@ import numpy as np
 
 from graphdist import nest
 from graphdist.errors import PlanError
+from graphdist.fsutil import write_directory
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "READABLE_VERSIONS", "PLAN_FILE", "STAGES", "encode_treedef", "decode_treedef",
-           "write_plan_directory"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "READABLE_VERSIONS", "MANIFEST_REQUIRED_FROM", "PLAN_FILE", "PLAN_KIND",
+           "STAGES", "encode_treedef", "decode_treedef", "write_plan_directory"]
 
 FORMAT = "graphdist-plan"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 #: Versions this graphdist reads (version 1 plans run but cannot be re-planned: they lack the step's
-#: interface and the traced graph's replica annotations).
-READABLE_VERSIONS = (1, 2)
+#: interface and the traced graph's replica annotations; from version 3 the directory's manifest, with
+#: the SHA-256 of plan.json too, is required).
+READABLE_VERSIONS = (1, 2, 3)
+#: The first version whose directory must hold a manifest (earlier ones load with a warning without it).
+MANIFEST_REQUIRED_FROM = 3
 PLAN_FILE = "plan.json"
 STAGES = ("traced", "rewritten", "partitioned")
 REEXPORT = "re-export the plan from the step (concrete_function.export(directory))"
@@ -179,79 +180,26 @@ def describe_outline(outline: Any) -> str:
 
 
 # ============================================================= directory write
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_file(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
+#: The kind recorded in a plan directory's manifest (``graphdist-manifest.json``).
+PLAN_KIND = "graphdist-plan"
 
 
 def write_plan_directory(directory: str | os.PathLike[str], files: dict[str, bytes], overwrite: bool = False,
-                         marker: str = PLAN_FILE) -> Path:
+                         kind: str = PLAN_KIND, what: str = "export") -> Path:
     """Writes ``files`` (relative path -> bytes) as the directory ``directory``, atomically.
 
-    The files go to a temporary directory next to ``directory``, are flushed
-    to disk and the temporary directory is renamed into place (an existing
-    empty directory is replaced). With
-    ``overwrite`` an existing plan directory is renamed aside, the new one
-    renamed in, and the old one deleted. ``marker`` is the file that makes
-    an existing directory one this function may replace (``plan.json``; a
-    saved Keras model's ``model.json``), so a user's unrelated directory is
-    never deleted.
+    See :mod:`graphdist.fsutil.savedir`: the files and a manifest with their
+    SHA-256 are written under a hidden name next to ``directory``, flushed,
+    and swapped in. An existing directory is replaced only with
+    ``overwrite`` and only when graphdist wrote everything in it (its
+    manifest, of the same ``kind``, lists every file); an empty one is
+    replaced like a missing one.
 
     Raises:
-        PlanError: ``directory`` exists and ``overwrite`` is false, or it is
-            not empty and has no ``marker`` file.
+        PlanError: ``directory`` exists (without ``overwrite``), holds files graphdist did not write or
+            another kind of directory, is a file, or is the working directory.
     """
-    dest = Path(directory).absolute()
-    if dest.is_dir() and not any(dest.iterdir()):
-        pass  # an empty directory is replaced like a missing one
-    elif dest.exists():
-        if not overwrite:
-            raise PlanError(f"{dest} already exists; pass overwrite=True to replace it or choose another directory")
-        if not dest.is_dir() or (any(dest.iterdir()) and not (dest / marker).is_file()):
-            raise PlanError(f"{dest} exists and is not a directory graphdist wrote (no {marker}); refusing to replace "
-                            "it")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.tmp-"))
-    try:
-        for rel, data in files.items():
-            write_file(tmp / rel, data)
-        for sub in sorted({(tmp / rel).parent for rel in files}, key=lambda p: -len(p.parts)):
-            _fsync_dir(sub)
-        _fsync_dir(tmp)
-        if dest.is_dir() and not any(dest.iterdir()):
-            dest.rmdir()
-        if dest.exists():
-            aside = dest.parent / f".{dest.name}.old-{uuid.uuid4().hex[:8]}"
-            os.replace(dest, aside)
-            try:
-                os.replace(tmp, dest)
-            except BaseException:
-                os.replace(aside, dest)
-                raise
-            shutil.rmtree(aside, ignore_errors=True)
-        else:
-            os.replace(tmp, dest)
-        _fsync_dir(dest.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return dest
+    return write_directory(directory, files, kind=kind, overwrite=overwrite, error=PlanError, what=what)
 
 
 # =================================================================== export

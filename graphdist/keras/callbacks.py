@@ -5,16 +5,16 @@ A callback's hooks get the epoch (0-based) and the logs of the epoch
 by the chief only (the single process of a one-worker strategy; in a
 multi-worker cluster the ``chief`` task, else worker 0) and atomically
 (temporary file or directory, then a rename), so an interrupted save never
-leaves a half-written checkpoint.
+leaves a half-written checkpoint; they never replace a file or directory
+graphdist did not write.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
 import math
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,6 @@ import numpy as np
 
 from graphdist.checkpoint import Checkpoint
 from graphdist.errors import CheckpointError, InvalidArgumentError
-from graphdist.fsutil import atomic_write_bytes
 
 __all__ = ["Callback", "CallbackList", "History", "ModelCheckpoint", "EarlyStopping", "BackupAndRestore", "is_chief"]
 
@@ -241,20 +240,24 @@ class BackupAndRestore(Callback):
     """Lets an interrupted ``fit`` resume from its last finished epoch.
 
     After every epoch the model's and optimizer's variables, the epoch, the
-    history so far and the shuffling seed are written to ``backup_dir``
-    (checkpoint first, then the state file, both atomically). When ``fit``
-    starts and a backup exists, it is restored and training continues with the
-    next epoch, so a run killed after epoch ``k`` and started again ends with
-    the weights of an uninterrupted run. A ``fit`` that completes deletes the
-    backup (unless ``delete_checkpoint=False``).
+    history so far and the shuffling seed are written to
+    ``backup_dir/variables.npz``: one checkpoint file, written atomically,
+    so the weights and the epoch they belong to are always replaced
+    together. When ``fit`` starts and a backup exists, it is restored and
+    training continues with the next epoch, so a run killed after epoch
+    ``k`` and started again ends with the weights of an uninterrupted run
+    (optimizer slots are matched to their variables by layer path, so a
+    model rebuilt with other layer names resumes exactly too). A ``fit`` that
+    completes deletes the backup file (unless ``delete_checkpoint=False``)
+    and ``backup_dir`` if that leaves it empty: nothing else in it is touched.
 
     Args:
         backup_dir: Directory of the backup (created when needed).
         delete_checkpoint: Remove the backup when training completes.
     """
 
-    _STATE = "state.json"
     _CHECKPOINT = "variables.npz"
+    _METADATA = "backup_and_restore"
 
     def __init__(self, backup_dir: str | os.PathLike[str], delete_checkpoint: bool = True) -> None:
         super().__init__()
@@ -267,41 +270,48 @@ class BackupAndRestore(Callback):
         return Checkpoint(model=self.model, optimizer=self.model.optimizer)
 
     def on_train_begin(self, logs: dict[str, float] | None = None) -> None:
-        state_path = self.backup_dir / self._STATE
-        if not state_path.is_file():
+        path = self.backup_dir / self._CHECKPOINT
+        if not path.is_file():
             return
+        state = self._checkpoint()._restore(path, require=self._METADATA)[self._METADATA]
         try:
-            state = json.loads(state_path.read_text())
-            epoch = int(state["epoch"])
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise CheckpointError(f"BackupAndRestore: {state_path} is unreadable ({err}); delete {self.backup_dir} "
-                                  "to start training from scratch") from err
-        self._checkpoint().restore(self.backup_dir / self._CHECKPOINT)
+            epoch, seed = int(state["epoch"]), int(state["shuffle_seed"])
+            history = dict(state.get("history", {}))
+        except (ValueError, KeyError, TypeError) as err:
+            raise CheckpointError(f"BackupAndRestore: {path} holds no epoch state ({type(err).__name__}: {err}); it "
+                                  f"is not a backup this callback wrote: delete it to start training from scratch"
+                                  ) from None
         self._check_slots = True
-        self.model._resume_from(epoch + 1, state.get("history", {}), int(state["shuffle_seed"]))
+        self.model._resume_from(epoch + 1, history, seed)
         logger.info("BackupAndRestore: resumed from the end of epoch %d (%s)", epoch + 1, self.backup_dir)
 
     def on_train_batch_end(self, batch: int, logs: dict[str, float] | None = None) -> None:
         if not getattr(self, "_check_slots", False):
             return
         self._check_slots = False
-        # Restored optimizer slots wait until the first step creates their slots; keys left over mean the
-        # slots were created under other variable names (e.g. a model rebuilt in the same process).
-        unused = sorted(getattr(self.model.optimizer, "_pending", {}))
+        # Restored optimizer slots wait until the first step creates their slots; values left over belong to
+        # variables the first step did not update (frozen since the backup) or, in backups of an older
+        # graphdist, to variables named otherwise (a model rebuilt in the same process).
+        optimizer = self.model.optimizer
+        unused = sorted(getattr(optimizer, "_pending", {})) + sorted(
+            f"{variable.name}/{kind}" for variable, kind in
+            ((v, k) for (_, k), (v, _) in getattr(optimizer, "_restored", {}).items()))
         if unused:
-            logger.warning("BackupAndRestore: optimizer state %s from %s matched no variable (the model's layers have "
-                           "other names than when it was saved; call gd.keras.backend.clear_session() before "
-                           "rebuilding the model in the same process); those slots restarted from zero",
-                           ", ".join(unused[:3]), self.backup_dir)
+            logger.warning("BackupAndRestore: optimizer state %s from %s matched no variable the first step updated "
+                           "(variables frozen since the backup, or a backup of an older graphdist whose layers had "
+                           "other names: call gd.keras.backend.clear_session() before rebuilding the model); those "
+                           "slots restarted from zero", ", ".join(unused[:3]), self.backup_dir)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, float] | None = None) -> None:
         if not is_chief(self.model.distribute_strategy):
             return
-        self._checkpoint().save(self.backup_dir / self._CHECKPOINT)
         history = self.model.history.history if self.model.history is not None else {}
         state = {"epoch": epoch, "history": history, "shuffle_seed": self.model._shuffle_seed}
-        atomic_write_bytes(self.backup_dir / self._STATE, json.dumps(state).encode())
+        self._checkpoint()._save(self.backup_dir / self._CHECKPOINT, {self._METADATA: state})
 
     def on_train_end(self, logs: dict[str, float] | None = None) -> None:
-        if self.delete_checkpoint and is_chief(self.model.distribute_strategy):
-            shutil.rmtree(self.backup_dir, ignore_errors=True)
+        if not (self.delete_checkpoint and is_chief(self.model.distribute_strategy)):
+            return
+        (self.backup_dir / self._CHECKPOINT).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # only when empty: the directory may hold the user's files
+            self.backup_dir.rmdir()

@@ -16,6 +16,7 @@ import pytest
 import graphdist as gd
 from graphdist.compile import plan_files
 from graphdist.compile.plan import Plan
+from graphdist.fsutil import savedir
 from models.mlp import MLP
 
 GLOBAL_BATCH = 8
@@ -112,7 +113,7 @@ def test_loaded_plan_matches_in_process(kind: str, backend: str, tmp_path: Path)
 def test_plan_json_schema(mirrored_plan) -> None:
     directory, _ = mirrored_plan
     doc = json.loads((directory / "plan.json").read_text())
-    assert doc["format"] == "graphdist-plan" and doc["version"] == 2
+    assert doc["format"] == "graphdist-plan" and doc["version"] == 3
     assert doc["backend"] == "ort" and doc["devices"] == ["cpu:0", "cpu:1"]
     assert {e["name"]: (e["arg"], e["replica"]) for e in doc["inputs"]} == {
         "arg0_r0": (0, 0), "arg0_r1": (0, 1), "arg1_r0": (1, 0), "arg1_r1": (1, 1)}
@@ -138,7 +139,7 @@ def test_plan_json_schema(mirrored_plan) -> None:
     assert {v["input"] for v in traced["variables"]} == {v["input"] for v in doc["variables"]}
     assert doc["replicas"] == {"local": 2, "in_sync": 2, "offset": 0}
     assert sorted(p.name for p in directory.iterdir()) == [
-        "constants.npz", "graphs", "plan.json", "segments", "variables.npz"]
+        "constants.npz", "graphdist-manifest.json", "graphs", "plan.json", "segments", "variables.npz"]
 
 
 def test_loaded_plan_in_a_fresh_process_without_model_code(mirrored_plan, tmp_path: Path) -> None:
@@ -284,10 +285,18 @@ def _copy(source: Path, tmp_path: Path) -> Path:
     return Path(gd.load_plan(source).save(tmp_path / "plan"))
 
 
+def _reseal(directory: Path) -> None:
+    """Rewrites the manifest's checksums after an edit (so the edit reaches the deeper validation)."""
+    manifest = json.loads((directory / "graphdist-manifest.json").read_text())
+    manifest["files"] = {rel: plan_files.sha256_of((directory / rel).read_bytes()) for rel in manifest["files"]}
+    (directory / "graphdist-manifest.json").write_text(json.dumps(manifest))
+
+
 def _edit_json(directory: Path, edit) -> None:
     doc = json.loads((directory / "plan.json").read_text())
     edit(doc)
     (directory / "plan.json").write_text(json.dumps(doc))
+    _reseal(directory)
 
 
 def _flip_byte(path: Path, offset: int = 100) -> None:
@@ -302,8 +311,9 @@ def _segment(directory: Path) -> Path:
 
 @pytest.mark.parametrize(("damage", "message"), [
     (lambda d: _segment(d).unlink(), r"segment cpu0\.p0: the file segments/000_cpu0\.p0\.onnx is missing"),
-    (lambda d: (d / "plan.json").write_text('{"format": "graphdist-plan", "vers'), "plan.json is corrupt.*JSON"),
-    (lambda d: _edit_json(d, lambda doc: doc.update(version=99)), "schema version 99.*reads versions 1, 2"),
+    (lambda d: ((d / "plan.json").write_text('{"format": "graphdist-plan", "vers'), _reseal(d)),
+     "plan.json is corrupt.*JSON"),
+    (lambda d: _edit_json(d, lambda doc: doc.update(version=99)), "schema version 99.*reads versions 1, 2, 3"),
     (lambda d: _flip_byte(_segment(d)), r"segments/000_cpu0\.p0\.onnx fails its SHA-256 checksum"),
     (lambda d: (d / "plan.json").unlink(), "plan.json is missing"),
     (lambda d: _flip_byte(d / "variables.npz", 200), "variables.npz fails its SHA-256 checksum"),
@@ -327,7 +337,7 @@ def test_invalid_onnx_with_matching_checksum(mirrored_plan, tmp_path: Path) -> N
     garbage = b"\x08\x07this is not an onnx model"
     segment = _segment(directory)
     segment.write_bytes(garbage)
-    _edit_json(directory, lambda doc: doc["segments"][0].update(sha256=plan_files.sha256_of(garbage)))
+    _edit_json(directory, lambda doc: doc["segments"][0].update(sha256=plan_files.sha256_of(garbage)))  # reseals
     with pytest.raises(gd.PlanError, match=r"000_cpu0\.p0\.onnx is not a valid ONNX model"):
         gd.load_plan(directory)
 
@@ -349,7 +359,7 @@ def test_failed_rename_leaves_nothing(one_device_run: Run, tmp_path: Path, monke
     def fail(*args, **kwargs):
         raise OSError("disk went away")
 
-    monkeypatch.setattr(os, "replace", fail)
+    monkeypatch.setattr(os, "rename", fail)
     with pytest.raises(OSError, match="disk went away"):
         one_device_run.concrete.export(tmp_path / "plan")
     assert list(tmp_path.iterdir()) == []
@@ -358,7 +368,7 @@ def test_failed_rename_leaves_nothing(one_device_run: Run, tmp_path: Path, monke
 def test_export_interrupted_midway_leaves_nothing(one_device_run: Run, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     written = []
-    original = plan_files.write_file
+    original = savedir._write_file
 
     def write_some(path: Path, data: bytes) -> None:
         if len(written) == 3:
@@ -366,13 +376,15 @@ def test_export_interrupted_midway_leaves_nothing(one_device_run: Run, tmp_path:
         written.append(path)
         original(path, data)
 
-    monkeypatch.setattr(plan_files, "write_file", write_some)
+    monkeypatch.setattr(savedir, "_write_file", write_some)
     with pytest.raises(KeyboardInterrupt):
         one_device_run.concrete.export(tmp_path / "plan")
     assert len(written) == 3 and list(tmp_path.iterdir()) == []
 
 
-def test_overwrite_is_atomic(one_device_run: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2-exchange", "rename-aside"])
+def test_overwrite_is_atomic(one_device_run: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                             exchange: bool) -> None:
     directory = tmp_path / "plan"
     one_device_run.concrete.export(directory)
     before = (directory / "plan.json").read_bytes()
@@ -380,16 +392,23 @@ def test_overwrite_is_atomic(one_device_run: Run, tmp_path: Path, monkeypatch: p
         one_device_run.concrete.export(directory)
     one_device_run(1)  # new variable values
 
+    def fail_exchange(first: Path, second: Path) -> bool:
+        raise OSError("interrupted")
+
     calls = []
-    original = os.replace
+    original = os.rename
 
     def fail_second(src, dst):
         calls.append((src, dst))
-        if len(calls) == 2:  # renaming the new plan in
+        if len(calls) == 2:  # renaming the new plan in, the old one being aside
             raise OSError("interrupted")
         original(src, dst)
 
-    monkeypatch.setattr(os, "replace", fail_second)
+    if exchange:
+        monkeypatch.setattr(savedir, "_exchange", fail_exchange)
+    else:
+        monkeypatch.setattr(savedir, "_exchange", lambda first, second: False)
+        monkeypatch.setattr(os, "rename", fail_second)
     with pytest.raises(OSError, match="interrupted"):
         one_device_run.concrete.export(directory, overwrite=True)
     monkeypatch.undo()
@@ -406,7 +425,8 @@ def test_overwrite_is_atomic(one_device_run: Run, tmp_path: Path, monkeypatch: p
 def test_overwrite_refuses_a_non_plan_directory(one_device_run: Run, tmp_path: Path) -> None:
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "precious.txt").write_text("keep me")
-    with pytest.raises(gd.PlanError, match=r"not a directory graphdist wrote \(no plan.json\)"):
+    with pytest.raises(gd.PlanError, match=r"not a directory graphdist wrote \(it has no graphdist-manifest.json; "
+                                           r"it holds precious.txt\)"):
         one_device_run.concrete.export(tmp_path / "data", overwrite=True)
     assert (tmp_path / "data" / "precious.txt").read_text() == "keep me"
     (tmp_path / "empty").mkdir()  # an existing empty directory is fine without overwrite

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import numpy as np
@@ -34,7 +35,7 @@ def test_save_and_load_under_another_strategy(tmp_path) -> None:
     model = _trained(gd.MirroredStrategy(["cpu:0", "cpu:1"]))
     path = model.save(tmp_path / "digits")
     names = sorted(p.name for p in (tmp_path / "digits").iterdir())
-    assert names == ["model.json", "serving", "variables.npz"]
+    assert names == ["graphdist-manifest.json", "model.json", "serving", "variables.npz"]
     config = json.loads((tmp_path / "digits" / "model.json").read_text())
     assert config["class_name"] == "Sequential" and config["compile"]["optimizer"]["class_name"] == "Adam"
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())   # no staging left behind
@@ -118,7 +119,7 @@ def test_save_replaces_an_earlier_save_but_not_other_directories(tmp_path) -> No
         model.save(tmp_path / "m", overwrite=False)
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "todo.txt").write_text("mine")
-    with pytest.raises(gd.PlanError, match="no model.json"):
+    with pytest.raises(gd.PlanError, match="not a directory graphdist wrote"):
         model.save(tmp_path / "notes")
     assert (tmp_path / "notes" / "todo.txt").read_text() == "mine"
 
@@ -203,6 +204,12 @@ def test_every_optimizer_saves_its_config_and_state(tmp_path, optimizer: str) ->
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
 
+def _reseal(directory) -> None:
+    manifest = json.loads((directory / "graphdist-manifest.json").read_text())
+    manifest["files"] = {rel: hashlib.sha256((directory / rel).read_bytes()).hexdigest() for rel in manifest["files"]}
+    (directory / "graphdist-manifest.json").write_text(json.dumps(manifest))
+
+
 def test_unknown_optimizer_in_a_saved_model_is_a_checkpoint_error(tmp_path) -> None:
     with gd.OneDeviceStrategy("cpu:0").scope():
         model = keras.Sequential([keras.layers.Dense(2, input_shape=(3,))])
@@ -212,6 +219,9 @@ def test_unknown_optimizer_in_a_saved_model_is_a_checkpoint_error(tmp_path) -> N
     config = json.loads(config_file.read_text())
     config["compile"]["optimizer"]["class_name"] = "Lion"
     config_file.write_text(json.dumps(config))
+    with pytest.raises(gd.CheckpointError, match=r"model\.json fails its SHA-256 checksum"):
+        keras.load_model(tmp_path / "m")
+    _reseal(tmp_path / "m")  # as if the manifest had been rewritten too: the schema check still answers
     with pytest.raises(gd.CheckpointError, match=r"model\.json: unknown optimizer class 'Lion'"):
         keras.load_model(tmp_path / "m")
     assert keras.load_model(tmp_path / "m", compile=False).optimizer is None  # the weights still load
