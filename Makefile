@@ -4,14 +4,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install lint bench clean graphviz multi-worker-demo
+.PHONY: demo test install lint bench clean graphviz multi-worker-demo dist docs
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,data]'
+	$(PY) -m pip install --quiet -e '.[test,data,tvm,tune,mpi]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -45,8 +45,20 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check graphdist passes models benchmarks tests
 	$(VENV)/bin/lint-imports
 
+# A wheel in dist/ (`pip install dist/graphdist-*.whl`, extras with `'...whl[tvm,mpi]'`).
+dist: $(STAMP)
+	rm -rf dist build
+	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
+	@ls dist/*.whl
+
+# The API reference, generated from the docstrings by pdoc into docs/api (git-ignored); any pdoc
+# warning (a module that does not import, an unresolved export) fails the build.
+docs: $(STAMP)
+	rm -rf docs/api
+	$(PY) docs/build_api.py --output docs/api
+
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build dist docs/api *.egg-info .pytest_cache

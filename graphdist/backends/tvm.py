@@ -74,6 +74,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import importlib
 import io
 import logging
 import os
@@ -140,9 +141,12 @@ def _tvm() -> Any:
     # core, and so would the scheduler's device threads. Unpinned, they keep the process's affinity
     # (graphdist launch's per-worker cores included). A user's own setting wins.
     os.environ.setdefault("TVM_BIND_THREADS", "0")
-    import tvm
-    from tvm import relax  # noqa: F401 - registers the relax namespace on the tvm module
-
+    try:
+        import tvm
+        from tvm import relax  # noqa: F401 - registers the relax namespace on the tvm module
+    except ImportError as err:  # an optional dependency: the base install runs ONNX Runtime only
+        raise BackendError(f"the tvm backend needs Apache TVM, which is not installed here ({err}); install it "
+                           "with `pip install 'graphdist[tvm]'`, or use backend='ort' (the default)") from None
     return tvm
 
 
@@ -386,6 +390,17 @@ def _tuning_dir() -> Path:
     return cache_dir() / "tvm-tuning"
 
 
+def _missing_modules(*names: str) -> list[str]:
+    """The named modules that cannot be imported (optional dependencies not installed)."""
+    missing = []
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    return missing
+
+
 def _build_tuned(tvm: Any, mod: Any, target: Any, trials: int, name: str) -> Any:
     """MetaSchedule: tune the fused module, then compile the original module with the database.
 
@@ -393,6 +408,10 @@ def _build_tuned(tvm: Any, mod: Any, target: Any, trials: int, name: str) -> Any
     frontend produced it: given the already fused module it silently applies
     nothing.
     """
+    missing = _missing_modules("xgboost", "psutil", "cloudpickle")
+    if missing:
+        raise BackendError(f"GRAPHDIST_TVM_TUNE needs MetaSchedule's {', '.join(missing)}, not installed here; "
+                           "install them with `pip install 'graphdist[tune]'`, or unset GRAPHDIST_TVM_TUNE")
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.dlight import ApplyDefaultSchedule
 

@@ -149,7 +149,7 @@ def find_mpiexec() -> str:
     found = shutil.which("mpiexec")
     if found is None:
         raise GraphdistError("mpiexec was not found next to this Python or on PATH; install MPI with "
-                             "`pip install mpich mpi4py` (graphdist's install step does)")
+                             "`pip install 'graphdist[mpi]'` (mpi4py and the mpich wheel; `make install` does)")
     return found
 
 

@@ -91,9 +91,9 @@ def world() -> Any:
     """
     try:
         from mpi4py import MPI
-    except ImportError as err:  # pragma: no cover - mpi4py is a dependency
+    except ImportError as err:  # mpi4py is an optional dependency (the [mpi] extra)
         raise GraphdistError(f"multi-process training needs mpi4py and an MPI library ({err}); install them with "
-                             "`pip install mpi4py mpich`") from None
+                             "`pip install 'graphdist[mpi]'` (mpi4py and the mpich wheel)") from None
     return MPI.COMM_WORLD
 
 
