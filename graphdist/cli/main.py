@@ -271,7 +271,28 @@ def _call_factory(fn: Any, target: str, strategy: Any, batch: int | None) -> tup
         example = tuple(example)
     if not isinstance(example, tuple):
         example = (example,)
+    _warn_whole_batch_examples(example, target, strategy)
     return step, example
+
+
+def _warn_whole_batch_examples(example: tuple[Any, ...], target: str, strategy: Any) -> None:
+    """Warns when a factory hands plain arrays to a multi-replica strategy.
+
+    ``strategy.run`` gives every replica the whole of a plain array (as
+    tf.distribute does), so a factory that meant a global batch would train
+    each replica on all of it (a summed loss N times too large); the factory
+    should return distributed values instead.
+    """
+    import numpy as np
+
+    replicas = strategy.num_replicas_in_sync
+    plain = [i for i, value in enumerate(example) if isinstance(value, np.ndarray) and value.ndim >= 1]
+    if replicas > 1 and plain:
+        logger.warning(
+            "%s(strategy) returned plain array(s) as example argument(s) %s: strategy.run gives each of the %d "
+            "replicas the whole array (as tf.distribute does), not a share of the batch; to split a global batch "
+            "return next(iter(strategy.experimental_distribute_dataset(dataset))) (see models/common.py: "
+            "distributed_step)", target, ", ".join(map(str, plain)), replicas)
 
 
 def _data_parallel_step(fn: Any, strategy: Any, inputs: tuple[Any, ...], backend: str | None,
@@ -704,7 +725,10 @@ TARGET is one of:
   module:make_step  a factory make_step(strategy) -> (step, example_args) (any function
                     named make_step* or whose first parameter is 'strategy'): step is a
                     gd.function (e.g. strategy.run of a train step + strategy.reduce)
-                    and example_args its arguments; models.mlp/convnet/transformer have one.
+                    and example_args its arguments (distributed values, e.g. a batch of
+                    strategy.experimental_distribute_dataset: a plain array reaches every
+                    replica whole, and a warning says so); models.mlp/convnet/transformer
+                    have one.
   path/model.onnx   a data-parallel inference step for the model: every input split
                     along axis 0 across the replicas, outputs gathered back;
                     --input-shape NAME=D0xD1x... sets an input's shape (D0: the global

@@ -301,6 +301,25 @@ def test_inspect_factory_convention_in_user_module(tmp_path: Path) -> None:
     result = graphdist("inspect", "user_train:build", *MIRRORED, "--batch", "6", "--stage", "plan", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "on cpu:0, cpu:1" in result.stdout and "w  " in result.stdout
+    # A plain array reaches both replicas whole (as in tf.distribute): the CLI says so and how to split it.
+    assert "argument(s) 0" in result.stderr and "each of the 2 replicas the whole array" in result.stderr
+    assert "experimental_distribute_dataset" in result.stderr
+
+
+def test_factory_with_distributed_examples_does_not_warn(tmp_path: Path) -> None:
+    (tmp_path / "user_split.py").write_text(
+        "import numpy as np\n"
+        "import graphdist as gd\n"
+        "def build(strategy):\n"
+        "    @gd.function\n"
+        "    def step(x):\n"
+        "        return strategy.reduce('SUM', strategy.run(lambda v: v.sum(), args=(x,)), axis=None)\n"
+        "    data = gd.data.Dataset.from_tensors(np.ones((4, 3), np.float32))\n"
+        "    return step, (next(iter(strategy.experimental_distribute_dataset(data))),)\n"
+    )
+    result = graphdist("inspect", "user_split:build", *MIRRORED, "--stage", "plan", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "whole array" not in result.stderr and "on cpu:0, cpu:1" in result.stdout
 
 
 # ------------------------------------------------------------ inspect: failures
