@@ -13,15 +13,32 @@ Compiled executables are cached twice (:class:`CompileCache`):
   ``$GRAPHDIST_CACHE_DIR``, else ``~/.cache/graphdist``.
 
 Files in the disk cache are written atomically (:func:`atomic_write_bytes`),
-so a killed process never leaves half a file behind, and a backend that finds
-an unreadable artefact discards it and compiles again.
+so a killed process never leaves half a file behind. Next to each artefact a
+``.sha256`` file records its SHA-256 and the key it was stored under
+(``<backend>/<key>/<file>``): a backend that finds an unreadable artefact, a
+checksum mismatch, or a copy of another entry's files discards it and
+compiles again. Native code (TVM's ``.so``) is loaded, or written, only when
+the cache directory is private to this user (owned by them, not writable by
+group or others: :func:`native_code_allowed`); otherwise the segment is
+compiled without the disk cache, with a warning. Cache directories are
+created with mode ``0o700``.
+
+The disk cache holds at most ``$GRAPHDIST_CACHE_MAX_BYTES`` bytes (default
+2 GiB): after each compile that wrote an entry, the least recently used
+entries (by the last time one was written or loaded) are deleted until it
+fits. TVM's tuning database (``<cache dir>/tvm-tuning``) is not an entry and
+is never evicted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import logging
 import os
+import re
+import shutil
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -29,8 +46,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from graphdist import stats
-from graphdist.errors import PlanError
-from graphdist.fsutil import atomic_write_bytes
+from graphdist.errors import InvalidArgumentError, PlanError
+from graphdist.fsutil import atomic_write_bytes, make_private_dir, private_problem
 
 if TYPE_CHECKING:
     import onnx
@@ -47,9 +64,13 @@ __all__ = [
     "available_backends",
     "cache_dir",
     "cache_key",
+    "cache_max_bytes",
     "default_cache",
     "get_backend",
     "discard_artifact",
+    "evict_least_recently_used",
+    "make_cache_dir",
+    "native_code_allowed",
     "prepare_model",
     "read_verified_artifact",
     "register_backend",
@@ -208,25 +229,62 @@ def cache_key(
     return digest.hexdigest()
 
 
-#: Suffix of the file holding an artefact's SHA-256 next to it in the disk cache.
+#: Suffix of the file holding an artefact's SHA-256 (and the key it was stored under) next to it.
 CHECKSUM_SUFFIX = ".sha256"
+#: Default size limit of the disk cache (``GRAPHDIST_CACHE_MAX_BYTES`` overrides it).
+DEFAULT_CACHE_MAX_BYTES = 2 * 1024**3
+_KEY = re.compile(r"^[0-9a-f]{64}$")
+_warned_unsafe: set[str] = set()
 
 
 def _checksum_path(path: Path) -> Path:
     return path.with_name(path.name + CHECKSUM_SUFFIX)
 
 
+def _entry_parts(path: Path) -> tuple[Path, str] | None:
+    """``(cache root, key)`` of the entry ``path`` lies in (``<root>/<backend>/<key>/...``), else ``None``."""
+    parts = Path(os.path.abspath(path)).parts
+    for index in range(len(parts) - 2, 1, -1):
+        if _KEY.match(parts[index]):
+            return Path(*parts[: index - 1]), "/".join(parts[index - 1:])
+    return None
+
+
+def _entry_identity(path: Path) -> str:
+    """What an artefact is stored under: ``<backend>/<key>/<file>`` (its absolute path outside a cache)."""
+    parts = _entry_parts(path)
+    return parts[1] if parts is not None else str(Path(os.path.abspath(path)))
+
+
 def write_artifact_checksum(path: Path) -> None:
-    """Writes the SHA-256 of the (complete, already renamed) artefact ``path`` next to it, atomically."""
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    atomic_write_bytes(_checksum_path(path), digest.encode())
+    """Writes the SHA-256 of the (complete, already renamed) artefact ``path`` next to it, atomically,
+    with the key it is stored under, so a copy of it under another key is rejected.
+    """
+    data = path.read_bytes()
+    record = {"key": _entry_identity(path), "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    atomic_write_bytes(_checksum_path(path), json.dumps(record).encode())
+
+
+def _verify(path: Path, data: bytes, sidecar: bytes) -> str | None:
+    """Why ``data`` is not the artefact stored at ``path``, or ``None``."""
+    try:
+        record = json.loads(sidecar)
+        key, digest = record["key"], record["sha256"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return "its checksum file is not in this graphdist's format"
+    if key != _entry_identity(path):
+        return f"it was stored under another key ({key}): a copy of another entry"
+    if hashlib.sha256(data).hexdigest() != digest:
+        return "checksum mismatch"
+    return None
 
 
 def read_verified_artifact(path: Path, what: str) -> bytes | None:
     """Returns the bytes of a cached artefact whose checksum file matches, else ``None``.
 
     A missing artefact or checksum is a plain miss; an unreadable one is logged; a
-    mismatch is logged and both files are discarded (the caller compiles again).
+    mismatch (or an artefact stored under another key) is logged and both files are
+    discarded (the caller compiles again). A hit marks the entry as recently used.
 
     Args:
         path: The artefact.
@@ -234,17 +292,47 @@ def read_verified_artifact(path: Path, what: str) -> bytes | None:
     """
     try:
         data = path.read_bytes()
-        expected = _checksum_path(path).read_text().strip()
+        sidecar = _checksum_path(path).read_bytes()
     except FileNotFoundError:
         return None
     except OSError as err:
         logger.warning("cannot read %s %s (%s); recompiling", what, path, err)
         return None
-    if hashlib.sha256(data).hexdigest() != expected:
-        logger.warning("%s %s is corrupt (checksum mismatch); recompiling", what, path)
+    problem = _verify(path, data, sidecar)
+    if problem is not None:
+        logger.warning("%s %s is rejected (%s); recompiling", what, path, problem)
         discard_artifact(path)
         return None
+    with contextlib.suppress(OSError):  # least-recently-used eviction reads this time
+        os.utime(_checksum_path(path))
     return data
+
+
+def native_code_allowed(path: Path) -> bool:
+    """Whether native code (a ``.so``) at ``path`` in the disk cache may be loaded or written.
+
+    Only when no other user could have put it there (:func:`graphdist.fsutil.private_problem`: the
+    cache directory and everything below it belong to this user and are not writable by group or
+    others), as ssh and pip require. Otherwise warns once per reason and returns ``False``: the
+    segment is compiled without the disk cache.
+    """
+    parts = _entry_parts(path)
+    root = parts[0] if parts is not None else Path(os.path.abspath(path)).parent
+    existing = path if path.exists() else next(p for p in (path, *path.parents) if p.exists())
+    problem = private_problem(existing, root)
+    if problem is None:
+        return True
+    if problem not in _warned_unsafe:
+        _warned_unsafe.add(problem)
+        logger.warning("not loading or writing compiled native code in the compile cache %s: %s, so another user "
+                       "could plant code there; compiling without the disk cache. Fix it with `chmod go-w` (or "
+                       "point GRAPHDIST_CACHE_DIR at a directory only you can write)", root, problem)
+    return False
+
+
+def make_cache_dir(path: Path) -> None:
+    """Creates a disk cache directory (and missing parents) private to this user (mode ``0o700``)."""
+    make_private_dir(path)
 
 
 def discard_artifact(path: Path) -> None:
@@ -254,6 +342,72 @@ def discard_artifact(path: Path) -> None:
             file.unlink(missing_ok=True)
         except OSError as err:
             logger.debug("cannot remove %s: %s", file, err)
+
+
+def cache_max_bytes() -> int:
+    """The disk cache's size limit: ``$GRAPHDIST_CACHE_MAX_BYTES``, else 2 GiB (``0``: only the newest entry).
+
+    Raises:
+        InvalidArgumentError: The variable is not a non-negative integer.
+    """
+    text = os.environ.get("GRAPHDIST_CACHE_MAX_BYTES", "").strip()
+    if not text:
+        return DEFAULT_CACHE_MAX_BYTES
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise InvalidArgumentError(f"GRAPHDIST_CACHE_MAX_BYTES must be a number of bytes (an integer >= 0), got "
+                                   f"{text!r}; unset it for the default of {DEFAULT_CACHE_MAX_BYTES} bytes")
+    return value
+
+
+def _entries(root: Path) -> list[tuple[float, int, Path]]:
+    """``(last use, bytes, directory)`` of every entry (``<root>/<backend>/<key>``) of the disk cache."""
+    found = []
+    for backend_dir in (p for p in root.iterdir() if p.is_dir() and not p.is_symlink()):
+        for entry in (p for p in backend_dir.iterdir() if _KEY.match(p.name) and p.is_dir()):
+            used, size = 0.0, 0
+            for file in entry.rglob("*"):
+                with contextlib.suppress(OSError):
+                    info = file.lstat()
+                    size += info.st_size
+                    used = max(used, info.st_mtime)
+            found.append((used, size, entry))
+    return found
+
+
+def evict_least_recently_used(root: Path, keep: Path | None = None, limit: int | None = None) -> list[Path]:
+    """Deletes least-recently-used entries of the disk cache ``root`` until it holds at most ``limit`` bytes.
+
+    Args:
+        root: The cache directory.
+        keep: An entry never deleted (the one just written).
+        limit: Bytes allowed; default :func:`cache_max_bytes`.
+
+    Returns:
+        The entries deleted.
+    """
+    limit = cache_max_bytes() if limit is None else limit
+    try:
+        entries = sorted(_entries(root))
+    except OSError:
+        return []
+    total = sum(size for _, size, _ in entries)
+    evicted = []
+    for _, size, entry in entries:
+        if total <= limit:
+            break
+        if keep is not None and entry == keep:
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        total -= size
+        evicted.append(entry)
+    if evicted:
+        logger.info("compile cache %s over its %d-byte limit (GRAPHDIST_CACHE_MAX_BYTES): evicted %d least recently "
+                    "used entr%s", root, limit, len(evicted), "y" if len(evicted) == 1 else "ies")
+    return evicted
 
 
 def prepare_model(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -338,12 +492,15 @@ class CompileCache:
                 stats.increment("memory_cache_hits")
                 return hit
             directory = self.directory / backend.name / key
+            limit = cache_max_bytes()  # a bad GRAPHDIST_CACHE_MAX_BYTES fails before any work
             logger.debug(
                 "compiling %s segment for %s (key %s)", backend.name, device, key
             )
             executable = backend.compile(
                 model, device, threads=threads, cache_dir=directory, shared=self.shared
             )
+            if directory.is_dir():
+                evict_least_recently_used(self.directory, keep=directory, limit=limit)
             with self._lock:
                 self._memory[key] = executable
                 self._pending.pop(key, None)

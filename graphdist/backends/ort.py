@@ -22,8 +22,9 @@ compile of a segment creates a session at ``ORT_ENABLE_EXTENDED`` with
 ``optimized_model_filepath`` set, so ONNX Runtime writes the optimized graph
 (constant folding, fusions such as MatMul+Add+Relu -> ``com.microsoft``
 ``FusedGemm``) to a temporary file in the cache directory; that file is
-renamed to ``model.ort2.onnx`` and its SHA-256 is written next to it in
-``model.ort2.onnx.sha256`` (both renames are atomic). EXTENDED is the highest
+renamed to ``model.ort2.onnx`` and its SHA-256, with the cache key it is
+stored under, is written next to it in ``model.ort2.onnx.sha256`` (both
+renames are atomic; a file copied from another entry is rejected). EXTENDED is the highest
 level whose saved model is portable; layout optimizations (level ALL) are
 hardware specific, so they are not saved but applied again when a session is
 created. The session that runs is always created from the optimized file at
@@ -64,6 +65,7 @@ import numpy as np
 from graphdist import stats
 from graphdist.backends.base import (
     discard_artifact,
+    make_cache_dir,
     prepare_model,
     read_verified_artifact,
     write_artifact_checksum,
@@ -316,7 +318,7 @@ class OrtBackend:
         options.optimized_model_filepath = str(tmp)
         options.add_session_config_entry("session.save_model_format", "ONNX")
         try:
-            cache_dir.mkdir(parents=True, exist_ok=True)
+            make_cache_dir(cache_dir)
             self._session(data, name, device, threads, options)
             optimized = tmp.read_bytes()
             tmp.replace(final)

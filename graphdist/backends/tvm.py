@@ -36,7 +36,11 @@ releases):
 
 Disk cache: the built module is exported with ``export_library`` to
 ``module.so`` in the segment's cache directory (temporary name, then an
-atomic rename), with its SHA-256 in ``module.so.sha256``. A later process
+atomic rename), with its SHA-256 and cache key in ``module.so.sha256``, only
+when the cache directory is private to this user (owned by them, not
+writable by group or others; otherwise no ``.so`` is loaded from it or
+written to it, with a warning: see
+:func:`graphdist.backends.base.native_code_allowed`). A later process
 with the same cache key (segment bytes, target, TVM version, schedule version)
 loads it with ``tvm.runtime.load_module`` instead of compiling
 (``disk_cache_hits`` instead of ``compiles`` in :mod:`graphdist.stats`). A
@@ -90,7 +94,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from graphdist import stats
-from graphdist.backends.base import cache_dir, discard_artifact, read_verified_artifact, write_artifact_checksum
+from graphdist.backends.base import (
+    cache_dir,
+    discard_artifact,
+    make_cache_dir,
+    native_code_allowed,
+    read_verified_artifact,
+    write_artifact_checksum,
+)
 from graphdist.backends.tvm_fallback import (
     FallbackExecutable,
     TvmConversionError,
@@ -657,7 +668,10 @@ def _store(built: BuiltModule, directory: Path, name: str) -> None:
     redundant, and the dynamic loader returns an already opened library for a path it has seen.
     """
     path = directory / MODULE_FILE
+    if not native_code_allowed(path):
+        return
     try:
+        make_cache_dir(directory)
         built.export(path)
         write_artifact_checksum(path)
     except (OSError, BackendError) as err:
@@ -667,6 +681,8 @@ def _store(built: BuiltModule, directory: Path, name: str) -> None:
 def _load_cached(directory: Path, name: str) -> Any:
     """Returns the cached library when its checksum matches, else ``None`` (discarding bad files)."""
     path = directory / MODULE_FILE
+    if not path.exists() or not native_code_allowed(path):
+        return None
     if read_verified_artifact(path, f"cached TVM module of segment {name!r}") is None:
         return None
     try:

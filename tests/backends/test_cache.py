@@ -221,8 +221,9 @@ def test_disk_cache_files(tmp_path: Path) -> None:
         OPTIMIZED_MODEL_FILE + ".sha256",
     ]
     data = (directory / OPTIMIZED_MODEL_FILE).read_bytes()
-    digest = (directory / (OPTIMIZED_MODEL_FILE + ".sha256")).read_text()
-    assert hashlib.sha256(data).hexdigest() == digest
+    record = json.loads((directory / (OPTIMIZED_MODEL_FILE + ".sha256")).read_text())
+    assert hashlib.sha256(data).hexdigest() == record["sha256"]
+    assert record["key"] == f"ort/{directory.name}/{OPTIMIZED_MODEL_FILE}"  # the key it is stored under
     onnx.load_from_string(data)  # a complete, parseable model
 
 
@@ -347,7 +348,8 @@ def test_unloadable_file_with_valid_checksum_is_recompiled(tmp_path: Path) -> No
     def corrupt(path: Path, checksum: Path) -> None:
         data = b"not an onnx model"
         path.write_bytes(data)
-        checksum.write_text(hashlib.sha256(data).hexdigest())
+        checksum.write_text(json.dumps({"key": f"ort/{path.parent.name}/{path.name}",
+                                        "sha256": hashlib.sha256(data).hexdigest()}))
 
     _corrupt_and_recompile(tmp_path, corrupt)
 

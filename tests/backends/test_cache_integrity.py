@@ -1,0 +1,158 @@
+"""The disk compile cache trusts nothing it did not verify: entries copied under another key, native code in
+a directory others can write, and a size limit with least-recently-used eviction."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from graphdist import stats
+from graphdist.backends import base
+from graphdist.backends.base import CompileCache, cache_key, write_artifact_checksum
+from graphdist.backends.ort import OPTIMIZED_MODEL_FILE, OrtBackend
+from graphdist.errors import InvalidArgumentError
+from graphdist.runtime.devices import Device
+
+CPU0 = Device("cpu", 0)
+RNG = np.random.default_rng(5)
+W = RNG.standard_normal((4, 3)).astype(np.float32)
+
+
+def scaled_model(scale: float) -> onnx.ModelProto:
+    """y = x @ (scale * W): ``scale`` makes models whose results differ."""
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "scaled",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+                              [numpy_helper.from_array(W * np.float32(scale), "W")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def entry(root: Path, model: onnx.ModelProto, backend=None) -> Path:
+    backend = backend or OrtBackend()
+    return root / backend.name / cache_key(backend, model, CPU0, None)
+
+
+def test_an_entry_copied_over_another_is_rejected(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    a, b = scaled_model(1.0), scaled_model(-2.0)
+    for model in (a, b):
+        CompileCache(tmp_path).get_or_compile(OrtBackend(), model, CPU0)
+    for name in (OPTIMIZED_MODEL_FILE, OPTIMIZED_MODEL_FILE + ".sha256"):   # B's file and checksum over A's
+        shutil.copyfile(entry(tmp_path, b) / name, entry(tmp_path, a) / name)
+
+    before = stats.snapshot()
+    exe = CompileCache(tmp_path).get_or_compile(OrtBackend(), a, CPU0)
+    assert (stats.delta(before)["compiles"], stats.delta(before)["disk_cache_hits"]) == (1, 0)
+    x = RNG.standard_normal((2, 4)).astype(np.float32)
+    np.testing.assert_allclose(exe.run({"x": x})[0], x @ W, rtol=1e-5, atol=1e-6)   # A's result, not B's
+    assert "stored under another key" in caplog.text
+    before = stats.snapshot()
+    CompileCache(tmp_path).get_or_compile(OrtBackend(), a, CPU0)   # rebuilt: a valid entry again
+    assert stats.delta(before)["disk_cache_hits"] == 1
+
+
+def _age(directory: Path, seconds_ago: float) -> None:
+    stamp = time.time() - seconds_ago
+    for file in directory.rglob("*"):
+        os.utime(file, (stamp, stamp))
+
+
+def test_size_limit_evicts_the_least_recently_used_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    models = [scaled_model(s) for s in (1.0, 2.0, 3.0)]
+    CompileCache(tmp_path).get_or_compile(OrtBackend(), models[0], CPU0)
+    size = sum(f.stat().st_size for f in entry(tmp_path, models[0]).rglob("*"))
+    monkeypatch.setenv("GRAPHDIST_CACHE_MAX_BYTES", str(int(size * 2.5)))   # room for two entries
+    CompileCache(tmp_path).get_or_compile(OrtBackend(), models[1], CPU0)
+    _age(entry(tmp_path, models[0]), 100)
+    _age(entry(tmp_path, models[1]), 50)
+    before = stats.snapshot()
+    CompileCache(tmp_path).get_or_compile(OrtBackend(), models[0], CPU0)   # a disk hit: now the most recent
+    assert stats.delta(before)["disk_cache_hits"] == 1
+    CompileCache(tmp_path).get_or_compile(OrtBackend(), models[2], CPU0)   # over the limit: evicts models[1]
+    assert [entry(tmp_path, m).is_dir() for m in models] == [True, False, True]
+    total = sum(f.stat().st_size for f in tmp_path.rglob("*") if f.is_file())
+    assert total <= size * 2.5
+
+
+def test_bad_size_limit_names_the_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GRAPHDIST_CACHE_MAX_BYTES", "2GB")
+    with pytest.raises(InvalidArgumentError, match="GRAPHDIST_CACHE_MAX_BYTES must be a number of bytes"):
+        CompileCache(tmp_path).get_or_compile(OrtBackend(), scaled_model(1.0), CPU0)
+    assert not any(p.is_file() for p in tmp_path.rglob("*"))   # refused before compiling anything
+    monkeypatch.setenv("GRAPHDIST_CACHE_MAX_BYTES", "0")   # 0: only the entry just written stays
+    for scale in (1.0, 2.0):
+        CompileCache(tmp_path).get_or_compile(OrtBackend(), scaled_model(scale), CPU0)
+    assert [p.name for p in (tmp_path / "ort").iterdir()] == [entry(tmp_path, scaled_model(2.0)).name]
+
+
+# ------------------------------------------------------------- native code
+PLANTED = r"""
+#include <stdio.h>
+__attribute__((constructor)) static void planted(void) {
+    FILE *f = fopen("MARKER", "w");
+    if (f) { fputs("executed", f); fclose(f); }
+}
+"""
+
+
+def _plant(tmp_path: Path, directory: Path) -> Path:
+    """A shared library that, once loaded, writes a marker file, planted as ``module.so`` with a valid checksum."""
+    if shutil.which("cc") is None:
+        pytest.skip("needs a C compiler to build the planted library")
+    marker = tmp_path / "executed.txt"
+    source = tmp_path / "planted.c"
+    source.write_text(PLANTED.replace("MARKER", str(marker)))
+    directory.mkdir(parents=True, exist_ok=True)
+    library = directory / "module.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True, timeout=60)
+    write_artifact_checksum(library)
+    return marker
+
+
+@pytest.mark.parametrize("writable", ["root-group", "root-world", "entry-world"])
+def test_native_code_is_not_loaded_from_a_directory_others_can_write(tmp_path: Path, writable: str,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    pytest.importorskip("tvm")
+    from graphdist.backends import tvm as tvm_backend
+
+    root = tmp_path / "cache"
+    base.make_cache_dir(root)
+    model = scaled_model(1.0)
+    directory = entry(root, model, tvm_backend.TvmBackend())
+    base.make_cache_dir(directory)
+    marker = _plant(tmp_path, directory)
+    caplog.set_level(logging.WARNING)
+    (root if writable.startswith("root") else directory).chmod(0o770 if writable == "root-group" else 0o777)
+    assert tvm_backend._load_cached(directory, "scaled") is None
+    assert not marker.exists()   # never loaded
+    assert "writable by" in caplog.text and "chmod go-w" in caplog.text
+
+    # The check is what kept it out: in a private directory the same file would be loaded (and run).
+    (root if writable.startswith("root") else directory).chmod(0o700)
+    tvm_backend._load_cached(directory, "scaled")
+    assert marker.read_text() == "executed"
+
+
+def test_an_unsafe_cache_compiles_without_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("tvm")
+    from graphdist.backends import tvm as tvm_backend
+
+    root = tmp_path / "cache"
+    base.make_cache_dir(root)
+    root.chmod(0o777)
+    monkeypatch.setattr(base, "_warned_unsafe", set())
+    model = scaled_model(1.0)
+    before = stats.snapshot()
+    exe = CompileCache(root).get_or_compile(tvm_backend.TvmBackend(), model, CPU0)
+    assert (stats.delta(before)["compiles"], stats.delta(before)["disk_cache_hits"]) == (1, 0)
+    x = RNG.standard_normal((2, 4)).astype(np.float32)
+    np.testing.assert_allclose(exe.run({"x": x})[0], x @ W, rtol=1e-5, atol=1e-6)
+    assert not list(root.rglob("*.so"))   # nothing native written where others could swap it
