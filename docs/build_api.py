@@ -18,8 +18,10 @@ from pathlib import Path
 
 __all__ = ["build", "main"]
 
-#: The documented packages (with every submodule).
-PACKAGES = ("graphdist", "passes")
+#: The documented modules: the public API (``graphdist`` and the modules its ``__all__`` names), the internal
+#: layers a contributor works in, and the passes. pdoc follows each package's ``__all__`` to its submodules.
+PACKAGES = ("graphdist", "graphdist.distribute", "graphdist.compile", "graphdist.ir", "graphdist.backends",
+            "graphdist.runtime", "graphdist.onnx.model", "graphdist.onnx.backend", "graphdist.cli", "passes")
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,8 +36,12 @@ def _resolve_lazy_exports(package: str) -> None:
         if "__getattr__" not in vars(module):
             continue
         for export in getattr(module, "__all__", ()):
-            if export not in vars(module):
+            if export in vars(module):
+                continue
+            try:
                 setattr(module, export, getattr(module, export))
+            except AttributeError:
+                continue  # a submodule not imported yet (pdoc imports it) or a broken export (pdoc reports it)
 
 
 def build(output: Path, packages: tuple[str, ...] = PACKAGES) -> list[str]:
@@ -57,7 +63,11 @@ def build(output: Path, packages: tuple[str, ...] = PACKAGES) -> list[str]:
             _resolve_lazy_exports(package)
         if problems:
             return problems
-        pdoc.pdoc(*packages, output_directory=output)
+        try:
+            pdoc.pdoc(*packages, output_directory=output)
+        except Exception as err:  # noqa: BLE001 - pdoc raises for a module named in __all__ that fails to import
+            cause = f" ({type(err.__cause__).__name__}: {err.__cause__})" if err.__cause__ else ""
+            return [f"pdoc failed: {type(err).__name__}: {err}{cause}"]
     return [f"{Path(w.filename).name}:{w.lineno}: {w.message}" for w in caught if _counts(w)]
 
 
