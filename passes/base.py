@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,9 +98,11 @@ class PassManager:
         modified = False
         self._dump(graph, ctx, 0, "traced")
         for index, pass_ in enumerate(self.passes, start=1):
+            start = time.perf_counter()
             result = pass_(graph, ctx)
             graph, modified = result.graph, modified or result.modified
-            logger.debug("%s: modified=%s, %d nodes", pass_.name, result.modified, len(graph.nodes))
+            logger.info("pass %s on %s: %.1f ms, modified=%s, %d nodes", pass_.name, graph.name,
+                        (time.perf_counter() - start) * 1e3, result.modified, len(graph.nodes))
             if ctx.check:
                 verify(graph)  # names the pass that broke an invariant
             self._dump(graph, ctx, index, pass_.name)

@@ -910,10 +910,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail("no command given; choose one of: devices, inspect, export, run, replan, launch, bench",
                      EXIT_USAGE, False)
     verbose = args.verbose >= 2
+    from graphdist.cli.feedback import announce_slow_compiles
     from graphdist.errors import GraphdistError
 
     try:
-        status = args.handler(args)
+        with announce_slow_compiles(PROG):
+            status = args.handler(args)
         sys.stdout.flush()
         return status
     except BrokenPipeError:

@@ -8,10 +8,14 @@ run segments in. ``compile`` turns each segment into a backend executable
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import time
 from typing import Any
 
 import numpy as np
 
+from graphdist.compile.progress import SegmentCompile, notify
 from graphdist.errors import GraphError, PlanError
 from graphdist.ir.comm_ops import is_communication
 from graphdist.ir.graph import Graph, Node, Value
@@ -19,6 +23,8 @@ from graphdist.runtime.devices import parse_device, thread_budget
 from graphdist.runtime.tasks import CommTask, Segment
 
 __all__ = ["Segment", "CommTask", "Plan", "extract_subgraph"]
+
+logger = logging.getLogger(__name__)
 
 
 def extract_subgraph(graph: Graph, nodes: list[Node], name: str, outputs: list[Value]) -> Graph:
@@ -130,10 +136,22 @@ class Plan:
 
         cache = cache or default_cache()
         threads = thread_budget(len(self.devices) or 1)
-        executables = [cache.get_or_compile(backend, s.model, parse_device(s.device), threads) for s in self.segments]
+        executables = [self._compile_segment(index, segment, backend, cache, threads)
+                       for index, segment in enumerate(self.segments, start=1)]
         self.backend_name = backend.name
         self._scheduler = Scheduler(self, executables)
         return self
+
+    def _compile_segment(self, index: int, segment: Segment, backend: Any, cache: Any, threads: int) -> Any:
+        """Compiles one segment, reporting it to :mod:`graphdist.compile.progress` and the log (with its time)."""
+        event = SegmentCompile(index, len(self.segments), segment.name, segment.device, backend.name)
+        notify(event)
+        start = time.perf_counter()
+        executable = cache.get_or_compile(backend, segment.model, parse_device(segment.device), threads)
+        done = dataclasses.replace(event, seconds=time.perf_counter() - start)
+        logger.info("compiled %s in %.2f s", done.describe(), done.seconds)
+        notify(done)
+        return executable
 
     @property
     def compiled(self) -> bool:
