@@ -306,7 +306,8 @@ class Model(Layer):
             while epoch < epochs and not self.stop_training:
                 callback_list.on_epoch_begin(epoch)
                 logs = engine.run_epoch(source.epoch(epoch), True, progress, f"{epoch + 1}/{epochs}", source.steps,
-                                        callback_list.on_train_batch_end, after=self._validator(engine, validation))
+                                        callback_list.on_train_batch_end,
+                                        after=self._validator(engine, validation, progress))
                 callback_list.on_epoch_end(epoch, logs)
                 epoch += 1
         finally:
@@ -317,13 +318,15 @@ class Model(Layer):
         return history
 
     @staticmethod
-    def _validator(engine: Engine, validation: Any) -> Any:
-        """A function adding ``val_*`` logs to an epoch's logs (``None`` without validation data)."""
+    def _validator(engine: Engine, validation: Any, progress: Progress) -> Any:
+        """A function adding ``val_*`` logs to an epoch's logs (``None`` without validation data); the test
+        step's compile is announced in the epoch's ``progress``.
+        """
         if validation is None:
             return None
 
         def add_validation(logs: dict[str, float]) -> dict[str, float]:
-            val_logs = engine.run_epoch(validation.epoch(0), False, Progress(0), "", validation.steps)
+            val_logs = engine.run_epoch(validation.epoch(0), False, progress.quiet_child(), "", validation.steps)
             return {**logs, **{f"val_{k}": v for k, v in val_logs.items()}}
 
         return add_validation
