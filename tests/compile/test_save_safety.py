@@ -345,7 +345,7 @@ def _every_edit(file: Path) -> Iterator[tuple[tuple, bytes]]:
 def test_every_single_field_edit_of_plan_json_is_rejected(saved: Saved, tmp_path: Path) -> None:
     directory = Path(saved.concrete.export(tmp_path / "plan"))
     edits = 0
-    for path, data in _every_edit(directory / "plan.json"):
+    for _path, data in _every_edit(directory / "plan.json"):
         (directory / "plan.json").write_bytes(data)
         with pytest.raises(gd.PlanError, match=r"plan\.json fails its SHA-256 checksum in graphdist-manifest"):
             gd.load_plan(directory)
@@ -357,7 +357,7 @@ def test_every_single_field_edit_of_plan_json_is_rejected(saved: Saved, tmp_path
 def test_every_single_field_edit_of_model_json_is_rejected(saved: Saved, tmp_path: Path) -> None:
     directory = Path(saved.model.save(tmp_path / "model"))
     edits = 0
-    for path, data in _every_edit(directory / "model.json"):
+    for _path, data in _every_edit(directory / "model.json"):
         (directory / "model.json").write_bytes(data)
         with pytest.raises(gd.CheckpointError, match=r"model\.json fails its SHA-256 checksum"):
             keras.load_model(directory)
