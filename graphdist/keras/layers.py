@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from graphdist import nest
 from graphdist.distribute.replica_context import get_replica_context
 from graphdist.distribute.strategy import get_strategy, has_strategy
 from graphdist.errors import InvalidArgumentError
@@ -176,10 +177,23 @@ class Layer:
 
         if functional.is_symbolic(inputs):
             return functional.symbolic_call(self, inputs)
+        inputs = self._cast_inputs(inputs)
         if not self.built:
             first = inputs[0] if isinstance(inputs, (list, tuple)) else inputs
             self._maybe_build(tuple(first.shape) if hasattr(first, "shape") else tuple(np.shape(first)))
         return self.call(inputs, training=training)
+
+    def _cast_inputs(self, inputs: Any) -> Any:
+        """Floating-point inputs in the layer's dtype, as Keras casts them (float64 data runs a float32
+        layer in float32); integer inputs (labels, token ids) are left alone.
+        """
+        def cast(leaf: Any) -> Any:
+            dtype = getattr(leaf, "dtype", None)
+            if dtype is None or not hasattr(leaf, "astype") or np.dtype(dtype).kind != "f" or dtype == self.dtype:
+                return leaf
+            return leaf.astype(self.dtype)
+
+        return nest.map_structure(cast, inputs)
 
     def _maybe_build(self, input_shape: tuple[int | None, ...]) -> None:
         with self._build_scope():

@@ -37,10 +37,12 @@ from graphdist.keras import functional, initializers
 from graphdist.keras import losses as losses_lib
 from graphdist.keras import metrics as metrics_lib
 from graphdist.keras import sample_weights as weights_lib
+from graphdist.keras import summary as summary_lib
 from graphdist.keras.data_adapter import make_source
 from graphdist.keras.layers import Layer, get_layer_class
 from graphdist.keras.progress import Progress
 from graphdist.keras.training import Engine, NotCompiledError, check_strategy
+from graphdist.keras.validation_split import check_validation_split, split_for_validation
 from graphdist.trace.variables import Variable
 
 __all__ = ["Model", "Sequential", "FunctionalModel", "from_onnx"]
@@ -182,18 +184,19 @@ class Model(Layer):
             variable.assign(np.asarray(value, dtype=variable.dtype))
 
     def summary(self, print_fn: Any = print) -> str:
-        """A table of layers, output shapes and parameter counts (printed with ``print_fn``, returned)."""
-        rows = [("layer (type)", "params")]
-        rows += [(f"{layer.name} ({type(layer).__name__})", f"{layer.count_params():,}") for layer in self._layers]
-        width = max(len(r[0]) for r in rows) + 2
-        lines = [f'Model: "{self.name}" on {self._strategy!r}', *(f"{a:<{width}}{b:>12}" for a, b in rows),
-                 f"Total params: {self.count_params():,}"]
-        if self._output_shape is not None:
-            lines.append(f"Output shape: {(None, *self._output_shape[1:])}")
-        text = "\n".join(lines)
+        """A table of layers, their output shapes and parameter counts (printed with ``print_fn``, returned).
+
+        Output shapes come from one eager pass over a zero example (the layers' symbolic shapes for a
+        functional model); ``?`` until the model is built, ``multiple`` for a layer called with several shapes.
+        """
+        text = summary_lib.summary_text(self, self._layer_output_shapes())
         if print_fn is not None:
             print_fn(text)
         return text
+
+    def _layer_output_shapes(self) -> dict[int, str]:
+        """``id(layer) -> output shape text`` of the tracked layers (see :mod:`graphdist.keras.summary`)."""
+        return summary_lib.traced_output_shapes(self)
 
     # ---------------------------------------------------------------- compile
     def compile(self, optimizer: Any = "sgd", loss: Any = None, metrics: Sequence[Any] | None = None,
@@ -253,8 +256,8 @@ class Model(Layer):
     # -------------------------------------------------------------------- fit
     def fit(self, x: Any = None, y: Any = None, batch_size: int | None = None, epochs: int = 1,
             verbose: Any = "auto", callbacks: Sequence[callbacks_lib.Callback] | None = None,
-            validation_data: Any = None, shuffle: bool = True, initial_epoch: int = 0,
-            steps_per_epoch: int | None = None, sample_weight: Any = None,
+            validation_split: float = 0.0, validation_data: Any = None, shuffle: bool = True,
+            initial_epoch: int = 0, steps_per_epoch: int | None = None, sample_weight: Any = None,
             class_weight: dict[int, float] | None = None) -> callbacks_lib.History:
         """Trains for ``epochs`` epochs under the model's strategy; returns the :class:`History`.
 
@@ -269,7 +272,10 @@ class Model(Layer):
         integer or one-hot labels; classes left out weigh 1) multiply the
         examples' losses; the batch loss stays ``sum(w_i * loss_i) / batch
         size``. ``validation_data`` may be ``(x_val, y_val, val_sample_weight)``;
-        ``class_weight`` does not apply to it.
+        ``class_weight`` does not apply to it. ``validation_split`` (arrays
+        only, as in Keras) holds out the *last* fraction of the arrays' rows,
+        taken before any shuffling, as the validation data; ``validation_data``,
+        when also given, takes precedence.
 
         Raises:
             NotCompiledError: ``compile`` was not called.
@@ -280,6 +286,10 @@ class Model(Layer):
         engine = self._compiled_engine("fit")
         if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)) or epochs < 0:
             raise InvalidArgumentError(f"fit: epochs must be a non-negative int, got {epochs!r}")
+        if validation_split and validation_data is None:
+            x, y, sample_weight, validation_data = split_for_validation(x, y, sample_weight, validation_split)
+        else:
+            check_validation_split(validation_split)
         self._shuffle_seed = _agreed_seed(self._strategy, self._shuffle_seed)
         source = self._fit_source(x, y, batch_size, shuffle, self._shuffle_seed, steps_per_epoch, sample_weight,
                                   class_weight)
@@ -478,6 +488,10 @@ class FunctionalModel(Model):
 
     def call(self, inputs: Any, training: bool = False) -> Any:
         return functional.Functional.run(self._inputs_spec, self._outputs_spec, self._order, inputs, training)
+
+    def _layer_output_shapes(self) -> dict[int, str]:
+        """The recorded symbolic shapes of each layer's outputs (no pass needed)."""
+        return summary_lib.symbolic_output_shapes(self._order)
 
     def _example_batch(self, rows: int) -> Any:
         leaves, treedef = nest.flatten(self._inputs_spec, is_leaf=lambda v: isinstance(v, functional.KerasTensor))
