@@ -17,13 +17,17 @@ which sizes graphdist's thread pools), so they do not oversubscribe it;
 
 Each rank runs under a small wrapper (``python -m graphdist.cli.launch
 --rank-wrapper``, not an MPI process itself) that forwards the task's output
-line by line with a ``[worker 0]`` prefix and records how it ended. ``mpiexec``
-runs with ``-disable-auto-cleanup``, so when one rank dies the others are
-not killed but fail on their own, with a ``CollectiveTimeoutError`` naming
-the dead rank after ``--timeout`` seconds (``GRAPHDIST_COLLECTIVE_TIMEOUT``).
+line by line with a ``[worker 0]`` prefix and records how it ended the
+moment it ends (:mod:`graphdist.runtime.launch_status`). ``mpiexec`` runs
+with ``-disable-auto-cleanup``; ``graphdist launch`` supervises the ranks
+itself (:mod:`graphdist.cli.launch_supervisor`): a rank the job cannot go on
+without (any rank of a synchronous job; a ps task or the chief of a
+parameter-server job) ends the whole job within a fraction of a second,
+while a lost parameter-server worker lets the others finish. ``SIGINT`` /
+``SIGTERM`` to ``graphdist launch`` end every process of the job.
 ``graphdist launch`` exits 0 when every rank succeeded; otherwise it prints
 which ranks failed (the first failure first, with its last output line) and
-exits 1.
+exits 1 (``128 + N`` when stopped by signal N).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -44,8 +49,10 @@ from pathlib import Path
 from typing import Any
 
 from graphdist.errors import GraphdistError, InvalidArgumentError
+from graphdist.runtime import launch_status
 
-__all__ = ["add_launch_parser", "cmd_launch", "build_roles", "core_shares", "mpiexec_command", "find_mpiexec"]
+__all__ = ["add_launch_parser", "cmd_launch", "build_roles", "core_shares", "mpiexec_command", "find_mpiexec",
+           "check_hosts", "rank_wrapper"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,10 +61,12 @@ examples:
   graphdist launch --workers 2 -- python examples/digits_multi_worker.py
   graphdist launch --workers 2 --devices-per-worker 2 -- python train.py
   graphdist launch --workers 2 --ps 1 -- python examples/digits_parameter_server.py
-  graphdist launch --workers 2 --timeout 30 -- python train.py   # a dead rank is reported after 30 s
+  graphdist launch --workers 2 --timeout 30 -- python train.py   # a hung collective fails after 30 s
 
 Each process finds its role with gd.cluster_resolver.TFConfigClusterResolver()
-(GRAPHDIST_CONFIG); the strategies use it by default."""
+(GRAPHDIST_CONFIG); the strategies use it by default. A rank that dies ends a synchronous
+job at once; a parameter-server job goes on without a lost worker (not without a ps or the chief).
+SIGINT/SIGTERM to graphdist launch end every process of the job."""
 
 
 def add_launch_parser(commands: Any, formatter: Any) -> None:
@@ -77,7 +86,7 @@ def add_launch_parser(commands: Any, formatter: Any) -> None:
                         help="devices of each worker: cuda:0..K-1 with GPUs, else logical cpu:0..K-1 (default 1)")
     launch.add_argument("--timeout", type=float, default=None, metavar="S",
                         help="seconds a collective or ps request may wait before failing "
-                             "(GRAPHDIST_COLLECTIVE_TIMEOUT; default 300)")
+                             "(GRAPHDIST_COLLECTIVE_TIMEOUT; default 300); a rank that dies is noticed at once")
     launch.add_argument("--no-bind", action="store_true",
                         help="do not give each worker on this host its own share of the CPU cores (jobs without ps)")
     launch.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command every worker runs")
@@ -160,6 +169,8 @@ def mpiexec_command(roles: Sequence[dict[str, Any]], command: Sequence[str], sta
     (``cpus``: the cores each rank is bound to).
     """
     argv = [find_mpiexec(), "-disable-auto-cleanup"]
+    # A parameter-server job goes on without a lost worker; MPI_Finalize's barrier would wait for it forever.
+    finalize = ["-env", "MPIR_CVAR_NO_COLLECTIVE_FINALIZE", "1"] if any(r["type"] == "ps" for r in roles) else []
     for rank, role in enumerate(roles):
         if rank:
             argv.append(":")
@@ -167,7 +178,7 @@ def mpiexec_command(roles: Sequence[dict[str, Any]], command: Sequence[str], sta
         if explicit_hosts:
             argv += ["-host", role["host"]]
         argv += ["-env", "GRAPHDIST_CONFIG", role["config"], "-env", "GRAPHDIST_LAUNCH_DIR", status_dir,
-                 "-env", "PYTHONUNBUFFERED", "1"]
+                 "-env", "PYTHONUNBUFFERED", "1", *finalize]
         if timeout is not None:
             argv += ["-env", "GRAPHDIST_COLLECTIVE_TIMEOUT", repr(float(timeout))]
         if cpus and rank in cpus:
@@ -190,51 +201,51 @@ def cmd_launch(args: argparse.Namespace) -> int:
         raise UsageError(f"launch: --timeout must be > 0 seconds, got {args.timeout}")
     hosts = args.hosts.split(",") if args.hosts else None
     roles = build_roles(args.workers, args.ps, args.chief, hosts, args.devices_per_worker)
+    if hosts:
+        check_hosts([role["host"] for role in roles])
+    from graphdist.cli.launch_supervisor import JobSupervisor
+
     with tempfile.TemporaryDirectory(prefix="graphdist-launch-") as status_dir:
         cpus = None if (hosts or args.no_bind) else core_shares(roles, sorted(os.sched_getaffinity(0)))
         argv = mpiexec_command(roles, command, status_dir, args.timeout, explicit_hosts=bool(hosts), cpus=cpus)
         logger.info("launching %d process(es): %s", len(roles), " ".join(argv))
         sys.stdout.flush()
-        completed = subprocess.run(argv, stdin=subprocess.DEVNULL, check=False)
-        return _report(roles, status_dir, completed.returncode)
+        return JobSupervisor(roles, status_dir).run(argv)
 
 
-def _report(roles: Sequence[dict[str, Any]], status_dir: str, mpiexec_status: int) -> int:
-    failures = []
-    for rank, role in enumerate(roles):
-        path = Path(status_dir) / f"rank{rank}.json"
-        if not path.exists():
-            failures.append((float("inf"), rank, role["name"],
-                             "ended without reporting (killed with its wrapper, e.g. when another rank aborted the "
-                             "job)", ""))
-            continue
-        status = json.loads(path.read_text())
-        if status["returncode"] != 0:
-            failures.append((status["time"], rank, role["name"], _describe_exit(status["returncode"]),
-                             status.get("last_line", "")))
-    if not failures:
-        if mpiexec_status != 0:
-            print(f"graphdist launch: error: mpiexec exited with status {mpiexec_status}", file=sys.stderr)
-            return 1
-        return 0
-    failures.sort()
-    lines = []
-    for order, (_, rank, name, how, last) in enumerate(failures):
-        first = " (first to fail)" if order == 0 and len(failures) > 1 else ""
-        lines.append(f"  rank {rank} ({name}){first}: {how}" + (f": {last}" if last else ""))
-    print(f"graphdist launch: error: {len(failures)} of {len(roles)} process(es) failed:\n" + "\n".join(lines),
-          file=sys.stderr)
-    return 1
+_RESOLVE_TIMEOUT_S = 10.0
 
 
-def _describe_exit(returncode: int) -> str:
-    if returncode < 0:
+def check_hosts(hosts: Sequence[str], timeout: float = _RESOLVE_TIMEOUT_S) -> None:
+    """Checks that every host name resolves (mpiexec would fail later with a process-manager traceback).
+
+    Raises:
+        UsageError: A host does not resolve, or not within ``timeout`` seconds.
+    """
+    from graphdist.cli.main import UsageError
+
+    for host in dict.fromkeys(hosts):
+        problem = _resolution_problem(host, timeout)
+        if problem:
+            raise UsageError(f"launch: --hosts: cannot resolve host {host!r} ({problem}); give names of hosts this "
+                             "machine reaches by ssh (mpiexec starts the tasks there), e.g. --hosts node1,node2")
+
+
+def _resolution_problem(host: str, timeout: float) -> str:
+    """Why ``host`` does not resolve ('' when it does); a resolver that hangs counts after ``timeout`` s."""
+    outcome: list[str] = []
+
+    def resolve() -> None:
         try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        return f"killed by {name}"
-    return f"exited with status {returncode}"
+            socket.getaddrinfo(host, None)
+            outcome.append("")
+        except (OSError, UnicodeError) as err:
+            outcome.append(str(err) or type(err).__name__)
+
+    thread = threading.Thread(target=resolve, daemon=True)  # getaddrinfo has no timeout of its own
+    thread.start()
+    thread.join(timeout)
+    return outcome[0] if outcome else f"no answer within {timeout:g} s"
 
 
 # ------------------------------------------------------------------ rank wrapper
@@ -250,10 +261,12 @@ def _forward(stream: Any, sink: Any, prefix: str, last: list[str]) -> None:
 def rank_wrapper(argv: Sequence[str]) -> int:
     """Runs one task's command, forwarding its output with a prefix and recording its exit.
 
-    ``argv``: ``RANK NAME -- COMMAND...``.
+    ``argv``: ``RANK NAME -- COMMAND...``. ``SIGINT`` / ``SIGTERM`` / ``SIGHUP``
+    to the wrapper are passed on to the task (the wrapper then reports how
+    the task ended).
     """
     rank, name, separator, *command = argv
-    if separator != "--" or not command:
+    if separator != "--" or not command or not rank.isdigit():
         print("graphdist launch --rank-wrapper: usage: RANK NAME -- COMMAND...", file=sys.stderr)
         return 2
     # The wrapper outlives a failed task to report it; it is not an MPI process, so MPI's
@@ -264,27 +277,36 @@ def rank_wrapper(argv: Sequence[str]) -> int:
     cores = os.environ.get("GRAPHDIST_LAUNCH_CPUS")
     if cores:
         os.sched_setaffinity(0, {int(c) for c in cores.split(",")})  # inherited by the task
+    environment = dict(os.environ, **{launch_status.LAUNCH_RANK_ENV: rank})
     try:
         # close_fds=False: the task inherits the process manager's PMI socket.
         child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=False,
-                                 stdin=subprocess.DEVNULL)
+                                 stdin=subprocess.DEVNULL, env=environment)
     except OSError as err:
         last[0] = f"cannot start {command[0]!r}: {err}"
         print(prefix + last[0], file=sys.stderr)
-        returncode = 127
-    else:
-        threads = [threading.Thread(target=_forward, args=(child.stdout, sys.stdout, prefix, last), daemon=True),
-                   threading.Thread(target=_forward, args=(child.stderr, sys.stderr, prefix, last), daemon=True)]
-        for thread in threads:
-            thread.start()
-        returncode = child.wait()
-        for thread in threads:
-            thread.join(timeout=5)
-    status_dir = os.environ.get("GRAPHDIST_LAUNCH_DIR")
-    if status_dir:
-        path = Path(status_dir) / f"rank{rank}.json"
-        path.write_text(json.dumps({"returncode": returncode, "time": time.time(), "last_line": last[0][:300]}))
+        launch_status.record_exit(int(rank), 127, last[0])
+        return 1
+    launch_status.record_start(int(rank), os.getpid(), child.pid)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, lambda number, frame: _pass_on(child, number))
+    threads = [threading.Thread(target=_forward, args=(child.stdout, sys.stdout, prefix, last), daemon=True),
+               threading.Thread(target=_forward, args=(child.stderr, sys.stderr, prefix, last), daemon=True)]
+    for thread in threads:
+        thread.start()
+    returncode = child.wait()
+    ended = time.time()
+    for thread in threads:
+        thread.join(timeout=5)  # the last lines (a grandchild holding the pipes open is not waited for)
+    launch_status.record_exit(int(rank), returncode, last[0], when=ended)
     return 0 if returncode == 0 else 1
+
+
+def _pass_on(child: subprocess.Popen, signum: int) -> None:
+    try:
+        child.send_signal(signum)
+    except OSError:
+        pass  # it just ended
 
 
 if __name__ == "__main__":

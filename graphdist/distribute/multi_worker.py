@@ -33,6 +33,7 @@ import itertools
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -59,6 +60,7 @@ from graphdist.distribute.strategy import (
 from graphdist.distribute.variables import MirroredVariable
 from graphdist.errors import ClusterConfigError, InvalidArgumentError
 from graphdist.runtime.devices import num_gpus
+from graphdist.runtime.launch_status import launch_dir
 from graphdist.trace.values import DistributedValues, ValueContext, regroup
 
 __all__ = ["MultiWorkerMirroredStrategy", "CommunicationImplementation", "CollectiveCommunication"]
@@ -278,11 +280,17 @@ class MultiWorkerMirroredStrategy(Strategy):
 
 
 def _abort_job_on_uncaught_exception(comm: Any) -> None:
-    """Makes an uncaught exception end the whole MPI job at once.
+    """Makes an uncaught exception end the whole job at once.
 
     The other workers would otherwise wait in the next collective until the
-    timeout (300 s by default) before failing. A process that dies without
-    an exception (killed) is still detected by the others' timeouts.
+    timeout (300 s by default) before failing. Under ``graphdist launch``
+    the process just ends (skipping ``MPI_Finalize``, whose barrier would
+    wait for the others): its rank wrapper reports the exit and the launcher
+    stops the other ranks, naming this one (a ``KeyboardInterrupt`` ends it
+    by ``SIGINT``, so it is named as interrupted). Under a plain ``mpiexec``
+    it calls ``MPI_Abort``. A process killed without an exception is noticed
+    by ``graphdist launch`` the same way (by the others' timeouts under a
+    plain ``mpiexec``).
     """
     previous = sys.excepthook
     if getattr(previous, "_graphdist_abort", False):
@@ -290,6 +298,8 @@ def _abort_job_on_uncaught_exception(comm: Any) -> None:
 
     def hook(kind: type[BaseException], value: BaseException, traceback: Any) -> None:
         previous(kind, value, traceback)
+        if launch_dir() is not None:
+            _end_this_process(interrupted=issubclass(kind, KeyboardInterrupt))
         if issubclass(kind, KeyboardInterrupt):
             return
         rank = comm.Get_rank()
@@ -297,7 +307,6 @@ def _abort_job_on_uncaught_exception(comm: Any) -> None:
                          "(MPI_Abort) so the other workers do not wait for it\n")
         sys.stderr.flush()
         sys.stdout.flush()
-        _record_launch_status(rank, f"{kind.__name__}: {value}")
         _wait_until_output_is_read()
         comm.Abort(1)
 
@@ -305,18 +314,30 @@ def _abort_job_on_uncaught_exception(comm: Any) -> None:
     sys.excepthook = hook
 
 
+def _end_this_process(interrupted: bool) -> None:
+    """Ends this rank now, by ``SIGINT`` when it was interrupted, else with status 1 (no ``MPI_Finalize``)."""
+    import signal
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1.0)  # the signal arrives meanwhile
+    os._exit(1)
+
+
 def _wait_until_output_is_read(limit_s: float = 5.0) -> None:
     """Waits (at most ``limit_s``) until whoever reads this process's stdout and stderr pipes has read them.
 
-    MPI_Abort kills every process of the job at once, ``graphdist launch``'s
-    rank wrapper included: without this wait the traceback's last lines,
-    still in the pipe, would be lost. Streams that are not pipes (a
-    terminal, a file) are not waited for.
+    MPI_Abort (under a plain ``mpiexec``) kills every process of the job at
+    once: without this wait the traceback's last lines, still in the pipe to
+    ``mpiexec``, would be lost. Streams that are not pipes (a terminal, a
+    file) are not waited for.
     """
     import fcntl
     import stat
     import termios
-    import time
     from array import array
 
     pipes = []
@@ -340,21 +361,6 @@ def _wait_until_output_is_read(limit_s: float = 5.0) -> None:
             time.sleep(0.05)  # the reader writes on what it read
             return
         time.sleep(0.01)
-
-
-def _record_launch_status(rank: int, last_line: str) -> None:
-    """Tells ``graphdist launch`` how this rank ended (the abort also ends its wrapper, which would)."""
-    import json
-    import time
-    from pathlib import Path
-
-    directory = os.environ.get("GRAPHDIST_LAUNCH_DIR")
-    if directory:
-        try:
-            Path(directory, f"rank{rank}.json").write_text(
-                json.dumps({"returncode": 1, "time": time.time(), "last_line": last_line[:300]}))
-        except OSError:
-            pass  # best effort: the traceback above already names the error
 
 
 def _communication(communication: Any, options: Any) -> CommunicationImplementation:

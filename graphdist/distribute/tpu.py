@@ -39,7 +39,7 @@ from graphdist.compile.pipeline import PipelineConfig
 from graphdist.distribute.cross_device_ops import NcclAllReduce
 from graphdist.distribute.strategy import Strategy
 from graphdist.distribute.variables import MirroredVariable
-from graphdist.errors import InvalidArgumentError, PlanError
+from graphdist.errors import ClusterConfigError, InvalidArgumentError, PlanError
 from graphdist.ir.graph import GRAPHDIST_DOMAIN
 from graphdist.ir.placement_ops import LOGICAL_DEVICE, SPLIT_TO_LOGICAL_DEVICES
 from graphdist.trace.tracer import current_trace
@@ -48,6 +48,7 @@ __all__ = [
     "DEFAULT_LOCAL_CORES",
     "DeviceAssignment",
     "TPUClusterResolver",
+    "UnsupportedTPUError",
     "TPUStrategy",
     "Topology",
     "initialize_tpu_system",
@@ -59,6 +60,10 @@ logger = logging.getLogger(__name__)
 DEFAULT_LOCAL_CORES = 8
 _LOCAL = re.compile(r"^\s*local(?:\[(\d+)\])?\s*$", re.IGNORECASE)
 _told_simulated = False
+
+
+class UnsupportedTPUError(ClusterConfigError, NotImplementedError):
+    """A TPU other than this host's simulated cores was asked for (a ``grpc://`` address, a Cloud TPU name)."""
 
 
 class TPUClusterResolver:
@@ -83,9 +88,10 @@ class TPUClusterResolver:
                                        f"{type(tpu).__name__}")
         match = _LOCAL.match(spec) if spec.strip() else None
         if spec.strip() and match is None:
-            raise NotImplementedError(
-                f"TPUClusterResolver(tpu={tpu!r}): remote TPUs are not supported (there is no TPU service to "
-                "connect to); use tpu='local[N]' for N TPU-like cores simulated on this host")
+            raise UnsupportedTPUError(
+                f"TPUClusterResolver(tpu={tpu!r}): only local[N], '' and None are supported here (N TPU-like cores "
+                "simulated on this host; '' and None mean local[8]); remote TPUs (grpc://..., Cloud TPU names) "
+                "cannot be reached: there is no TPU service to connect to")
         cores = int(match.group(1)) if match is not None and match.group(1) else DEFAULT_LOCAL_CORES
         if cores < 1:
             raise InvalidArgumentError(f"TPUClusterResolver(tpu={tpu!r}): a mesh needs at least one core")

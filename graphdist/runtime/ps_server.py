@@ -20,11 +20,24 @@ Messages are MPI point-to-point messages on ``COMM_WORLD``: a JSON header
 :data:`TAG_PAYLOAD`); replies (tag :data:`TAG_REPLY`) go straight into the
 worker's preallocated array. No pickling, no home-made network protocol.
 
-Timeouts: a worker waits at most ``timeout`` seconds
+Checks: the server validates every request against what it holds (the key
+exists, except for ``create``; the worker's shape and dtype equal the
+stored ones; the payload has that many bytes). A request that fails a check
+is answered with a refusal (tag :data:`TAG_REFUSAL`, a JSON message) instead
+of a value: that worker raises :class:`~graphdist.InvalidArgumentError`
+naming the key, both shapes and dtypes and the fix, and the server keeps
+serving everyone.
+
+Timeouts and lost workers: a worker waits at most ``timeout`` seconds
 (``GRAPHDIST_COLLECTIVE_TIMEOUT``, default 300) for a reply and then raises
-:class:`~graphdist.CollectiveTimeoutError` naming the ps task. A server that
-hears nothing from its unfinished workers for that long raises one naming
-them (a worker that died cannot say ``stop``).
+:class:`~graphdist.CollectiveTimeoutError` naming the ps task. Under
+``graphdist launch`` the server reads the job's status folder
+(:mod:`graphdist.runtime.launch_status`) twice a second while idle, and
+while it waits on one worker: a worker that ended without saying ``stop``
+(killed, crashed) is dropped, and the server goes on serving the others
+(asynchronous training tolerates a lost worker). Without that folder, a
+server that hears nothing from its unfinished workers for ``timeout``
+seconds raises a ``CollectiveTimeoutError`` naming them.
 """
 
 from __future__ import annotations
@@ -42,24 +55,42 @@ from typing import Any
 import numpy as np
 
 from graphdist.errors import ClusterConfigError, CollectiveTimeoutError, GraphdistError, InvalidArgumentError
+from graphdist.runtime import launch_status
 from graphdist.runtime.cluster_spec import ClusterSpec, environment_config, rank_task, task_rank
 
-__all__ = ["Server", "PSClient", "TAG_REQUEST", "TAG_PAYLOAD", "TAG_REPLY", "main"]
+__all__ = ["Server", "PSClient", "TAG_REQUEST", "TAG_PAYLOAD", "TAG_REPLY", "TAG_REFUSAL", "main"]
 
 logger = logging.getLogger(__name__)
 
-TAG_REQUEST, TAG_PAYLOAD, TAG_REPLY = 7101, 7102, 7103
+TAG_REQUEST, TAG_PAYLOAD, TAG_REPLY, TAG_REFUSAL = 7101, 7102, 7103, 7104
+OPS = ("create", "pull", "push", "assign")
+_WITH_PAYLOAD = ("create", "push", "assign")
+_CHECK_ENDED_S = 0.5  # how often a waiting server looks for workers that ended (launch status folder)
+_REFUSAL_BYTES = 4096
 
 
-def _poll(request: Any, timeout: float, on_timeout: Any) -> None:
-    """Tests ``request`` until it completes; calls ``on_timeout()`` (which raises) after ``timeout`` s."""
+def _poll(request: Any, timeout: float, on_timeout: Any, peer_ended: Any = None) -> bool:
+    """Tests ``request`` until it completes (returns True); calls ``on_timeout()`` (which raises) after
+    ``timeout`` s; returns False as soon as ``peer_ended()`` (asked every half second) says the peer is gone.
+    """
     start = time.monotonic()
+    next_check = start + _CHECK_ENDED_S
     while not request.Test():
-        elapsed = time.monotonic() - start
+        now = time.monotonic()
+        elapsed = now - start
         if elapsed > timeout:
             on_timeout()
+        if peer_ended is not None and now > next_check:
+            if peer_ended():
+                return False
+            next_check = now + _CHECK_ENDED_S
         if elapsed > 2e-4:
             time.sleep(min(1e-3, elapsed / 50))
+    return True
+
+
+def _describe(dtype: Any, shape: Sequence[int]) -> str:
+    return f"{np.dtype(dtype)}{list(shape)}"
 
 
 def _worker_ranks(spec: ClusterSpec) -> list[int]:
@@ -105,18 +136,25 @@ class Server:
                                      f"process is rank {self._comm.Get_rank()}")
         self.timeout = default_timeout() if timeout is None else float(timeout)
         self._values: dict[str, np.ndarray] = {}
-        self._requests = {"create": 0, "pull": 0, "push": 0, "assign": 0}
+        self._creators: dict[str, int] = {}
+        self._requests = {"create": 0, "pull": 0, "push": 0, "assign": 0, "refused": 0}
+        self._lost: dict[int, str] = {}
 
     @property
     def target(self) -> str:
         """This server's address."""
         return self._spec.task_address("ps", self.task_index)
 
+    @property
+    def lost_workers(self) -> dict[int, str]:
+        """``{rank: how it ended}`` of the workers that ended without saying ``stop``."""
+        return dict(self._lost)
+
     def start(self) -> None:
         """Accepted for compatibility: the server answers requests inside :meth:`join`."""
 
     def join(self) -> None:
-        """Serves requests until every worker has sent ``stop``.
+        """Serves requests until every worker has sent ``stop`` (or, under ``graphdist launch``, ended).
 
         Raises:
             CollectiveTimeoutError: No request from the unfinished workers for ``timeout`` seconds.
@@ -125,17 +163,20 @@ class Server:
 
         waiting = set(_worker_ranks(self._spec))
         status = MPI.Status()
-        last = time.monotonic()
+        last = next_check = time.monotonic()
         idle = 0
         while waiting:
             if not self._comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_REQUEST, status=status):
                 idle += 1
-                if time.monotonic() - last > self.timeout:
-                    names = ", ".join(f"{job} {i} (rank {r})" for r in sorted(waiting)
-                                      for job, i in [rank_task(self._spec, r)])
+                now = time.monotonic()
+                if now > next_check:
+                    self._drop_ended(waiting)
+                    next_check = now + _CHECK_ENDED_S
+                if waiting and now - last > self.timeout:
                     raise CollectiveTimeoutError(
-                        f"ps {self.task_index}: no request for {self.timeout:g} s from {names}, which have not "
-                        "finished (dead or stuck); raise GRAPHDIST_COLLECTIVE_TIMEOUT if workers are just slow")
+                        f"ps {self.task_index}: no request for {self.timeout:g} s from {self._names(waiting)}, "
+                        "which have not finished (dead or stuck); raise GRAPHDIST_COLLECTIVE_TIMEOUT if workers "
+                        "are just slow")
                 time.sleep(0 if idle < 200 else 5e-4)
                 continue
             idle = 0
@@ -143,41 +184,155 @@ class Server:
             source = status.Get_source()
             header = bytearray(status.Get_count(MPI.BYTE))
             self._comm.Recv([header, MPI.BYTE], source=source, tag=TAG_REQUEST)
-            request = json.loads(header.decode())
-            if request["op"] == "stop":
+            request = _parse_header(header)
+            if request.get("op") == "stop":
                 waiting.discard(source)
                 continue
+            if source in self._lost:
+                continue  # a request a lost worker sent before it ended
             self._serve(source, request)
-        logger.info("ps %d: every worker finished (%s)", self.task_index, self._requests)
+        logger.info("ps %d: every worker finished (%s)%s", self.task_index, self._requests,
+                    f"; lost: {self._names(self._lost)}" if self._lost else "")
+
+    def _drop_ended(self, waiting: set[int]) -> None:
+        """Stops waiting for workers whose process ended (launch status folder) without saying ``stop``."""
+        for rank in sorted(waiting):
+            status = launch_status.read_exit(rank)
+            if status is None:
+                continue
+            waiting.discard(rank)
+            if status["returncode"] != 0:
+                self._lose(rank, launch_status.describe_exit(int(status["returncode"])))
+
+    def _lose(self, rank: int, how: str) -> None:
+        if rank not in self._lost:
+            self._lost[rank] = how
+            logger.warning("ps %d: %s ended without saying stop (%s); serving the other workers", self.task_index,
+                           self._names([rank]), how)
+
+    def _ended(self, rank: int) -> bool:
+        """Whether ``rank`` ended (launch status folder) while the server waits on it; then it is lost."""
+        status = launch_status.read_exit(rank)
+        if status is not None:
+            self._lose(rank, launch_status.describe_exit(int(status["returncode"])))
+        return status is not None
+
+    def _names(self, ranks: Any) -> str:
+        return ", ".join(f"{job} {i} (rank {r})" for r in sorted(ranks) for job, i in [rank_task(self._spec, r)])
 
     def _serve(self, source: int, request: dict[str, Any]) -> None:
-        op, key = request["op"], request["key"]
-        self._requests[op] = self._requests.get(op, 0) + 1
+        op, key = request.get("op"), request.get("key")
         payload = None
-        if op in ("create", "push", "assign"):
-            payload = np.empty(request["shape"], np.dtype(request["dtype"]))
-            receive = self._comm.Irecv(payload.reshape(-1) if payload.ndim == 0 else payload, source=source,
-                                       tag=TAG_PAYLOAD)
-            _poll(receive, self.timeout, lambda: self._lost(source, f"the payload of its {op} of {key!r}"))
+        if op in _WITH_PAYLOAD:
+            payload = self._receive_payload(source, op, key)
+            if payload is None:
+                return  # the worker ended meanwhile
+        problem = _request_problem(request, payload) or self._holding_problem(op, key, request, source)
+        if problem:
+            self._refuse(source, op, key, problem)
+            return
+        self._requests[op] += 1
+        dtype, shape = np.dtype(request["dtype"]), tuple(request["shape"])
+        value = None if payload is None else np.frombuffer(payload, dtype).reshape(shape)
         if op == "create":
-            stored = self._values.setdefault(key, payload)
-        elif key not in self._values:
-            raise GraphdistError(f"ps {self.task_index}: rank {source} asked to {op} {key!r}, which no worker created")
+            if key not in self._values:
+                self._values[key], self._creators[key] = value.copy(), source
+            stored = self._values[key]
         elif op == "push":
             stored = self._values[key]
-            np.add(stored, payload, out=stored)
+            np.add(stored, value, out=stored)
         elif op == "assign":
             stored = self._values[key]
-            np.copyto(stored, payload)
+            np.copyto(stored, value)
         else:
             stored = self._values[key]
         reply = self._comm.Isend(stored.reshape(-1) if stored.ndim == 0 else stored, dest=source, tag=TAG_REPLY)
-        _poll(reply, self.timeout, lambda: self._lost(source, f"the reply to its {op} of {key!r}"))
+        _poll(reply, self.timeout, lambda: self._lost_timeout(source, f"the reply to its {op} of {key!r}"),
+              lambda: self._ended(source))
 
-    def _lost(self, source: int, what: str) -> None:
+    def _receive_payload(self, source: int, op: str, key: Any) -> bytearray | None:
+        """The raw bytes of the payload that follows a request (whatever its size: checked afterwards)."""
+        from mpi4py import MPI
+
+        status = MPI.Status()
+        start = time.monotonic()
+        next_check = start + _CHECK_ENDED_S
+        while True:
+            message = self._comm.Improbe(source=source, tag=TAG_PAYLOAD, status=status)
+            if message is not None:
+                break
+            now = time.monotonic()
+            if now - start > self.timeout:
+                self._lost_timeout(source, f"the payload of its {op} of {key!r}", sent=True)
+            if now > next_check:
+                if self._ended(source):
+                    return None
+                next_check = now + _CHECK_ENDED_S
+            time.sleep(1e-4)
+        payload = bytearray(status.Get_count(MPI.BYTE))
+        receive = message.Irecv([payload, MPI.BYTE])
+        done = _poll(receive, self.timeout, lambda: self._lost_timeout(source, f"the payload of its {op} of {key!r}",
+                                                                        sent=True), lambda: self._ended(source))
+        return payload if done else None
+
+    def _holding_problem(self, op: str, key: str, request: dict[str, Any], source: int) -> str:
+        """Why the request does not fit what this server holds ('' when it does)."""
+        stored = self._values.get(key)
+        if stored is None:
+            if op == "create":
+                return ""
+            return (f"no worker created {key!r} on ps {self.task_index}; every worker must create the same "
+                    "variables (inside strategy.scope()) in the same order before using them")
+        theirs = _describe(request["dtype"], request["shape"])
+        ours = _describe(stored.dtype, stored.shape)
+        if theirs == ours:
+            return ""
+        creator = self._names([self._creators[key]]) if key in self._creators else "a worker"
+        return (f"this worker's {key!r} is {theirs}, but ps {self.task_index} holds {ours} (created by {creator}); "
+                "every worker must create the same variables, with the same shapes and dtypes, in the same order")
+
+    def _refuse(self, source: int, op: Any, key: Any, problem: str) -> None:
+        self._requests["refused"] += 1
+        logger.warning("ps %d: refused the %s of %r from %s: %s", self.task_index, op, key, self._names([source]),
+                       problem)
+        message = json.dumps({"error": problem}).encode()[:_REFUSAL_BYTES]
+        refusal = self._comm.Isend([message, _byte()], dest=source, tag=TAG_REFUSAL)
+        _poll(refusal, self.timeout, lambda: self._lost_timeout(source, f"the refusal of its {op} of {key!r}"),
+              lambda: self._ended(source))
+
+    def _lost_timeout(self, source: int, what: str, sent: bool = False) -> None:
         job, index = rank_task(self._spec, source)
-        raise CollectiveTimeoutError(f"ps {self.task_index}: {job} {index} (rank {source}) did not take {what} "
+        verb = "send" if sent else "take"
+        raise CollectiveTimeoutError(f"ps {self.task_index}: {job} {index} (rank {source}) did not {verb} {what} "
                                      f"within {self.timeout:g} s (dead or stuck)")
+
+
+def _parse_header(header: bytearray) -> dict[str, Any]:
+    try:
+        request = json.loads(header.decode())
+    except (UnicodeDecodeError, ValueError):
+        return {"op": None, "key": None, "malformed": True}
+    return request if isinstance(request, dict) else {"op": None, "key": None, "malformed": True}
+
+
+def _request_problem(request: dict[str, Any], payload: bytearray | None) -> str:
+    """What is wrong with a request on its own ('' if nothing): op, key, dtype, shape, payload size."""
+    op, key = request.get("op"), request.get("key")
+    if request.get("malformed") or op not in OPS:
+        return f"unknown request {op!r} (a graphdist ps serves {', '.join(OPS)} and stop)"
+    if not isinstance(key, str) or not key:
+        return f"the request names no variable (key {key!r})"
+    try:
+        dtype = np.dtype(request.get("dtype"))
+        shape = tuple(int(d) for d in request.get("shape"))
+    except (TypeError, ValueError):
+        return f"the request's dtype {request.get('dtype')!r} or shape {request.get('shape')!r} is not valid"
+    if dtype.hasobject or any(d < 0 for d in shape):
+        return f"the request's value {dtype}{list(shape)} cannot be held by a ps"
+    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if payload is not None and len(payload) != expected:
+        return f"its {op} of {key!r} sent {len(payload)} bytes, but a {dtype}{list(shape)} value has {expected}"
+    return ""
 
 
 class PSClient:
@@ -206,6 +361,7 @@ class PSClient:
         self._lock = threading.Lock()
         self._stopped = False
         atexit.register(self.stop)
+        launch_status.record_joined()  # from now on, graphdist launch counts this worker as lost if it dies
 
     def ps_rank(self, ps_index: int) -> int:
         """MPI rank of ps task ``ps_index``."""
@@ -213,16 +369,31 @@ class PSClient:
 
     def request(self, op: str, ps_index: int, key: str, like: np.ndarray, payload: np.ndarray | None = None
                 ) -> np.ndarray:
-        """Sends one request and returns the ps's reply (an array shaped like ``like``)."""
-        if op not in ("create", "pull", "push", "assign"):
-            raise InvalidArgumentError(f"unknown ps request {op!r}")
+        """Sends one request and returns the ps's reply (an array shaped like ``like``).
+
+        Raises:
+            InvalidArgumentError: ``op`` is unknown, ``payload`` is not shaped like ``like``, or the ps
+                refused the request (no such variable, another shape or dtype than the one it holds).
+            CollectiveTimeoutError: The ps did not answer within ``timeout`` seconds.
+        """
+        if op not in OPS:
+            raise InvalidArgumentError(f"unknown ps request {op!r}; one of {', '.join(OPS)}")
+        if (payload is None) != (op not in _WITH_PAYLOAD):
+            raise InvalidArgumentError(f"a ps {op} {'needs' if op in _WITH_PAYLOAD else 'takes no'} payload")
+        like = np.asarray(like)
+        data = None
+        if payload is not None:
+            data = np.asarray(payload, dtype=like.dtype)
+            data = data if data.flags.c_contiguous else np.ascontiguousarray(data)  # (keeps 0-d arrays 0-d)
+            if data.shape != like.shape:
+                raise InvalidArgumentError(f"the payload of the {op} of {key!r} is {_describe(data.dtype, data.shape)}"
+                                           f", the variable {_describe(like.dtype, like.shape)}")
         dest = self.ps_rank(ps_index)
         header = {"op": op, "key": key, "dtype": like.dtype.str, "shape": list(like.shape)}
         reply = np.empty(like.shape, like.dtype)
         with self._lock:
             sends = [self._comm.Isend([json.dumps(header).encode(), _byte()], dest=dest, tag=TAG_REQUEST)]
-            if payload is not None:
-                data = np.ascontiguousarray(payload, dtype=like.dtype)
+            if data is not None:
                 sends.append(self._comm.Isend(data.reshape(-1) if data.ndim == 0 else data, dest=dest,
                                               tag=TAG_PAYLOAD))
             receive = self._comm.Irecv(reply.reshape(-1) if reply.ndim == 0 else reply, source=dest, tag=TAG_REPLY)
@@ -232,9 +403,36 @@ class PSClient:
                     f"ps {ps_index} (rank {dest}) did not answer the {op} of {key!r} within {self.timeout:g} s "
                     "(dead or stuck); check its output; raise GRAPHDIST_COLLECTIVE_TIMEOUT if it is just slow")
 
-            for request in [*sends, receive]:
-                _poll(request, self.timeout, fail)
+            for send in sends:
+                _poll(send, self.timeout, fail)
+            refusal = self._wait_reply(receive, dest, fail)
+        if refusal is not None:
+            raise InvalidArgumentError(f"ps {ps_index} (rank {dest}) refused the {op} of {key!r}: {refusal}")
         return reply
+
+    def _wait_reply(self, receive: Any, dest: int, fail: Any) -> str | None:
+        """Waits for the reply, or a refusal: then cancels the reply's receive and returns the ps's reason."""
+        from mpi4py import MPI
+
+        status = MPI.Status()
+        start = time.monotonic()
+        polls = 0
+        while not receive.Test():
+            polls += 1
+            if polls % 8 == 0:
+                message = self._comm.Improbe(source=dest, tag=TAG_REFUSAL, status=status)
+                if message is not None:
+                    text = bytearray(status.Get_count(MPI.BYTE))
+                    message.Recv([text, MPI.BYTE])
+                    receive.Cancel()
+                    receive.Wait()
+                    return str(json.loads(text.decode()).get("error", "no reason given"))
+            elapsed = time.monotonic() - start
+            if elapsed > self.timeout:
+                fail()
+            if elapsed > 2e-4:
+                time.sleep(min(1e-3, elapsed / 50))
+        return None
 
     def stop(self) -> None:
         """Tells every ps task that this worker is done (once; also at exit)."""

@@ -81,8 +81,12 @@ def test_help_shows_examples(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.slow
 def test_output_is_prefixed_and_a_failing_rank_is_named() -> None:
-    script = ("import os, sys; rank = int(os.environ['PMI_RANK']); print('hello from', rank); "
-              "print('cores', len(os.sched_getaffinity(0)), os.cpu_count()); sys.exit(3 if rank == 1 else 0)")
+    # Rank 1 fails once rank 0 has ended (a failing rank stops the others at once).
+    script = ("import os, sys, time, pathlib; rank = int(os.environ['PMI_RANK']); print('hello from', rank); "
+              "print('cores', len(os.sched_getaffinity(0)), os.cpu_count()); "
+              "done = pathlib.Path(os.environ['GRAPHDIST_LAUNCH_DIR'], 'rank0.json'); "
+              "[time.sleep(0.05) for _ in range(400) if rank == 1 and not done.exists()]; "
+              "sys.exit(3 if rank == 1 else 0)")
     job = mpi_jobs.launch("--workers", "2", "--", sys.executable, "-c", script)
     assert job.returncode == 1
     assert "[worker 0] hello from 0" in job.stdout and "[worker 1] hello from 1" in job.stdout
