@@ -24,13 +24,38 @@ from graphdist.trace.variables import Variable, read_variable
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "get", "deserialize"]
 
 
+def _number(value: Any, what: str, *, low: float = 0.0, high: float | None = None, strict_low: bool = False) -> float:
+    """``value`` as a float after checking it is a real number in the documented range.
+
+    Args:
+        value: The argument.
+        what: ``"SGD: momentum"``: who takes it, for the message.
+        low: Smallest allowed value (excluded when ``strict_low``).
+        high: Values must be below it (``None``: no upper bound).
+        strict_low: Whether ``low`` itself is excluded.
+
+    Raises:
+        InvalidArgumentError: ``value`` is not a real number (a string, a bool, a schedule, NaN) or is
+            outside the range.
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(value):
+        kind = "a callable (learning-rate schedules are not supported)" if callable(value) else \
+            f"{value!r} ({type(value).__name__})"
+        raise InvalidArgumentError(f"{what} must be a finite real number, got {kind}; pass a float")
+    if (value <= low if strict_low else value < low) or (high is not None and value >= high):
+        bounds = f"{'(' if strict_low else '['}{low:g}, {'inf)' if high is None else f'{high:g})'}"
+        raise InvalidArgumentError(f"{what} must be in {bounds}, got {value!r}")
+    return float(value)
+
+
 class Optimizer:
     """Base class: gradient aggregation, slot variables and the update loop."""
 
     def __init__(self, learning_rate: float, name: str) -> None:
-        if not np.isscalar(learning_rate) or learning_rate <= 0:
-            raise InvalidArgumentError(f"{name}: learning_rate must be a positive number, got {learning_rate!r}")
-        self.learning_rate = float(learning_rate)
+        if not isinstance(name, str) or not name:
+            raise InvalidArgumentError(f"optimizer name must be a non-empty string, got {name!r}")
+        self.learning_rate = _number(learning_rate, f"{name}: learning_rate", strict_low=True)
         self._name = name
         self._slots: dict[tuple[int, str], Variable] = {}
         self._slot_keys: dict[tuple[int, str], str] = {}
@@ -127,9 +152,7 @@ class SGD(Optimizer):
     def __init__(self, learning_rate: float = 0.01, momentum: float = 0.0, nesterov: bool = False,
                  name: str = "SGD") -> None:
         super().__init__(learning_rate, name)
-        if not 0.0 <= momentum < 1.0:
-            raise InvalidArgumentError(f"SGD: momentum must be in [0, 1), got {momentum!r}")
-        self.momentum = float(momentum)
+        self.momentum = _number(momentum, "SGD: momentum", high=1.0)
         self.nesterov = bool(nesterov)
 
     def get_config(self) -> dict[str, Any]:
@@ -158,10 +181,9 @@ class Adam(Optimizer):
     def __init__(self, learning_rate: float = 0.001, beta_1: float = 0.9, beta_2: float = 0.999,
                  epsilon: float = 1e-7, name: str = "Adam") -> None:
         super().__init__(learning_rate, name)
-        for label, beta in (("beta_1", beta_1), ("beta_2", beta_2)):
-            if not 0.0 <= beta < 1.0:
-                raise InvalidArgumentError(f"Adam: {label} must be in [0, 1), got {beta!r}")
-        self.beta_1, self.beta_2, self.epsilon = float(beta_1), float(beta_2), float(epsilon)
+        self.beta_1 = _number(beta_1, f"{name}: beta_1", high=1.0)
+        self.beta_2 = _number(beta_2, f"{name}: beta_2", high=1.0)
+        self.epsilon = _number(epsilon, f"{name}: epsilon")
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon}
@@ -194,9 +216,7 @@ class AdamW(Adam):
     def __init__(self, learning_rate: float = 0.001, weight_decay: float = 0.004, beta_1: float = 0.9,
                  beta_2: float = 0.999, epsilon: float = 1e-7, name: str = "AdamW") -> None:
         super().__init__(learning_rate, beta_1, beta_2, epsilon, name)
-        if not np.isscalar(weight_decay) or weight_decay < 0:
-            raise InvalidArgumentError(f"AdamW: weight_decay must be a number >= 0, got {weight_decay!r}")
-        self.weight_decay = float(weight_decay)
+        self.weight_decay = _number(weight_decay, f"{name}: weight_decay")
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "weight_decay": self.weight_decay}
@@ -218,11 +238,10 @@ class RMSprop(Optimizer):
     def __init__(self, learning_rate: float = 0.001, rho: float = 0.9, momentum: float = 0.0,
                  epsilon: float = 1e-7, centered: bool = False, name: str = "RMSprop") -> None:
         super().__init__(learning_rate, name)
-        for label, value in (("rho", rho), ("momentum", momentum)):
-            if not 0.0 <= value < 1.0:
-                raise InvalidArgumentError(f"RMSprop: {label} must be in [0, 1), got {value!r}")
-        self.rho, self.momentum, self.epsilon, self.centered = float(rho), float(momentum), float(epsilon), \
-            bool(centered)
+        self.rho = _number(rho, f"{name}: rho", high=1.0)
+        self.momentum = _number(momentum, f"{name}: momentum", high=1.0)
+        self.epsilon = _number(epsilon, f"{name}: epsilon")
+        self.centered = bool(centered)
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "rho": self.rho, "momentum": self.momentum, "epsilon": self.epsilon,
@@ -256,10 +275,8 @@ class Adagrad(Optimizer):
     def __init__(self, learning_rate: float = 0.001, initial_accumulator_value: float = 0.1,
                  epsilon: float = 1e-7, name: str = "Adagrad") -> None:
         super().__init__(learning_rate, name)
-        if not np.isscalar(initial_accumulator_value) or initial_accumulator_value < 0:
-            raise InvalidArgumentError(f"Adagrad: initial_accumulator_value must be a number >= 0, got "
-                                       f"{initial_accumulator_value!r}")
-        self.initial_accumulator_value, self.epsilon = float(initial_accumulator_value), float(epsilon)
+        self.initial_accumulator_value = _number(initial_accumulator_value, f"{name}: initial_accumulator_value")
+        self.epsilon = _number(epsilon, f"{name}: epsilon")
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "initial_accumulator_value": self.initial_accumulator_value,

@@ -16,9 +16,17 @@ from graphdist.errors import TracingError
 from graphdist.ir.graph import Graph
 from graphdist.ir.placement import PlacementSpec
 from passes.base import PassContext, PassManager
+from passes.lower_index_checks import LowerIndexChecksPass
 from passes.partition import PartitionPass
 
-__all__ = ["compile_traced"]
+__all__ = ["compile_traced", "rewrite_passes"]
+
+
+def rewrite_passes(pipeline: Pipeline | list[Any]) -> list[Any]:
+    """The passes that make a step's rewritten graph: the strategy's pipeline, then
+    ``LowerIndexChecksPass`` (index checks become run-time assertions once the replicas and devices exist).
+    """
+    return [*pipeline, LowerIndexChecksPass()]
 
 
 def compile_traced(traced: Graph, interface: StepInterface, pipeline: Pipeline | list[Any],
@@ -35,7 +43,7 @@ def compile_traced(traced: Graph, interface: StepInterface, pipeline: Pipeline |
     ctx = PassContext(devices=tuple(config.devices))
     graph = traced.copy()
     graph.meta["placement"] = placement
-    rewritten = PassManager(list(pipeline)).run(graph, ctx).graph
+    rewritten = PassManager(rewrite_passes(pipeline)).run(graph, ctx).graph
     resolved = _arrange_results(rewritten, interface)
     partitioned = PassManager([PartitionPass()]).run(rewritten.copy(), ctx).graph
     plan = Plan.from_graph(partitioned).compile(get_backend(backend))

@@ -349,10 +349,12 @@ def pipeline_diffs(graph: Graph, passes: Sequence[Any], ctx: Any = None, *, titl
 
 
 def strategy_pass_diffs(concrete: Any) -> PipelineDiff:
-    """Per-pass diffs of a ``ConcreteFunction``: its strategy's pipeline, then
+    """Per-pass diffs of a ``ConcreteFunction``: its strategy's pipeline (and the
+    passes compilation adds, :func:`~graphdist.compile.build.rewrite_passes`), then
     ``PartitionPass``, re-run from the traced graph (the compiled function is
     not touched; the final graph equals ``concrete.graph("partitioned")``).
     """
+    from graphdist.compile.build import rewrite_passes
     from passes.base import PassContext
     from passes.partition import PartitionPass
 
@@ -362,4 +364,4 @@ def strategy_pass_diffs(concrete: Any) -> PipelineDiff:
     traced = concrete.graph("traced")
     title = (f"passes of {type(strategy).__name__} on {', '.join(devices)} for {traced.name!r}: "
              f"traced ({len(traced.nodes)} nodes) -> partitioned")
-    return pipeline_diffs(traced, [*strategy.pipeline(), PartitionPass()], ctx, title=title)
+    return pipeline_diffs(traced, [*rewrite_passes(strategy.pipeline()), PartitionPass()], ctx, title=title)

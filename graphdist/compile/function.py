@@ -9,13 +9,22 @@ replicas, collectives and placement), partitions the graph into a
 :class:`~graphdist.compile.plan.Plan` and compiles it. Later calls with the
 same signature only execute. This module knows strategies only through
 their :class:`~graphdist.compile.pipeline.PipelineConfig`.
+
+Threads: concurrent first calls of one signature trace and compile it once
+(a lock per signature), and a step holds the locks of its variables while
+it reads them, runs and writes its updates back, so concurrent steps on
+shared variables lose no update. Compiled signatures are kept in a
+least-recently-used cache of ``max_signatures`` entries per function
+(default :data:`DEFAULT_MAX_SIGNATURES`).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -33,13 +42,16 @@ from graphdist.trace import context
 from graphdist.trace.tensor import Tensor
 from graphdist.trace.tracer import TensorSpec, TraceContext, call_user_function, current_trace
 from graphdist.trace.values import DistributedValues, PerReplica, TracedPerReplica
-from graphdist.trace.variables import Variable, read_variable
+from graphdist.trace.variables import Variable, VariableLocks, read_variable
 
-__all__ = ["function", "Function", "ConcreteFunction"]
+__all__ = ["function", "Function", "ConcreteFunction", "DEFAULT_MAX_SIGNATURES"]
 
 logger = logging.getLogger(__name__)
 
 STAGES = ("traced", "rewritten", "partitioned")
+
+#: Compiled signatures a ``gd.function`` keeps by default (least recently used ones are dropped).
+DEFAULT_MAX_SIGNATURES = 64
 
 
 def _is_distributed(value: Any) -> bool:
@@ -139,6 +151,7 @@ class ConcreteFunction:
         self._plain_outputs = all(c is None for c in self._output_counts)
         # Variables are fed from their current values and written back after the step.
         self._variable_feeds = list(variables.items())
+        self._locks = VariableLocks(variables.values())
         by_uid = {v.uid: v for v in variables.values()}
         self._updates = [(out, by_uid[uid]) for out, uid in rewritten.meta.get("variable_updates", [])]
         self._num_results = len(rewritten.outputs) - len(self._updates)
@@ -159,12 +172,13 @@ class ConcreteFunction:
     def call_flat(self, arrays: list[Any]) -> Any:
         """Runs the plan on the flat input arrays and rebuilds the output structure."""
         feeds = dict(zip(self._input_names, arrays))
-        for name, variable in self._variable_feeds:
-            feeds[name] = variable._value
-        outputs = self.plan.run(feeds)
-        if self._updates:
+        with self._locks:  # read, run and write back as one step for other threads
+            for name, variable in self._variable_feeds:
+                feeds[name] = variable._value
+            outputs = self.plan.run(feeds)
             for (_, variable), value in zip(self._updates, outputs[self._num_results:]):
                 variable._write(value)
+        if self._updates:
             outputs = outputs[: self._num_results]
         outputs = [out[()] if out.ndim == 0 else out for out in outputs]
         if self._plain_outputs:
@@ -225,14 +239,19 @@ class Function:
     """A step function compiled per input signature (see :func:`function`)."""
 
     def __init__(self, fn: Callable[..., Any], *, name: str | None = None, backend: str | None = None,
-                 strategy: Any = None) -> None:
+                 strategy: Any = None, max_signatures: int | None = None) -> None:
         if not callable(fn):
             raise InvalidArgumentError(f"gd.function needs a callable, got {type(fn).__name__}")
         self._fn = fn
         self._name = name or getattr(fn, "__name__", "function").strip("<>") or "function"
         self._backend = backend
         self._strategy = strategy
-        self._concrete: dict[Any, ConcreteFunction] = {}
+        self._max_signatures = _check_max_signatures(max_signatures)
+        self._concrete: OrderedDict[Any, ConcreteFunction] = OrderedDict()
+        self._lock = threading.Lock()  # guards the cache and the per-signature locks
+        self._building: dict[Any, threading.Lock] = {}
+        self._traces = 0
+        self._warned_eviction = False
         functools.update_wrapper(self, fn, updated=())
 
     @property
@@ -240,9 +259,15 @@ class Function:
         """The wrapped Python function."""
         return self._fn
 
+    @property
+    def max_signatures(self) -> int:
+        """How many compiled signatures this function keeps (least recently used ones are dropped)."""
+        return self._max_signatures
+
     def _with_backend(self, backend: str) -> Function:
         """The same step compiled by ``backend`` (a new function: nothing traced is shared)."""
-        return Function(self._fn, name=self._name, backend=backend, strategy=self._strategy)
+        return Function(self._fn, name=self._name, backend=backend, strategy=self._strategy,
+                        max_signatures=self._max_signatures)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if current_trace() is not None:
@@ -250,19 +275,61 @@ class Function:
             with _strategy_scope(self._strategy):
                 return self._fn(*args, **kwargs)
         key, arrays = signature_of(args, kwargs)
-        concrete = self._concrete.get(key)
-        if concrete is None:
-            concrete = self._build(key, args, kwargs)
+        concrete = self._cached(key) or self._build_once(key, args, kwargs)
         return concrete.call_flat(arrays)
 
     def get_concrete_function(self, *args: Any, **kwargs: Any) -> ConcreteFunction:
         """The specialisation for these example arguments (arrays or ``gd.TensorSpec``)."""
         key, _ = signature_of(args, kwargs)
-        return self._concrete.get(key) or self._build(key, args, kwargs)
+        return self._cached(key) or self._build_once(key, args, kwargs)
 
     def experimental_get_tracing_count(self) -> int:
-        """How many signatures have been traced."""
-        return len(self._concrete)
+        """How many times the step has been traced (a signature dropped from the cache and called
+        again is traced again).
+        """
+        return self._traces
+
+    def cached_signatures(self) -> int:
+        """How many compiled signatures the cache holds now (at most :attr:`max_signatures`)."""
+        with self._lock:
+            return len(self._concrete)
+
+    # -------------------------------------------------------------- cache
+    def _cached(self, key: Any) -> ConcreteFunction | None:
+        with self._lock:
+            concrete = self._concrete.get(key)
+            if concrete is not None:
+                self._concrete.move_to_end(key)
+            return concrete
+
+    def _build_once(self, key: Any, args: tuple, kwargs: dict) -> ConcreteFunction:
+        """Traces and compiles ``key`` unless another thread is doing it (then waits for its result)."""
+        with self._lock:
+            key_lock = self._building.setdefault(key, threading.Lock())
+        with key_lock:
+            concrete = self._cached(key)
+            if concrete is None:
+                try:
+                    concrete = self._build(key, args, kwargs)
+                finally:
+                    with self._lock:
+                        self._building.pop(key, None)
+        return concrete
+
+    def _remember(self, key: Any, concrete: ConcreteFunction) -> None:
+        with self._lock:
+            self._concrete[key] = concrete
+            self._traces += 1
+            evicted = []
+            while len(self._concrete) > self._max_signatures:
+                evicted.append(self._concrete.popitem(last=False)[0])
+            warn = bool(evicted) and not self._warned_eviction
+            self._warned_eviction = self._warned_eviction or warn
+        if warn:
+            logger.warning("gd.function %s has been called with more than %d input signatures; the least recently "
+                           "used compiled plans are dropped (and traced again if called again). Give it "
+                           "max_signatures=N to keep more, or pass shapes that repeat (pad or bucket them)",
+                           self._name, self._max_signatures)
 
     # -------------------------------------------------------------- build
     def _build(self, key: Any, args: tuple, kwargs: dict) -> ConcreteFunction:
@@ -277,8 +344,8 @@ class Function:
                                     treedef)
         concrete._signature = key
         concrete._function, concrete._example = self, _specs(args, kwargs)
-        self._concrete[key] = concrete
-        logger.info("compiled %s for signature #%d: %d nodes, %d segment(s)", self._name, len(self._concrete),
+        self._remember(key, concrete)
+        logger.info("compiled %s for signature #%d: %d nodes, %d segment(s)", self._name, self._traces,
                     len(graphs["partitioned"].nodes), len(plan.segments))
         return concrete
 
@@ -312,7 +379,7 @@ class Function:
         return ctx.graph, StepInterface(feeds, results), dict(ctx.variables), list(ctx.strategies), treedef
 
     def __repr__(self) -> str:
-        return f"<graphdist.Function {self._name} signatures={len(self._concrete)}>"
+        return f"<graphdist.Function {self._name} signatures={self.cached_signatures()}>"
 
 
 def _placement(strategy: Any, traced: Graph, variables: dict[str, Variable]) -> PlacementSpec:
@@ -460,8 +527,18 @@ def _replica_output(ctx: TraceContext, value: Tensor, variant: str | None, flat:
         return ctx.emit1("Identity", [value.value], name="output")
 
 
+def _check_max_signatures(value: Any) -> int:
+    if value is None:
+        return DEFAULT_MAX_SIGNATURES
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise InvalidArgumentError(f"gd.function: max_signatures must be a positive int (compiled input signatures "
+                                   f"kept), got {value!r}; leave it out for the default "
+                                   f"({DEFAULT_MAX_SIGNATURES})")
+    return int(value)
+
+
 def function(fn: Callable[..., Any] | None = None, *, backend: str | None = None,
-             name: str | None = None) -> Any:
+             name: str | None = None, max_signatures: int | None = None) -> Any:
     """Compiles a step function (like ``tf.function``); usable with or without arguments.
 
     Args:
@@ -470,10 +547,17 @@ def function(fn: Callable[..., Any] | None = None, *, backend: str | None = None
         backend: ``"ort"`` (default), ``"reference"`` or ``"tvm"``; default
             from ``GRAPHDIST_BACKEND``.
         name: Name of the graphs and plan.
+        max_signatures: Compiled input signatures kept in memory (default
+            :data:`DEFAULT_MAX_SIGNATURES`, 64); the least recently used
+            one is dropped past it and traced again if called again.
 
     Returns:
         A :class:`Function` (or a decorator making one when ``fn`` is None).
+
+    Raises:
+        InvalidArgumentError: ``fn`` is not callable or ``max_signatures`` is not a positive int.
     """
     if fn is None:
-        return lambda f: Function(f, name=name, backend=backend)
-    return Function(fn, name=name, backend=backend)
+        _check_max_signatures(max_signatures)
+        return lambda f: Function(f, name=name, backend=backend, max_signatures=max_signatures)
+    return Function(fn, name=name, backend=backend, max_signatures=max_signatures)

@@ -278,8 +278,10 @@ class Strategy:
     def reduce(self, reduce_op: Any, value: Any, axis: int | None = None) -> Any:
         """Reduces ``value`` across replicas (and along ``axis`` within each)."""
         op = ReduceOp.from_any(reduce_op)
-        if axis is not None and not isinstance(axis, (int, np.integer)):
+        if axis is not None and (isinstance(axis, bool) or not isinstance(axis, (int, np.integer))):
             raise InvalidArgumentError(f"reduce: axis must be None or an int, got {axis!r}")
+        if op is ReduceOp.SUM and self._num_local_replicas() > 1:
+            _refuse_non_distributed_sum(value, self._num_local_replicas())
         with self._ensure_scope():
             if _is_traced(value):
                 reduce_one = self._reduce_traced
@@ -329,6 +331,9 @@ class Strategy:
     # ------------------------------------------------------------- gather
     def gather(self, value: Any, axis: int) -> Any:
         """Concatenates ``value``'s per-replica components along ``axis``."""
+        if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+            raise InvalidArgumentError(f"gather: axis must be an int (the axis to concatenate the replicas' "
+                                       f"values along), got {axis!r}")
         with self._ensure_scope():
             traced = _is_traced(value)
             components = _replica_parts(value) if traced else self._local(value)
@@ -474,6 +479,23 @@ def _hashable(value: Any) -> bool:
     except TypeError:
         return False
     return not isinstance(value, np.ndarray)
+
+
+def _refuse_non_distributed_sum(value: Any, replicas: int) -> None:
+    """Raises for a SUM over replicas of a value that is not per replica, as TensorFlow does: every replica
+    would add the same value (the Python number 0 is let through, as TF lets it).
+    """
+    leaves, _ = nest.flatten(value, is_leaf=lambda v: isinstance(v, DistributedValues))
+    for leaf in leaves:
+        distributed = isinstance(leaf, DistributedValues) or hasattr(leaf, "_replica_components")
+        if distributed or (type(leaf) in (int, float) and leaf == 0):
+            continue
+        what = (f"traced tensor %{leaf.value.name}" if isinstance(leaf, Tensor)
+                else f"a value of type {type(leaf).__name__}")
+        raise InvalidArgumentError(
+            f"reduce: {what} is not a distributed value, so it cannot be reduced with SUM over {replicas} replicas "
+            "(each would add the same value). Reduce the PerReplica result of strategy.run, or use MEAN, MAX or "
+            "MIN for a value every replica shares")
 
 
 def _replica_parts(value: Any) -> list[Any]:

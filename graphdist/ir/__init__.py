@@ -1,6 +1,7 @@
 """graphdist's intermediate representation: values, nodes, graphs and ops."""
 
 from graphdist.ir import (
+    check_ops,  # noqa: F401,E402 - registers CheckIndices and AssertInRange (run-time index checks)
     comm_ops,  # noqa: F401,E402 - registers collectives, transfers, ps pulls/pushes
     gradients,  # noqa: F401,E402 - attaches gradient rules to the OpDefs
     gradients_nn,  # noqa: F401,E402 - gradient rules of the nn ops (imports nn_ops first)

@@ -33,7 +33,9 @@ __all__ = ["COMMUNICATION_OPS", "is_communication", "register_comm_ops"]
 #: graphdist ops run by a communicator; the only nodes that may read values placed on another device.
 COMMUNICATION_OPS = frozenset({"AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Send", "Recv", "Transfer",
                                # between processes (graphdist.runtime.comm.mpi, graphdist.runtime.ps_server)
-                               "CrossWorkerAllReduce", "CrossWorkerAllGather", "PSPull", "PSPush"})
+                               "CrossWorkerAllReduce", "CrossWorkerAllGather", "PSPull", "PSPush",
+                               # run-time assertions the scheduler runs between segments (graphdist.ir.check_ops)
+                               "AssertInRange"})
 
 
 def is_communication(node: Node) -> bool:

@@ -12,8 +12,10 @@ global batch size, so replicas' gradients add up to the gradient of the mean
 over the global batch (Mirrored equals one device).
 
 :meth:`Loss.check_targets` validates concrete targets against the model's
-output (shape, dtype, class range) before a step runs, because out-of-range
-labels cannot be detected inside a compiled step.
+output (shape, dtype, class range) before ``fit`` runs a step, so the error
+comes before any work; inside a traced step (a custom training loop) the
+sparse losses check their labels when the compiled step runs
+(:func:`graphdist.trace.checks.check_class_labels`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 
 from graphdist.errors import InvalidArgumentError
 from graphdist.trace import nn
+from graphdist.trace.checks import check_class_labels
 
 __all__ = [
     "Reduction",
@@ -181,10 +184,11 @@ class SparseCategoricalCrossentropy(Loss):
         labels = sparse_labels(y_true)
         if self.from_logits:
             return nn.sparse_softmax_cross_entropy(labels, y_pred)
+        classes = int(y_pred.shape[-1])
+        check_class_labels(labels, classes, self.name, f"the model outputs {classes} classes")
         probabilities = y_pred / np.sum(y_pred, axis=-1, keepdims=True)
         eps = y_pred.dtype.type(_EPSILON)
         log_p = np.log(np.clip(probabilities, eps, y_pred.dtype.type(1) - eps))
-        classes = int(y_pred.shape[-1])
         one_hot = (np.arange(classes, dtype=labels.dtype) == labels[..., None]).astype(y_pred.dtype)
         return -np.sum(one_hot * log_p, axis=-1)
 

@@ -8,6 +8,11 @@ worker per device (backends release the GIL while they compute, and each
 executable was compiled with its device's share of the host cores), and
 communication tasks run on the coordinating thread, the communication lane,
 so a collective of one replica's gradients overlaps other devices' work.
+
+Run-time assertions (``AssertInRange`` tasks, :mod:`graphdist.ir.check_ops`:
+an index argument out of its range) are checked as their values appear;
+a failure is raised once every task has run, so that every collective
+completes on every process and no one waits for a peer that gave up.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import numpy as np
 
 from graphdist import stats
 from graphdist.errors import PlanError
+from graphdist.ir.check_ops import in_range, range_error
 from graphdist.runtime.comm import local
 from graphdist.runtime.tasks import CommTask, Segment
 
@@ -70,10 +76,13 @@ class Scheduler:
     def __init__(self, plan: Any, executables: Sequence[Any]) -> None:
         self._plan = plan
         self._executables = list(executables)
-        self._single = (len(plan.segments) == 1 and not plan.comms and not plan.constants
-                        and set(plan.output_names) <= set(plan.segments[0].outputs))
+        asserts_only = all(c.op == _ASSERT for c in plan.comms)
+        self._single = (len(plan.segments) == 1 and asserts_only and not plan.constants
+                        and set(plan.output_names) <= set(plan.segments[0].outputs)
+                        and all(set(c.inputs) <= set(plan.segments[0].outputs) for c in plan.comms))
         if self._single:
             positions = {name: i for i, name in enumerate(plan.segments[0].outputs)}
+            self._checks = [(positions[name], c.attrs) for c in plan.comms for name in c.inputs]
             self._picks = [positions[name] for name in plan.output_names]
             self._identity = self._picks == list(range(len(plan.segments[0].outputs)))
             self._seg_inputs = list(plan.segments[0].inputs)
@@ -105,10 +114,15 @@ class Scheduler:
         if self._single:
             seg_feeds = feeds if len(feeds) == len(self._seg_inputs) else {n: feeds[n] for n in self._seg_inputs}
             outs = self._executables[0].run(seg_feeds)
+            for position, attrs in self._checks:
+                _check_range(outs[position], attrs)
             return outs if self._identity else [outs[i] for i in self._picks]
         env: dict[str, Any] = dict(self._plan.constants)
         env.update(feeds)
-        self._run_tasks(env)
+        failures: list[Exception] = []
+        self._run_tasks(env, failures)
+        if failures:
+            raise failures[0]
         return [env[name] for name in self._plan.output_names]
 
     # ----------------------------------------------------------- tasks
@@ -121,8 +135,17 @@ class Scheduler:
             raise PlanError(f"segment {segment.name} needs {missing!r}, which no earlier step produced") from None
         return self._executables[index].run(seg_feeds)
 
-    def _run_comm(self, task: CommTask, env: dict[str, Any]) -> list[np.ndarray]:
+    def _run_comm(self, task: CommTask, env: dict[str, Any], failures: list[Exception]) -> list[np.ndarray]:
         buffers = [np.asarray(env[name]) for name in task.inputs]
+        if task.op == _ASSERT:
+            try:
+                for buffer in buffers:
+                    _check_range(buffer, task.attrs)
+            except PlanError:
+                raise
+            except Exception as err:  # raised after the other tasks (see the module docstring)
+                failures.append(err)
+            return buffers
         if task.op == "AllReduce":
             return local.all_reduce(buffers, task.attrs.get("reduce_op", "SUM"), task.attrs.get("algorithm", "ring"),
                                     int(task.attrs.get("root", 0)))
@@ -135,7 +158,7 @@ class Scheduler:
             return handler(task.op, task.attrs, buffers)
         raise PlanError(f"communication op {task.op!r} ({task.name}) is not supported by the local communicator")
 
-    def _run_tasks(self, env: dict[str, Any]) -> None:
+    def _run_tasks(self, env: dict[str, Any], failures: list[Exception]) -> None:
         remaining = {id(t): set(deps) for t, deps in zip(self._tasks, self._deps)}
         by_id = {id(t): t for t in self._tasks}
         done: set[int] = set()
@@ -152,7 +175,8 @@ class Scheduler:
                 for task in launch:
                     del remaining[id(task)]
                     if task.kind == "comm":
-                        self._finish(task, self._run_comm(self._plan.comms[task.index], env), env, done, remaining)
+                        outputs = self._run_comm(self._plan.comms[task.index], env, failures)
+                        self._finish(task, outputs, env, done, remaining)
                 # The coordinating thread runs one ready segment itself (no hand-off to a worker and
                 # back); the others go to the pool and run meanwhile.
                 for task in segments[:-1]:
@@ -190,3 +214,13 @@ class Scheduler:
         done.add(id(task))
         for deps in remaining.values():
             deps.discard(id(task))
+
+
+_ASSERT = "AssertInRange"
+
+
+def _check_range(bounds: np.ndarray, attrs: dict[str, Any]) -> None:
+    """Raises the error of an ``AssertInRange`` task whose ``[min, max]`` left its range."""
+    if not in_range(bounds, int(attrs.get("low", 0)), int(attrs.get("high", 0))):
+        replica = int(attrs.get("replica", -1))
+        raise range_error(attrs, bounds, replica if replica >= 0 else None)

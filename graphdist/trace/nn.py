@@ -37,6 +37,7 @@ import numpy as np
 from graphdist.errors import InvalidArgumentError, TracingError
 from graphdist.ir.graph import GRAPHDIST_DOMAIN
 from graphdist.ir.ops import onnx_dtype
+from graphdist.trace.checks import check_indices
 from graphdist.trace.numpy_api import _as_tensor, _context, _result_dtype, cast_tensor
 from graphdist.trace.tensor import Tensor
 from graphdist.trace.tracer import TraceContext, axis_tuple, current_trace
@@ -439,9 +440,9 @@ def sparse_softmax_cross_entropy(labels: Any, logits: Any) -> Any:
 
     Raises:
         InvalidArgumentError: ``labels`` is not an integer array, shapes do not
-            match, or (eagerly) a label is outside ``[0, C)``. In traced code
-            labels are not checked at run time: an out-of-range label matches
-            no class, its one-hot row is all zeros and its loss is 0.
+            match, or a label is outside ``[0, C)``: eagerly at once, in traced
+            code when the compiled step runs (a ``graphdist.CheckIndices``
+            node; on every backend and replica, naming the replica).
     """
     labels = _read(labels)
     _, (logits,) = _coerce("sparse_softmax_cross_entropy", logits)
@@ -466,6 +467,9 @@ def sparse_softmax_cross_entropy(labels: Any, logits: Any) -> Any:
     if traced:
         ctx = _context(labels, logits)
         logits = _as_tensor(ctx, logits)
+        if isinstance(labels, Tensor):  # an out-of-range label would match no class: a silent loss of 0
+            check_indices(ctx, labels, 0, classes, op=what, argument="labels",
+                          hint=f"logits.shape[-1] = {classes} classes")
         labels = _as_tensor(ctx, labels)
     one_hot = np.arange(classes, dtype=labels.dtype) == labels[..., None]
     picked = one_hot.astype(logits.dtype) * log_softmax(logits, axis=-1)
@@ -737,15 +741,37 @@ def batch_norm(x: Any, mean: Any, variance: Any, offset: Any = None, scale: Any 
         The normalised ``x`` in the promoted floating dtype.
 
     Raises:
-        InvalidArgumentError: ``variance_epsilon`` is negative or not a number.
+        InvalidArgumentError: ``variance_epsilon`` is negative or not a number, or a statistic does not
+            broadcast to ``x``'s shape.
     """
     eps = _epsilon(variance_epsilon, "batch_norm: variance_epsilon")
     _, (x, mean, variance, offset, scale) = _coerce("batch_norm", x, mean, variance, offset, scale)
+    _check_broadcasts_to("batch_norm", x, mean=mean, variance=variance, offset=offset, scale=scale)
     inv = 1.0 / np.sqrt(variance + eps)
     if scale is not None:
         inv = inv * scale
     shift = -mean * inv if offset is None else offset - mean * inv
     return x * inv + shift
+
+
+def _check_broadcasts_to(what: str, x: Any, **operands: Any) -> None:
+    """Raises unless every operand broadcasts to ``x``'s shape (static shapes; symbolic ones are left to
+    the tracer).
+    """
+    target = tuple(np.shape(x) if not isinstance(x, Tensor) else x.shape)
+    for name, operand in operands.items():
+        if operand is None:
+            continue
+        shape = tuple(operand.shape if isinstance(operand, Tensor) else np.shape(operand))
+        if not all(isinstance(d, int) for d in (*target, *shape)):
+            continue
+        try:
+            fits = np.broadcast_shapes(target, shape) == target
+        except ValueError:
+            fits = False
+        if not fits:
+            raise InvalidArgumentError(f"{what}: {name} of shape {shape} does not broadcast to x's shape {target}; "
+                                       "give one value per channel (the last axis) or the shape of x")
 
 
 def layer_norm(x: Any, gamma: Any = None, beta: Any = None, axis: int | Sequence[int] = -1,
@@ -895,9 +921,9 @@ def embedding(ids: Any, table: Any) -> Any:
 
     Raises:
         InvalidArgumentError: ``ids`` is not integer, ``table`` is a scalar,
-            or (for concrete ids) an id is outside ``[0, vocabulary)``. Traced
-            ids are not checked by graphdist: ONNX ``Gather`` wraps ids in
-            ``[-vocabulary, 0)`` and the backend fails on others at run time.
+            or an id is outside ``[0, vocabulary)``: for concrete ids at once,
+            for traced ids when the compiled step runs (the lookup itself then
+            reads row 0 for them, never outside the table).
     """
     ids, table = _read(ids), _read(table)
     if not isinstance(ids, Tensor):
@@ -917,7 +943,11 @@ def embedding(ids: Any, table: Any) -> Any:
     if not isinstance(ids, Tensor) and not isinstance(table, Tensor):
         return np.take(table, ids, axis=0)
     ctx = _context(ids, table)
+    traced_ids = isinstance(ids, Tensor)
     ids = _as_tensor(ctx, ids)
     if ids.dtype not in (np.int32, np.int64):
         ids = cast_tensor(ids, np.int64)
+    if traced_ids and isinstance(vocabulary, int):
+        ids = check_indices(ctx, ids, 0, vocabulary, op="embedding", argument="ids",
+                            hint=f"the rows of table, shape {tuple(table.shape)}")
     return ctx.emit1("Gather", [_as_tensor(ctx, table).value, ids.value], {"axis": 0})

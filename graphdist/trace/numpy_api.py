@@ -19,6 +19,7 @@ from graphdist.errors import AxisError, GraphError, TracingError
 from graphdist.ir.batch import BatchDim
 from graphdist.ir.graph import Value
 from graphdist.ir.ops import broadcast_shapes, onnx_dtype
+from graphdist.trace.checks import check_indices
 from graphdist.trace.tracer import TraceContext, axis_tuple, current_trace
 
 __all__ = [
@@ -684,7 +685,7 @@ def _take(a: Any, indices: Any, axis: int | None = None, out: Any = None, mode: 
     if axis is None:
         a, axis = reshape(a, (-1,)), 0
     (axis,) = axis_tuple(axis, a.ndim, "np.take axis")
-    return ctx.emit1("Gather", [a.value, _index_value(ctx, indices, a.shape[axis])], {"axis": axis})
+    return ctx.emit1("Gather", [a.value, _index_value(ctx, indices, a.shape[axis], "np.take")], {"axis": axis})
 
 
 def _round(a: Any, decimals: int = 0, out: Any = None) -> Any:
@@ -777,13 +778,18 @@ _MASK_HINT = (
 )
 
 
-def _index_value(ctx: TraceContext, index: Any, dim: Any) -> Value:
+def _index_value(ctx: TraceContext, index: Any, dim: Any, what: str) -> Value:
     if _is_tensor(index):
         if index.dtype == np.bool_:
             raise TracingError(f"x[mask] with traced bool tensor %{index.value.name}: {_MASK_HINT}")
         if index.dtype.kind not in "iu":
             raise TracingError(f"index tensors must be integers, got {index.dtype}; use .astype(np.int64)")
-        return _cast(ctx, index.value, np.int64)
+        value = _cast(ctx, index.value, np.int64)
+        if not isinstance(dim, int):
+            return value
+        # Checked when the step runs (numpy's [-dim, dim)); the Gather reads 0 for bad entries, never past the axis.
+        return check_indices(ctx, _wrap(ctx, value), -dim, dim, op=what, argument="indices",
+                             hint=f"an axis of size {dim}").value
     try:
         array = np.asarray(index)
     except ValueError as err:
@@ -866,7 +872,7 @@ def getitem(x: Any, key: Any) -> Any:
     if advanced:
         position = advanced[0]
         axis = sum(1 for k in items[:position] if k is not None)
-        indices = _index_value(ctx, items[position], value.shape[axis])
+        indices = _index_value(ctx, items[position], value.shape[axis], "x[index]")
         index_rank = indices.rank
         value = ctx.emit1("Gather", [value, indices], {"axis": axis}).value
         # Gather replaced axis `axis` by the index's dims: later int axes moved.

@@ -22,12 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from graphdist.errors import InvalidArgumentError
+from graphdist.errors import GraphdistError, InvalidArgumentError
 from graphdist.ir.graph import GRAPHDIST_DOMAIN
 from graphdist.runtime.buffers import aligned
 from graphdist.trace import context
 
-__all__ = ["Variable", "read_variable", "is_variable"]
+__all__ = ["Variable", "read_variable", "is_variable", "VariableLocks"]
 
 #: Where a variable lives when no strategy places it.
 DEFAULT_DEVICE = "cpu:0"
@@ -84,9 +84,16 @@ class Variable:
 
     def __init__(self, initial_value: Any, name: str | None = None, trainable: bool = True,
                  dtype: Any = None) -> None:
+        if name is not None and not isinstance(name, str):
+            raise InvalidArgumentError(f"Variable: name must be a string, got {type(name).__name__} {name!r}")
         self._value = _initial_array(initial_value, dtype)
         self._name = re.sub(r"[^A-Za-z0-9_./-]", "_", name or "Variable")
-        self.uid = f"{self._name}#{_next_id()}"
+        number = _next_id()
+        self.uid = f"{self._name}#{number}"
+        # Steps hold the locks of their variables (in this order, so none deadlocks) while they read,
+        # compute and write back: concurrent steps on shared variables lose no update.
+        self._order = number
+        self._lock = threading.RLock()
         self.trainable = bool(trainable)
         self._strategy: Any = None
         self._device: str | None = DEFAULT_DEVICE
@@ -149,20 +156,33 @@ class Variable:
         if ctx is None:
             value = np.asarray(self._checked(value, "assign"))
             # Replace rather than write in place: an earlier array may be shared with a step's result.
-            self._value = aligned(value.astype(self.dtype, copy=True))
+            with self._lock:
+                self._value = aligned(value.astype(self.dtype, copy=True))
             return self if read_value else None
         return _assign_traced(ctx, self, self._checked(value, "assign"))
 
     def assign_add(self, delta: Any, read_value: bool = True) -> Any:
-        """Adds ``delta`` to the value."""
-        return self.assign(np.add(read_variable(self), delta).astype(self.dtype), read_value)
+        """Adds ``delta`` to the value (eagerly atomic with respect to steps and other threads)."""
+        with self._lock:
+            return self.assign(self._combined(np.add, delta, "assign_add"), read_value)
 
     def assign_sub(self, delta: Any, read_value: bool = True) -> Any:
-        """Subtracts ``delta`` from the value."""
-        return self.assign(np.subtract(read_variable(self), delta).astype(self.dtype), read_value)
+        """Subtracts ``delta`` from the value (eagerly atomic with respect to steps and other threads)."""
+        with self._lock:
+            return self.assign(self._combined(np.subtract, delta, "assign_sub"), read_value)
+
+    def _combined(self, ufunc: np.ufunc, delta: Any, what: str) -> Any:
+        try:
+            return ufunc(read_variable(self), delta).astype(self.dtype)
+        except (ValueError, TypeError) as err:
+            if isinstance(err, GraphdistError):
+                raise
+            raise InvalidArgumentError(f"{what}: delta of shape {tuple(np.shape(delta))} cannot be combined with "
+                                       f"variable {self.name} of shape {self.shape} and dtype {self.dtype} ({err}); "
+                                       "pass a number or an array of the variable's shape") from None
 
     def _write(self, array: np.ndarray) -> None:
-        """Stores a step's update (called by the runtime).
+        """Stores a step's update (called by the runtime, which holds ``_lock``).
 
         A fresh array of the right type is adopted without a copy (the
         runtime hands over its output buffers); anything else is copied.
@@ -232,6 +252,36 @@ for _name, _ufunc in {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge"
 Variable.__neg__ = lambda self: np.negative(read_variable(self))
 Variable.__pos__ = lambda self: np.positive(read_variable(self))
 Variable.__abs__ = lambda self: np.absolute(read_variable(self))
+
+
+class VariableLocks:
+    """A context manager holding the locks of ``variables`` (deduplicated, taken in creation order, so
+    that two steps never wait for each other's locks) over a step's read, compute and write back.
+
+    Args:
+        variables: The step's variables.
+    """
+
+    __slots__ = ("_locks",)
+
+    def __init__(self, variables: Any) -> None:
+        unique = {id(v): v for v in variables}
+        self._locks = [v._lock for v in sorted(unique.values(), key=lambda v: v._order)]
+
+    def __enter__(self) -> None:
+        taken = 0
+        try:
+            for lock in self._locks:
+                lock.acquire()
+                taken += 1
+        except BaseException:  # e.g. KeyboardInterrupt between two acquires
+            for lock in reversed(self._locks[:taken]):
+                lock.release()
+            raise
+
+    def __exit__(self, *exc: Any) -> None:
+        for lock in reversed(self._locks):
+            lock.release()
 
 
 def is_variable(value: Any) -> bool:

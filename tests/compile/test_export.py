@@ -124,7 +124,8 @@ def test_plan_json_schema(mirrored_plan) -> None:
     assert {s["device"] for s in doc["segments"]} == {"cpu:0", "cpu:1"}
     for seg in doc["segments"]:
         assert (directory / seg["file"]).is_file() and len(seg["sha256"]) == 64
-    assert {c["op"] for c in doc["collectives"]} == {"AllReduce"}
+    # the gradients' all-reduces, and each replica's labels check (graphdist.ir.check_ops)
+    assert {c["op"] for c in doc["collectives"]} == {"AllReduce", "AssertInRange"}
     ids = [t["id"] for t in doc["tasks"]]
     assert all(set(t["deps"]) <= set(ids[:i]) for i, t in enumerate(doc["tasks"]))  # topological order
     assert doc["outputs"]["counts"] == [None, 2]

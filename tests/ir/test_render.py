@@ -66,12 +66,13 @@ def test_rewritten_summary_tables(mirrored: gd.ConcreteFunction) -> None:
     assert rows["cpu:0"][1] == "0" and rows["cpu:1"][1] == "1"
     assert sum(int(r[2]) for r in rows.values()) == len(mirrored.graph("rewritten").nodes)
 
-    comm = section(text, "communication (5 collective/transfer group(s), 10 node(s)):")
+    # 5 gradient all-reduces (2 nodes each) and each replica's labels check (graphdist.AssertInRange)
+    comm = section(text, "communication (7 collective/transfer group(s), 12 node(s)):")
     kernel = next(line for line in comm if "  8,192 B" in line)  # group keys are numbered per process
     # the first layer's kernel gradient: 64 x 32 float32 = 8,192 B, ring over two devices moves 2 (n-1) S
     assert kernel.split()[1:8] == ["graphdist.AllReduce", "SUM", "ring", "2", "8,192", "B", "16,384"]
     assert "cpu:0, cpu:1" in kernel
-    total = 2 * (8192 + 128 + 1280 + 40 + 4)
+    total = 2 * (8192 + 128 + 1280 + 40 + 4) + 2 * 16  # the checks read int64[2] ([min, max] of the labels)
     assert comm[-1].strip().startswith(f"per step: {total:,} B into collectives")
 
     variables = section(text, "variables:")
@@ -103,8 +104,10 @@ def test_plan_summary_tables(mirrored: gd.ConcreteFunction) -> None:
     comm = section(text, "communication:")
     assert comm[0].split()[:5] == ["task", "op", "algorithm", "reduce", "participants"]
     assert len(comm) == 2 + len(plan.comms) + 1
-    assert all("AllReduce  ring       SUM" in line for line in comm[2:-1])
-    assert "per step: 5 task(s), 19,288 B into collectives" in comm[-1]
+    checks = [line for line in comm[2:-1] if "AssertInRange" in line]  # each replica's labels check
+    assert len(checks) == 2
+    assert all(line.split()[1:4] == ["AllReduce", "ring", "SUM"] for line in comm[2:-1] if line not in checks)
+    assert "per step: 7 task(s), 19,320 B into collectives" in comm[-1]
     assert "variables (5, 9,648 B):" in text
 
 
