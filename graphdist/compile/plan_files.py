@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import io
+import json
 import os
 import zipfile
 from pathlib import Path
@@ -199,7 +200,45 @@ def write_plan_directory(directory: str | os.PathLike[str], files: dict[str, byt
         PlanError: ``directory`` exists (without ``overwrite``), holds files graphdist did not write or
             another kind of directory, is a file, or is the working directory.
     """
-    return write_directory(directory, files, kind=kind, overwrite=overwrite, error=PlanError, what=what)
+    return write_directory(directory, files, kind=kind, overwrite=overwrite, error=PlanError, what=what,
+                           legacy=legacy_saved_files if kind == PLAN_KIND else legacy_model_files)
+
+
+def legacy_saved_files(directory: Path) -> set[str] | None:
+    """The files of a plan directory exported before manifests (``plan.json`` versions 1 and 2) when every
+    file its ``plan.json`` lists is there with its SHA-256; ``None`` when it is no such directory.
+    """
+    try:
+        doc = json.loads((directory / PLAN_FILE).read_bytes())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") not in (1, 2):
+        return None
+    entries = [doc.get("variables_file"), doc.get("constants"), *(doc.get("segments") or []),
+               *(doc.get("graphs") or {}).values()]
+    listed = {PLAN_FILE}
+    for entry in entries:
+        rel, digest = (entry.get("file"), entry.get("sha256")) if isinstance(entry, dict) else (None, None)
+        path = directory / str(rel)
+        if not isinstance(rel, str) or ".." in Path(rel).parts or not path.is_file() \
+                or sha256_of(path.read_bytes()) != digest:
+            return None
+        listed.add(rel)
+    return listed
+
+
+def legacy_model_files(directory: Path) -> set[str] | None:
+    """The files of a Keras model saved before manifests (``model.json`` version 1), else ``None``."""
+    try:
+        config = json.loads((directory / "model.json").read_bytes())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(config, dict) or config.get("format") != "graphdist-keras-model" or config.get("version") != 1:
+        return None
+    serving = legacy_saved_files(directory / "serving")
+    if serving is None:
+        return None
+    return {"model.json", "variables.npz", "model.onnx", *(f"serving/{rel}" for rel in serving)}
 
 
 # =================================================================== export

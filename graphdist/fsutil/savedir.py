@@ -36,6 +36,7 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -218,7 +219,8 @@ def _foreign(dest: Path, manifest: Manifest) -> list[str]:
     return foreign
 
 
-def _existing(dest: Path, kind: str, overwrite: bool, error: type[Exception], what: str) -> str:
+def _existing(dest: Path, kind: str, overwrite: bool, error: type[Exception], what: str,
+              legacy: Callable[[Path], set[str] | None] | None) -> str:
     """``"none"``, ``"empty"`` or ``"ours"`` (a directory this save may replace); raises otherwise."""
     if not dest.exists():
         return "none"
@@ -226,6 +228,9 @@ def _existing(dest: Path, kind: str, overwrite: bool, error: type[Exception], wh
     if not entries:
         return "empty"
     manifest = manifest_digests(dest, kind=None, error=error, where=f"{what}: {dest}")
+    listed = legacy(dest) if manifest is None and legacy is not None else None
+    if listed is not None:  # written by a graphdist before manifests: its own files list (and check) themselves
+        manifest = Manifest(kind, dict.fromkeys(listed, ""))
     if manifest is None:
         shown = ", ".join(entries[:5]) + (" ..." if len(entries) > 5 else "")
         raise error(f"{what}: {dest} is not empty and is not a directory graphdist wrote (it has no {MANIFEST_FILE}; "
@@ -279,7 +284,8 @@ def _swap_in(tmp: Path, dest: Path, existing: str) -> None:
 
 
 def write_directory(directory: str | os.PathLike[str], files: dict[str, bytes], *, kind: str, overwrite: bool,
-                    error: type[Exception], what: str) -> Path:
+                    error: type[Exception], what: str,
+                    legacy: Callable[[Path], set[str] | None] | None = None) -> Path:
     """Writes ``files`` (relative path -> bytes) and their manifest as the directory ``directory``.
 
     Args:
@@ -289,6 +295,9 @@ def write_directory(directory: str | os.PathLike[str], files: dict[str, bytes], 
         overwrite: Replace an existing directory graphdist wrote.
         error: Exception class raised on refusal.
         what: The operation, for messages.
+        legacy: For a directory without a manifest: the files an earlier graphdist wrote there, as its own
+            metadata lists and verifies them (``None``: not such a directory); it is then replaced like one
+            with a manifest listing them.
 
     Returns:
         The directory's absolute path.
@@ -303,7 +312,7 @@ def write_directory(directory: str | os.PathLike[str], files: dict[str, bytes], 
         if locked:
             _recover(dest)
             remove_leftovers(dest.parent, dest.name)
-        existing = _existing(dest, kind, overwrite, error, what)
+        existing = _existing(dest, kind, overwrite, error, what, legacy)
         tmp = dest.parent / staging_name(dest.name, "tmp")
         try:
             _write_tree(tmp, with_manifest(files, kind), error, what)

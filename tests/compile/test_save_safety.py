@@ -9,6 +9,7 @@ import io
 import json
 import os
 import random
+import shutil
 import signal
 import time
 import tracemalloc
@@ -439,3 +440,21 @@ def test_a_huge_npy_header_is_rejected_without_allocating(tmp_path: Path, manife
         tracemalloc.stop()
     assert peak < 64 * 2**20, f"restore allocated {peak:,} bytes"
     np.testing.assert_array_equal(variable.numpy(), np.zeros((2, 2), np.float32))
+
+
+def test_a_plan_exported_before_manifests_is_saved_in_place(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """An older graphdist's plan directory (no manifest) is recognised by its own checksummed plan.json."""
+    directory = tmp_path / "v1"
+    shutil.copytree(Path(__file__).parent / "data" / "plan_v1_mlp", directory)
+    (directory / "thesis.txt").write_text("precious")
+    loaded = gd.load_plan(directory)
+    assert "not covered by a checksum" in caplog.text
+    with pytest.raises(gd.PlanError, match=r"thesis\.txt"):
+        loaded.save()
+    _intact(directory)
+    (directory / "thesis.txt").unlink()
+    loaded.save()
+    assert (directory / MANIFEST).is_file()
+    caplog.clear()
+    gd.load_plan(directory)
+    assert "not covered by a checksum" not in caplog.text
