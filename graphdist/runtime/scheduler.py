@@ -114,15 +114,14 @@ class Scheduler:
         if self._single:
             seg_feeds = feeds if len(feeds) == len(self._seg_inputs) else {n: feeds[n] for n in self._seg_inputs}
             outs = self._executables[0].run(seg_feeds)
-            for position, attrs in self._checks:
-                _check_range(outs[position], attrs)
+            if self._checks:
+                _raise_first([_range_failure(outs[position], attrs) for position, attrs in self._checks])
             return outs if self._identity else [outs[i] for i in self._picks]
         env: dict[str, Any] = dict(self._plan.constants)
         env.update(feeds)
-        failures: list[Exception] = []
+        failures: list[tuple[int, Exception] | None] = []
         self._run_tasks(env, failures)
-        if failures:
-            raise failures[0]
+        _raise_first(failures)
         return [env[name] for name in self._plan.output_names]
 
     # ----------------------------------------------------------- tasks
@@ -135,16 +134,11 @@ class Scheduler:
             raise PlanError(f"segment {segment.name} needs {missing!r}, which no earlier step produced") from None
         return self._executables[index].run(seg_feeds)
 
-    def _run_comm(self, task: CommTask, env: dict[str, Any], failures: list[Exception]) -> list[np.ndarray]:
+    def _run_comm(self, task: CommTask, env: dict[str, Any],
+                  failures: list[tuple[int, Exception] | None]) -> list[np.ndarray]:
         buffers = [np.asarray(env[name]) for name in task.inputs]
-        if task.op == _ASSERT:
-            try:
-                for buffer in buffers:
-                    _check_range(buffer, task.attrs)
-            except PlanError:
-                raise
-            except Exception as err:  # raised after the other tasks (see the module docstring)
-                failures.append(err)
+        if task.op == _ASSERT:  # raised after the other tasks (see the module docstring)
+            failures.extend(_range_failure(buffer, task.attrs) for buffer in buffers)
             return buffers
         if task.op == "AllReduce":
             return local.all_reduce(buffers, task.attrs.get("reduce_op", "SUM"), task.attrs.get("algorithm", "ring"),
@@ -158,7 +152,7 @@ class Scheduler:
             return handler(task.op, task.attrs, buffers)
         raise PlanError(f"communication op {task.op!r} ({task.name}) is not supported by the local communicator")
 
-    def _run_tasks(self, env: dict[str, Any], failures: list[Exception]) -> None:
+    def _run_tasks(self, env: dict[str, Any], failures: list[tuple[int, Exception] | None]) -> None:
         remaining = {id(t): set(deps) for t, deps in zip(self._tasks, self._deps)}
         by_id = {id(t): t for t in self._tasks}
         done: set[int] = set()
@@ -219,8 +213,16 @@ class Scheduler:
 _ASSERT = "AssertInRange"
 
 
-def _check_range(bounds: np.ndarray, attrs: dict[str, Any]) -> None:
-    """Raises the error of an ``AssertInRange`` task whose ``[min, max]`` left its range."""
-    if not in_range(bounds, int(attrs.get("low", 0)), int(attrs.get("high", 0))):
-        replica = int(attrs.get("replica", -1))
-        raise range_error(attrs, bounds, replica if replica >= 0 else None)
+def _range_failure(bounds: np.ndarray, attrs: dict[str, Any]) -> tuple[int, Exception] | None:
+    """``(replica, error)`` of an ``AssertInRange`` task whose ``[min, max]`` left its range, else ``None``."""
+    if in_range(bounds, int(attrs.get("low", 0)), int(attrs.get("high", 0))):
+        return None
+    replica = int(attrs.get("replica", -1))
+    return replica, range_error(attrs, bounds, replica if replica >= 0 else None)
+
+
+def _raise_first(failures: Sequence[tuple[int, Exception] | None]) -> None:
+    """Raises the failed check of the lowest replica (the same error whatever order the tasks ran in)."""
+    found = [f for f in failures if f is not None]
+    if found:
+        raise min(found, key=lambda f: f[0])[1]
