@@ -15,12 +15,15 @@ task ended the moment it ends) ten times a second, sleeping in between:
   connected: the program likely fails on every worker) stops the job; any
   other worker is *lost*: the others go on, as in TensorFlow's asynchronous
   parameter-server training, and the ps tasks stop waiting for it;
+* a rank that ended without initialising MPI while another waits in
+  ``MPI_Init`` (which returns only once every rank called it) stops the job;
 * ``SIGINT`` / ``SIGTERM`` / ``SIGHUP`` to ``graphdist launch`` stop the job.
 
-Stopping sends ``SIGTERM`` to every process the job started (the
-supervisor is their child subreaper, so orphans stay its descendants), then
-``SIGKILL`` to those still alive after :data:`TERM_GRACE_S`. Processes are
-found by walking ``/proc``: the supervision covers the ranks on this host.
+Stopping sends ``SIGTERM`` to the running tasks, then to every process of
+the job (those below ``mpiexec``, and those seen there that became orphans:
+the supervisor is their child subreaper), then ``SIGKILL`` to those still
+alive, each after a grace period (:data:`TERM_GRACE_S`). Processes are found
+by walking ``/proc``: the supervision covers the ranks on this host.
 """
 
 from __future__ import annotations
@@ -71,9 +74,9 @@ def _process_table() -> dict[int, tuple[int, str]]:
     return table
 
 
-def descendants(root: int) -> dict[int, str]:
+def descendants(root: int, table: dict[int, tuple[int, str]] | None = None) -> dict[int, str]:
     """``{pid: state}`` of every living process below ``root`` (zombies left out)."""
-    table = _process_table()
+    table = _process_table() if table is None else table
     children: dict[int, list[int]] = {}
     for pid, (parent, _) in table.items():
         children.setdefault(parent, []).append(pid)
@@ -109,10 +112,10 @@ def _end_with_parent() -> None:
     _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _reap_children(keep: int) -> None:
-    """Collects the exit of orphans re-parented to this process (the subreaper), except ``keep``."""
+def _reap(pids: set[int]) -> None:
+    """Collects the exit of the job's orphans re-parented to this process (the subreaper)."""
     for pid, (parent, state) in _process_table().items():
-        if parent == os.getpid() and pid != keep and state == "Z":
+        if parent == os.getpid() and pid in pids and state == "Z":
             try:
                 os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
@@ -143,6 +146,8 @@ class JobSupervisor:
         self.stop_reason = ""
         self.stop_signal: int | None = None
         self._mpiexec: subprocess.Popen | None = None
+        self._seen: set[int] = set()  # every process of the job seen so far (orphans lose their ancestry)
+        self._hung_mpiexec = False
 
     # ------------------------------------------------------------ running
     def run(self, argv: Sequence[str]) -> int:
@@ -169,22 +174,42 @@ class JobSupervisor:
 
         return {signum: signal.signal(signum, stop) for signum in _STOP_SIGNALS}
 
+    def _job_processes(self) -> set[int]:
+        """The living processes of the job: below mpiexec, or seen there before and now this process's orphans."""
+        if self._mpiexec is None:
+            return set()
+        table = _process_table()
+        below = set(descendants(self._mpiexec.pid, table))
+        if self._mpiexec.poll() is None:
+            below.add(self._mpiexec.pid)
+        self._seen |= below
+        return below | {pid for pid in descendants(os.getpid(), table) if pid in self._seen}
+
     def _supervise(self) -> None:
         assert self._mpiexec is not None
         all_ended_at = workers_ended_at = None
+        polls = 0
         while True:
+            polls += 1
+            if polls % 10 == 1:
+                self._job_processes()  # remember them, in case one is orphaned later
             fatal = self._collect()
             if self.stop_signal is not None:
                 return self._stop(f"graphdist launch got {signal.Signals(self.stop_signal).name}")
             if fatal is not None:
                 return self._stop(f"{self._name(fatal)} {self._why_fatal(fatal)}")
+            stuck = self._stuck_in_mpi_init()
+            if stuck:
+                return self._stop(stuck)
             if self._mpiexec.poll() is not None:
                 return self._after_mpiexec()
             now = time.monotonic()
             if len(self.ended) == len(self.roles):
                 all_ended_at = all_ended_at or now
                 if now - all_ended_at > _MPIEXEC_GRACE_S:
-                    return self._stop("")  # every rank ended but mpiexec hangs on: end it
+                    self._hung_mpiexec = True
+                    logger.warning("every rank ended but mpiexec did not within %g s: ending it", _MPIEXEC_GRACE_S)
+                    return self._stop("")
             elif self.has_ps and all(r in self.ended for r in self._worker_ranks()):
                 workers_ended_at = workers_ended_at or now
                 if now - workers_ended_at > _PS_GRACE_S:
@@ -197,7 +222,7 @@ class JobSupervisor:
         while len(self.ended) < len(self.roles) and time.monotonic() < deadline:
             self._collect()
             time.sleep(self.poll_s / 2)
-        if descendants(os.getpid()):
+        if self._job_processes():
             status = self._mpiexec.returncode if self._mpiexec is not None else None
             self._stop(f"mpiexec exited with status {status} before them")
 
@@ -233,6 +258,18 @@ class JobSupervisor:
         return {"returncode": None, "time": time.time(), "last_line": "",
                 "how": "its rank wrapper ended without reporting (killed)"}
 
+    def _stuck_in_mpi_init(self) -> str:
+        """Why running ranks can never leave ``MPI_Init`` ('' if none is stuck): a rank ended without it."""
+        absent = [r for r in self.ended if launch_status.mpi_stage(r, self.folder) != "ready"]
+        if not absent:
+            return ""
+        waiting = [r for r in range(len(self.roles))
+                   if r not in self.ended and launch_status.mpi_stage(r, self.folder) == "init"]
+        if not waiting:
+            return ""
+        return (f"{', '.join(self._name(r) for r in absent)} ended without initialising MPI, so "
+                f"{', '.join(self._name(r) for r in waiting)} would wait in MPI_Init for ever")
+
     def _is_fatal(self, rank: int) -> bool:
         if not self.has_ps or self.roles[rank]["type"] == "ps" or rank == self.chief_rank:
             return True
@@ -260,34 +297,31 @@ class JobSupervisor:
         self.stopped = [r for r in range(len(self.roles)) if r not in self.ended]
         if reason:
             logger.info("stopping the job: %s", reason)
-        living = descendants(os.getpid())
+        living = self._job_processes()
         for rank in self.stopped:
             start = launch_status.read_start(rank, self.folder)
             if start is not None and int(start["task"]) in living:
                 _signal(int(start["task"]), signal.SIGTERM)
         for signum, grace in ((None, TERM_GRACE_S), (signal.SIGTERM, 1.0), (signal.SIGKILL, TERM_GRACE_S)):
             if signum is not None:
-                for pid in descendants(os.getpid()):
+                for pid in self._job_processes():
                     _signal(pid, signum)
-            if self._wait_for_descendants(grace):
+            if self._wait_for_job(grace):
                 break
         else:
-            logger.warning("processes %s did not end after SIGKILL", sorted(descendants(os.getpid())))
+            logger.warning("processes %s did not end after SIGKILL", sorted(self._job_processes()))
         if self._mpiexec is not None:
             try:
                 self._mpiexec.wait(timeout=TERM_GRACE_S)
             except subprocess.TimeoutExpired:
                 logger.warning("mpiexec (pid %d) did not end", self._mpiexec.pid)
 
-    def _wait_for_descendants(self, limit_s: float) -> bool:
+    def _wait_for_job(self, limit_s: float) -> bool:
         """Waits until no process of the job is left (True) or ``limit_s`` passed (False)."""
-        mpiexec = self._mpiexec.pid if self._mpiexec is not None else -1
         deadline = time.monotonic() + limit_s
         while True:
-            _reap_children(keep=mpiexec)
-            if self._mpiexec is not None:
-                self._mpiexec.poll()
-            if not descendants(os.getpid()):
+            _reap(self._seen)
+            if not self._job_processes():
                 return True
             if time.monotonic() > deadline:
                 return False
@@ -329,7 +363,7 @@ class JobSupervisor:
             print("graphdist launch: error:\n" + "\n".join(lines), file=sys.stderr)
             return 1
         status = self._mpiexec.returncode if self._mpiexec is not None else 0
-        if status not in (0, None) and not self.stopped:
+        if status not in (0, None) and not self._hung_mpiexec:
             print(f"graphdist launch: error: mpiexec exited with status {status}", file=sys.stderr)
             return 1
         return 0

@@ -7,6 +7,10 @@ file:
 
 * ``rank<R>.start``: written by the rank wrapper when the task started:
   ``{"wrapper": pid, "task": pid}`` (the launcher stops the job by pid);
+* ``rank<R>.mpi_init`` / ``rank<R>.mpi_ready``: the task started / finished
+  initialising MPI (``MPI_Init`` returns only once every rank called it, so
+  a rank that ended without ``mpi_ready`` leaves the others in ``MPI_Init``
+  for ever: the launcher ends the job instead);
 * ``rank<R>.joined``: the task joined the job's communication (a
   ``ParameterServerStrategy`` worker connected to its ps tasks); a worker
   lost after this point does not end a parameter-server job;
@@ -38,6 +42,8 @@ __all__ = [
     "write_json",
     "record_start",
     "record_joined",
+    "record_mpi",
+    "mpi_stage",
     "record_exit",
     "read_start",
     "read_exit",
@@ -99,6 +105,26 @@ def record_joined(rank: int | None = None) -> None:
     folder, rank = launch_dir(), launch_rank() if rank is None else rank
     if folder is not None and rank is not None:
         write_json(folder / f"rank{rank}.joined", {"time": time.time()})
+
+
+def record_mpi(stage: str) -> None:
+    """Notes that this task reached ``stage`` of MPI's initialisation: ``"init"`` (about to call
+    ``MPI_Init``) or ``"ready"`` (it returned).
+    """
+    folder, rank = launch_dir(), launch_rank()
+    if folder is not None and rank is not None and not (folder / f"rank{rank}.mpi_{stage}").exists():
+        write_json(folder / f"rank{rank}.mpi_{stage}", {"time": time.time()})
+
+
+def mpi_stage(rank: int, folder: Path | None = None) -> str | None:
+    """``"ready"`` (rank ``rank`` initialised MPI), ``"init"`` (it is in ``MPI_Init``) or ``None``."""
+    folder = launch_dir() if folder is None else folder
+    if folder is None:
+        return None
+    for stage in ("ready", "init"):
+        if (folder / f"rank{rank}.mpi_{stage}").exists():
+            return stage
+    return None
 
 
 def record_exit(rank: int, returncode: int, last_line: str = "", when: float | None = None,

@@ -13,7 +13,8 @@ Modes:
 
 Every task prints ``ready rank=R pid=P`` after its first step, and
 ``finished N steps`` at the end. ``--fail-before-strategy R``: rank ``R``
-exits with status 3 before making its strategy.
+exits with status 3 before making its strategy (``--leave-before-strategy
+R``: with status 0).
 """
 
 from __future__ import annotations
@@ -37,12 +38,16 @@ def main() -> int:
     parser.add_argument("--mode", choices=("mwm", "ps", "mismatch"), required=True)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--fail-before-strategy", type=int, default=-1)
+    parser.add_argument("--leave-before-strategy", type=int, default=-1)
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     rank = int(os.environ["PMI_RANK"])
     if rank == args.fail_before_strategy:
         print(f"rank {rank}: failing before its strategy", flush=True)
         return 3
+    if rank == args.leave_before_strategy:
+        print(f"rank {rank}: nothing to do", flush=True)
+        return 0
     if args.mode == "mwm":
         return synchronous(rank, args.steps)
     return asynchronous(rank, args.steps, args.mode == "mismatch", Path(args.out))

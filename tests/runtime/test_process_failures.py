@@ -38,6 +38,7 @@ class Job:
                                         stderr=subprocess.PIPE, text=True)
         self.stdout: list[str] = []
         self.stderr: list[str] = []
+        self.seen: set[int] = set()  # the job's processes, killed at the end of the test even if orphaned
         self._readers = [threading.Thread(target=self._read, args=(self.process.stdout, self.stdout), daemon=True),
                          threading.Thread(target=self._read, args=(self.process.stderr, self.stderr), daemon=True)]
         for reader in self._readers:
@@ -58,6 +59,7 @@ class Job:
                     name = line[1: line.index("]")]
                     found[name] = int(line.rsplit("pid=", 1)[1])
             if len(found) >= count:
+                self.seen |= set(descendants(self.process.pid))
                 return found
             if self.process.poll() is not None:
                 break
@@ -80,7 +82,7 @@ class Job:
         return "".join(self.stdout) + "".join(self.stderr)
 
     def kill_everything(self) -> None:
-        for pid in [*descendants(self.process.pid), self.process.pid]:
+        for pid in {*self.seen, *descendants(self.process.pid), self.process.pid}:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -167,6 +169,17 @@ def test_a_worker_failing_before_its_strategy_ends_the_job(jobs: list[Job], laun
 
 
 @pytest.mark.slow
+def test_a_worker_leaving_before_mpi_ends_the_job(jobs: list[Job]) -> None:
+    # The others would wait in MPI_Init for ever (it returns once every rank called it).
+    job = start(jobs, "--workers", "2", "--ps", "1", "--", sys.executable, WORKER, "--mode", "ps", "--steps", "2000",
+                "--leave-before-strategy", "1")
+    status, seconds = job.wait(NOTICE_S + 5)
+    assert status == 1 and seconds < NOTICE_S + 5, job.output
+    assert "stopped by graphdist launch (rank 1 (worker 1) ended without initialising MPI, so " in job.output
+    assert "would wait in MPI_Init for ever)" in job.output
+
+
+@pytest.mark.slow
 def test_mirrored_script_with_a_ps_task_fails_clearly(jobs: list[Job]) -> None:
     job = start(jobs, "--workers", "1", "--ps", "1", "--", sys.executable, WORKER, "--mode", "mwm")
     status, seconds = job.wait(NOTICE_S + 5)
@@ -231,3 +244,28 @@ def test_remote_tpu_resolver_is_a_clear_error() -> None:
         gd.cluster_resolver.TPUClusterResolver("grpc://10.0.0.2:8470")
     with pytest.raises(NotImplementedError):  # still a NotImplementedError for code written against TF
         gd.cluster_resolver.TPUClusterResolver("my-cloud-tpu")
+
+
+# ------------------------------------------------------------------ the rules, without processes
+def test_which_failures_end_a_parameter_server_job(tmp_path: Path) -> None:
+    from graphdist.cli.launch import build_roles
+    from graphdist.cli.launch_supervisor import JobSupervisor
+    from graphdist.runtime import launch_status
+
+    supervisor = JobSupervisor(build_roles(3, ps=1), tmp_path)  # workers 0..2 (worker 0 is the chief), ps rank 3
+    for rank in (0, 1, 3):
+        launch_status.write_json(tmp_path / f"rank{rank}.joined", {})
+    assert [supervisor._is_fatal(r) for r in range(4)] == [True, False, True, True]  # worker 2 never joined
+    assert JobSupervisor(build_roles(2), tmp_path)._is_fatal(1)  # synchronous: every rank
+
+
+def test_ps_request_checks() -> None:
+    from graphdist.runtime.ps_server import _request_problem
+
+    good = {"op": "push", "key": "w", "dtype": "<f4", "shape": [2, 3]}
+    assert _request_problem(good, bytearray(24)) == ""
+    assert "sent 12 bytes, but a float32[2, 3] value has 24" in _request_problem(good, bytearray(12))
+    assert "unknown request 'drop'" in _request_problem({**good, "op": "drop"}, None)
+    assert "names no variable" in _request_problem({**good, "key": ""}, bytearray(24))
+    assert "is not valid" in _request_problem({**good, "dtype": "float99"}, bytearray(24))
+    assert "unknown request None" in _request_problem({"op": None, "key": None, "malformed": True}, None)

@@ -89,11 +89,16 @@ def world() -> Any:
     Raises:
         GraphdistError: mpi4py or an MPI library is not installed.
     """
+    from graphdist.runtime import launch_status
+
+    # graphdist launch ends a job whose rank ended without MPI while another waits in MPI_Init (for ever).
+    launch_status.record_mpi("init")
     try:
-        from mpi4py import MPI
+        from mpi4py import MPI  # MPI_Init: returns once every rank of the job called it
     except ImportError as err:  # mpi4py is an optional dependency (the [mpi] extra)
         raise GraphdistError(f"multi-process training needs mpi4py and an MPI library ({err}); install them with "
                              "`pip install 'graphdist[mpi]'` (mpi4py and the mpich wheel)") from None
+    launch_status.record_mpi("ready")
     return MPI.COMM_WORLD
 
 
