@@ -210,15 +210,17 @@ def test_the_ps_refuses_mismatched_requests_and_keeps_serving(jobs: list[Job], t
 
 # ------------------------------------------------------------------ stopping graphdist launch
 @pytest.mark.slow
-def test_sigterm_to_launch_leaves_no_process(jobs: list[Job]) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_stopping_launch_leaves_no_process(jobs: list[Job], signum: int) -> None:
     job = start(jobs, "--workers", "2", "--ps", "1", "--", sys.executable, WORKER, "--mode", "ps", "--steps", "2000")
     job.ready_pids(2)
     processes = descendants(job.process.pid)
     assert len(processes) >= 8  # mpiexec, its proxy, 3 rank wrappers, 3 tasks
-    job.process.send_signal(signal.SIGTERM)
+    job.process.send_signal(signum)
     status, seconds = job.wait(NOTICE_S)
-    assert status == 128 + signal.SIGTERM, job.output
-    assert "graphdist launch: stopped by SIGTERM: ended every process of the job" in job.output
+    assert status == 128 + signum, job.output
+    name = signal.Signals(signum).name
+    assert f"graphdist launch: stopped by {name}: ended every process of the job" in job.output
     survivors = [pid for pid in processes if _alive(pid)]
     assert survivors == [], f"still running: {survivors}"
 
