@@ -36,6 +36,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -52,7 +53,7 @@ from graphdist.errors import GraphdistError, InvalidArgumentError
 from graphdist.runtime import launch_status
 
 __all__ = ["add_launch_parser", "cmd_launch", "build_roles", "core_shares", "mpiexec_command", "find_mpiexec",
-           "check_hosts", "rank_wrapper"]
+           "check_hosts", "rank_wrapper", "resolve_python"]
 
 logger = logging.getLogger(__name__)
 
@@ -188,6 +189,24 @@ def mpiexec_command(roles: Sequence[dict[str, Any]], command: Sequence[str], sta
     return argv
 
 
+_BARE_PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
+
+
+def resolve_python(command: Sequence[str]) -> list[str]:
+    """The command with a bare ``python`` (``python3``, ``python3.11``) replaced by this interpreter.
+
+    As torchrun does with ``sys.executable``: the ranks run the Python that
+    graphdist launch runs in (the one graphdist is installed in), not whatever
+    ``python`` comes first on ``PATH`` where the venv may not be active. A path
+    (``/usr/bin/python3``, ``./venv/bin/python``) is kept as given.
+    """
+    command = list(command)
+    if command and _BARE_PYTHON.fullmatch(command[0]) and command[0] != sys.executable:
+        logger.info("running %r as %s (the interpreter graphdist launch runs in)", command[0], sys.executable)
+        command[0] = sys.executable
+    return command
+
+
 def cmd_launch(args: argparse.Namespace) -> int:
     """Runs ``graphdist launch``; returns the exit status."""
     from graphdist.cli.main import UsageError
@@ -197,6 +216,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise UsageError("launch: give the command after --, e.g. graphdist launch --workers 2 -- python train.py")
+    command = resolve_python(command)
     if args.timeout is not None and args.timeout <= 0:
         raise UsageError(f"launch: --timeout must be > 0 seconds, got {args.timeout}")
     hosts = args.hosts.split(",") if args.hosts else None

@@ -120,3 +120,26 @@ def test_examples_train_digits(tmp_path, launch_args: list[str], example: str) -
     assert accuracies and min(accuracies) >= 0.9
     if extra:
         assert (tmp_path / "ckpt.npz").exists()  # written by the chief
+
+
+@pytest.mark.parametrize(("command", "replaced"), [
+    (["python", "train.py"], True), (["python3", "-m", "x"], True), (["python3.11", "t.py"], True),
+    (["/usr/bin/python3", "t.py"], False), (["./venv/bin/python", "t.py"], False), (["pythonista"], False),
+    (["bash", "-c", "python t.py"], False),
+])
+def test_bare_python_runs_with_the_launching_interpreter(command: list[str], replaced: bool) -> None:
+    from graphdist.cli.launch import resolve_python
+
+    got = resolve_python(command)
+    assert got[1:] == command[1:]
+    assert got[0] == (sys.executable if replaced else command[0])
+
+
+@pytest.mark.slow
+def test_bare_python_without_the_venv_on_path_imports_graphdist() -> None:
+    """The venv is not active (not on PATH): ``-- python`` still gets the interpreter graphdist runs in."""
+    result = mpi_jobs.launch("--workers", "1", "--", "python", "-c",
+                             "import sys, graphdist; print('rank python:', sys.executable)",
+                             PATH="/usr/bin:/bin", timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"rank python: {sys.executable}" in result.stdout
