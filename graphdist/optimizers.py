@@ -49,6 +49,13 @@ def _number(value: Any, what: str, *, low: float = 0.0, high: float | None = Non
     return float(value)
 
 
+def _pair(item: Any, name: str) -> tuple[Any, Any]:
+    if not isinstance(item, (tuple, list)) or len(item) != 2:
+        raise InvalidArgumentError(f"{name}.apply_gradients takes (gradient, variable) pairs, e.g. "
+                                   f"zip(grads, variables); got an item of type {type(item).__name__}")
+    return item[0], item[1]
+
+
 class Optimizer:
     """Base class: gradient aggregation, slot variables and the update loop."""
 
@@ -107,7 +114,7 @@ class Optimizer:
 
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Variable]]) -> None:
         """Aggregates gradients across replicas, then updates each variable."""
-        pairs = [(g, v) for g, v in grads_and_vars]
+        pairs = [_pair(item, self._name) for item in grads_and_vars]
         if current_trace() is None:
             raise TracingError(f"{self._name}.apply_gradients must run in traced code: call it inside "
                                "strategy.run(...) or a @gd.function step")
@@ -317,6 +324,9 @@ def deserialize(config: dict[str, Any]) -> Optimizer:
     Raises:
         InvalidArgumentError: Unknown class or arguments.
     """
+    if not isinstance(config, dict):
+        raise InvalidArgumentError(f"optimizer config must be a dict {{'class_name': ..., 'config': {{...}}}} (from "
+                                   f"get_config), got {type(config).__name__}")
     cls = _CLASSES.get(config.get("class_name", ""))
     if cls is None:
         raise InvalidArgumentError(f"unknown optimizer class {config.get('class_name')!r}; known: {sorted(_CLASSES)}")

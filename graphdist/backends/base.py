@@ -40,6 +40,7 @@ import os
 import re
 import shutil
 import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -429,17 +430,22 @@ class CompileCache:
     """Compiled executables by cache key, in memory, backed by a disk cache.
 
     Thread-safe: concurrent requests for the same key compile once; requests
-    for different keys compile in parallel.
+    for different keys compile in parallel. Memory holds the ``max_entries``
+    most recently used executables (a plan keeps its own, so dropping one
+    from the cache only means compiling or loading it again from disk when
+    another plan asks for it).
 
     Args:
         directory: Root of the disk cache; ``None`` means :func:`cache_dir`
             at the time of each compile (so ``GRAPHDIST_CACHE_DIR`` may be
             changed at run time).
+        max_entries: Executables kept in memory (default :data:`MEMORY_CACHE_ENTRIES`).
     """
 
-    def __init__(self, directory: Path | None = None) -> None:
+    def __init__(self, directory: Path | None = None, max_entries: int | None = None) -> None:
         self._directory = directory
-        self._memory: dict[str, Executable] = {}
+        self.max_entries = MEMORY_CACHE_ENTRIES if max_entries is None else max(1, int(max_entries))
+        self._memory: OrderedDict[str, Executable] = OrderedDict()
         self._pending: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
         #: What backends share between executables of equal segments (see ``Backend.compile``).
@@ -482,6 +488,8 @@ class CompileCache:
             hit = self._memory.get(key)
             if hit is None:
                 key_lock = self._pending.setdefault(key, threading.Lock())
+            else:
+                self._memory.move_to_end(key)
         if hit is not None:
             stats.increment("memory_cache_hits")
             return hit
@@ -504,8 +512,16 @@ class CompileCache:
             with self._lock:
                 self._memory[key] = executable
                 self._pending.pop(key, None)
+                while len(self._memory) > self.max_entries:  # least recently used first
+                    self._memory.popitem(last=False)
+                while len(self.shared) > self.max_entries:
+                    self.shared.pop(next(iter(self.shared)))
         return executable
 
+
+#: Executables a :class:`CompileCache` keeps in memory by default (bounds a process's memory when it
+#: compiles many distinct segments, e.g. a ``gd.function`` called with many shapes).
+MEMORY_CACHE_ENTRIES = 256
 
 _default_cache: CompileCache | None = None
 _default_lock = threading.Lock()

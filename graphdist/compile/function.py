@@ -242,6 +242,8 @@ class Function:
                  strategy: Any = None, max_signatures: int | None = None) -> None:
         if not callable(fn):
             raise InvalidArgumentError(f"gd.function needs a callable, got {type(fn).__name__}")
+        if name is not None and not isinstance(name, str):
+            raise InvalidArgumentError(f"gd.function: name must be a string, got {type(name).__name__} {name!r}")
         self._fn = fn
         self._name = name or getattr(fn, "__name__", "function").strip("<>") or "function"
         self._backend = backend

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from graphdist.errors import InvalidArgumentError
+from graphdist.errors import GraphdistError, InvalidArgumentError
 from graphdist.trace import nn
 from graphdist.trace.checks import check_class_labels
 
@@ -87,7 +87,14 @@ class Loss:
                 multiplied into the per-example losses before the reduction;
                 the mean still divides by the batch size, as in Keras.
         """
-        losses = self.per_example(y_true, y_pred)
+        try:
+            losses = self.per_example(y_true, y_pred)
+        except ValueError as err:  # numpy broadcasting; graphdist's own errors pass through
+            if isinstance(err, GraphdistError):
+                raise
+            raise InvalidArgumentError(f"{self.name}: targets of shape {tuple(np.shape(y_true))} do not go with "
+                                       f"predictions of shape {tuple(np.shape(y_pred))} ({err}); give one target "
+                                       "per prediction") from None
         if sample_weight is not None:
             losses = losses * weigh_like(sample_weight, losses)
         if self.reduction == Reduction.NONE:
@@ -111,6 +118,10 @@ def weigh_like(sample_weight: Any, values: Any) -> Any:
     weight = sample_weight if hasattr(sample_weight, "dtype") else np.asarray(sample_weight)
     weight = _float(weight, values.dtype)
     rank = len(values.shape)
+    count, examples = (weight.shape[0] if len(weight.shape) else None), (values.shape[0] if rank else None)
+    if isinstance(count, int) and isinstance(examples, int) and count not in (1, examples):
+        raise InvalidArgumentError(f"sample_weight has {count} weights for {examples} examples; give one weight "
+                                   "per example (shape (batch,))")
     if len(weight.shape) == 2 and weight.shape[1] == 1 and rank != 2:
         weight = np.reshape(weight, (weight.shape[0],))
     if rank > 1 and len(weight.shape) == 1:

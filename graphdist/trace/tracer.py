@@ -343,10 +343,10 @@ def axis_tuple(axis: Any, rank: int, what: str = "axis") -> tuple[int, ...] | No
     axes = axis if isinstance(axis, (tuple, list)) else (axis,)
     try:
         normalized = [normalize_axis(int(a), rank, what) for a in axes]
-    except TypeError:
-        raise TracingError(f"{what} must be an int or a tuple of ints, got {axis!r}") from None
     except GraphError as err:
         raise AxisError(str(err)) from None
+    except (TypeError, ValueError):  # int("x")
+        raise TracingError(f"{what} must be an int or a tuple of ints, got {axis!r}") from None
     if len(set(normalized)) != len(normalized):
         raise AxisError(f"{what} {axis!r} repeats an axis")
     return tuple(sorted(normalized))
