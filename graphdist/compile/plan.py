@@ -20,7 +20,7 @@ from graphdist.errors import GraphError, PlanError
 from graphdist.ir.comm_ops import is_communication
 from graphdist.ir.graph import Graph, Node, Value
 from graphdist.runtime.devices import parse_device, thread_budget
-from graphdist.runtime.tasks import CommTask, Segment
+from graphdist.runtime.tasks import CommTask, Segment, overlapping_segments
 
 __all__ = ["Segment", "CommTask", "Plan", "extract_subgraph"]
 
@@ -189,11 +189,32 @@ class Plan:
         """Readable tables: devices (segments, nodes, bytes sent), segments (ops,
         inputs, outputs), communication tasks (algorithm, sizes, bytes moved per
         step) and variables with their placement (see
-        :func:`graphdist.ir.render.plan_summary`).
+        :func:`graphdist.ir.render.plan_summary`), then which collectives may
+        overlap which segments (:meth:`overlaps`).
         """
         from graphdist.ir.render import plan_summary
 
-        return plan_summary(self)
+        return f"{plan_summary(self)}\n{self._overlap_text()}"
+
+    def overlaps(self) -> dict[str, list[str]]:
+        """Collective name -> the segments that may run while it runs (neither feed it nor read its result).
+
+        With gradient bucketing, PartitionPass cuts each device's backward pass
+        at the buckets, so a bucket's all-reduce overlaps the segments that
+        compute the earlier layers' gradients.
+        """
+        return overlapping_segments(self.segments, self.comms)
+
+    def _overlap_text(self) -> str:
+        found = self.overlaps()
+        collectives = [c for c in self.comms if c.op != "AssertInRange"]
+        if not collectives:
+            return "overlap: no collectives"
+        width = max(len(c.name) for c in collectives)
+        lines = ["overlap (segments that may run while each collective runs):"]
+        lines += [f"  {c.name:<{width}}  {', '.join(found.get(c.name, [])) or '- (on the critical path)'}"
+                  for c in collectives]
+        return "\n".join(lines)
 
     def to_dot(self, **options: Any) -> str:
         """Graphviz DOT text: segments in device clusters, communication tasks highlighted."""

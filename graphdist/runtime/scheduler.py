@@ -8,6 +8,15 @@ worker per device (backends release the GIL while they compute, and each
 executable was compiled with its device's share of the host cores), and
 communication tasks run on the coordinating thread, the communication lane,
 so a collective of one replica's gradients overlaps other devices' work.
+When a communication task and segments become ready together, the segments
+are handed to the device threads first and the collective runs meanwhile:
+with PartitionPass's overlap cut (a device's backward pass in one segment
+per gradient bucket) bucket ``k``'s all-reduce runs while the backward pass
+of the earlier layers still computes.
+
+``GRAPHDIST_TRACE=file.json`` records a step's timeline (segments per
+device, collectives, waits) as Chrome-trace JSON: see
+:mod:`graphdist.runtime.timeline`.
 
 Run-time assertions (``AssertInRange`` tasks, :mod:`graphdist.ir.check_ops`:
 an index argument out of its range) are checked as their values appear;
@@ -27,8 +36,9 @@ import numpy as np
 from graphdist import stats
 from graphdist.errors import PlanError
 from graphdist.ir.check_ops import in_range, range_error
+from graphdist.runtime import timeline
 from graphdist.runtime.comm import local
-from graphdist.runtime.tasks import CommTask, Segment
+from graphdist.runtime.tasks import CommTask, Segment, overlapping_segments
 
 __all__ = ["Scheduler", "register_comm_handler"]
 
@@ -100,6 +110,7 @@ class Scheduler:
             self._deps[position[id(after)]].add(id(before))
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        self._overlaps = overlapping_segments(plan.segments, plan.comms)
 
     def _executor(self) -> ThreadPoolExecutor:
         with self._lock:
@@ -111,31 +122,76 @@ class Scheduler:
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """Runs every task and returns the plan's outputs in order."""
         stats.increment("plan_runs")
+        recorder = timeline.start_step(self._plan.devices)
+        if recorder is not None:
+            try:
+                return self._run_recorded(feeds, recorder)
+            finally:
+                timeline.finish_step(recorder)
         if self._single:
-            seg_feeds = feeds if len(feeds) == len(self._seg_inputs) else {n: feeds[n] for n in self._seg_inputs}
-            outs = self._executables[0].run(seg_feeds)
-            if self._checks:
-                _raise_first([_range_failure(outs[position], attrs) for position, attrs in self._checks])
-            return outs if self._identity else [outs[i] for i in self._picks]
+            return self._run_single(feeds)
         env: dict[str, Any] = dict(self._plan.constants)
         env.update(feeds)
         failures: list[tuple[int, Exception] | None] = []
-        self._run_tasks(env, failures)
+        self._run_tasks(env, failures, None)
+        _raise_first(failures)
+        return [env[name] for name in self._plan.output_names]
+
+    def _run_single(self, feeds: dict[str, np.ndarray], recorder: timeline.StepRecorder | None = None
+                    ) -> list[np.ndarray]:
+        seg_feeds = feeds if len(feeds) == len(self._seg_inputs) else {n: feeds[n] for n in self._seg_inputs}
+        if recorder is None:
+            outs = self._executables[0].run(seg_feeds)
+        else:
+            segment = self._plan.segments[0]
+            with recorder.span(segment.name, "segment", segment.device):
+                outs = self._executables[0].run(seg_feeds)
+        if self._checks:
+            _raise_first([_range_failure(outs[position], attrs) for position, attrs in self._checks])
+        return outs if self._identity else [outs[i] for i in self._picks]
+
+    def _run_recorded(self, feeds: dict[str, np.ndarray], recorder: timeline.StepRecorder) -> list[np.ndarray]:
+        """:meth:`run` with every task's span recorded."""
+        if self._single:
+            return self._run_single(feeds, recorder)
+        env: dict[str, Any] = dict(self._plan.constants)
+        env.update(feeds)
+        failures: list[tuple[int, Exception] | None] = []
+        self._run_tasks(env, failures, recorder)
         _raise_first(failures)
         return [env[name] for name in self._plan.output_names]
 
     # ----------------------------------------------------------- tasks
-    def _run_segment(self, index: int, env: dict[str, Any]) -> list[np.ndarray]:
+    def _run_segment(self, index: int, env: dict[str, Any],
+                     recorder: timeline.StepRecorder | None = None) -> list[np.ndarray]:
         segment: Segment = self._plan.segments[index]
         try:
             seg_feeds = {name: env[name] for name in segment.inputs}
         except KeyError as err:
             missing = err.args[0]
             raise PlanError(f"segment {segment.name} needs {missing!r}, which no earlier step produced") from None
-        return self._executables[index].run(seg_feeds)
+        if recorder is None:
+            return self._executables[index].run(seg_feeds)
+        with recorder.span(segment.name, "segment", segment.device):
+            return self._executables[index].run(seg_feeds)
 
-    def _run_comm(self, task: CommTask, env: dict[str, Any],
-                  failures: list[tuple[int, Exception] | None]) -> list[np.ndarray]:
+    def _run_comm(self, task: CommTask, env: dict[str, Any], failures: list[tuple[int, Exception] | None],
+                  recorder: timeline.StepRecorder | None = None) -> list[np.ndarray]:
+        if recorder is None or task.op == _ASSERT:
+            return self._comm(task, env, failures)
+        buffers = [env[name] for name in task.inputs]
+        args = {"op": task.op, "bytes": int(sum(np.asarray(b).nbytes for b in buffers[:1])),
+                "participants": list(task.devices),
+                "overlaps": self._overlaps.get(task.name, [])}
+        timeline.set_current(recorder)
+        try:
+            with recorder.span(task.name, "collective", timeline.COMM_LANE, **args):
+                return self._comm(task, env, failures)
+        finally:
+            timeline.set_current(None)
+
+    def _comm(self, task: CommTask, env: dict[str, Any],
+              failures: list[tuple[int, Exception] | None]) -> list[np.ndarray]:
         buffers = [np.asarray(env[name]) for name in task.inputs]
         if task.op == _ASSERT:  # raised after the other tasks (see the module docstring)
             failures.extend(_range_failure(buffer, task.attrs) for buffer in buffers)
@@ -152,7 +208,8 @@ class Scheduler:
             return handler(task.op, task.attrs, buffers)
         raise PlanError(f"communication op {task.op!r} ({task.name}) is not supported by the local communicator")
 
-    def _run_tasks(self, env: dict[str, Any], failures: list[tuple[int, Exception] | None]) -> None:
+    def _run_tasks(self, env: dict[str, Any], failures: list[tuple[int, Exception] | None],
+                   recorder: timeline.StepRecorder | None) -> None:
         remaining = {id(t): set(deps) for t, deps in zip(self._tasks, self._deps)}
         by_id = {id(t): t for t in self._tasks}
         done: set[int] = set()
@@ -162,28 +219,37 @@ class Scheduler:
         def ready() -> list[_Task]:
             return [by_id[k] for k, deps in remaining.items() if not deps]
 
+        def cancel_running() -> None:
+            for other in running:
+                other.cancel()
+
         while remaining or running:
             launch = ready()
-            while launch:  # communication finishes inline and may make more tasks ready
+            while launch:
                 segments = [t for t in launch if t.kind == "segment"]
+                comms = [t for t in launch if t.kind == "comm"]
                 for task in launch:
                     del remaining[id(task)]
-                    if task.kind == "comm":
-                        outputs = self._run_comm(self._plan.comms[task.index], env, failures)
-                        self._finish(task, outputs, env, done, remaining)
-                # The coordinating thread runs one ready segment itself (no hand-off to a worker and
-                # back); the others go to the pool and run meanwhile.
-                for task in segments[:-1]:
-                    running[pool.submit(self._run_segment, task.index, env)] = task
-                if segments:
-                    inline = segments[-1]
+                # With collectives to run, every ready segment goes to the device threads first, so the
+                # collectives (run inline on this communication lane) overlap them. Otherwise the
+                # coordinating thread runs one ready segment itself (no hand-off to a worker and back).
+                inline_segment = segments.pop() if segments and not comms else None
+                for task in segments:
+                    running[pool.submit(self._run_segment, task.index, env, recorder)] = task
+                for task in comms:
                     try:
-                        outputs = self._run_segment(inline.index, env)
+                        outputs = self._run_comm(self._plan.comms[task.index], env, failures, recorder)
                     except BaseException:
-                        for other in running:
-                            other.cancel()
+                        cancel_running()
                         raise
-                    self._finish(inline, outputs, env, done, remaining)
+                    self._finish(task, outputs, env, done, remaining)
+                if inline_segment is not None:
+                    try:
+                        outputs = self._run_segment(inline_segment.index, env, recorder)
+                    except BaseException:
+                        cancel_running()
+                        raise
+                    self._finish(inline_segment, outputs, env, done, remaining)
                 launch = ready()
             if not running:
                 if remaining:
@@ -196,8 +262,7 @@ class Scheduler:
                 try:
                     outputs = future.result()
                 except BaseException:
-                    for other in running:
-                        other.cancel()
+                    cancel_running()
                     raise
                 self._finish(task, outputs, env, done, remaining)
 

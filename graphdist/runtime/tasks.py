@@ -8,6 +8,7 @@ dependency order; it does not know which strategy or function made them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +16,7 @@ import onnx
 
 from graphdist.ir.graph import Graph
 
-__all__ = ["Segment", "CommTask"]
+__all__ = ["Segment", "CommTask", "overlapping_segments"]
 
 
 @dataclass
@@ -64,3 +65,46 @@ class CommTask:
     inputs: list[str]
     outputs: list[str]
     devices: list[str]
+
+
+def _reach(start: int, edges: dict[int, set[int]]) -> set[int]:
+    seen: set[int] = set()
+    stack = [start]
+    while stack:
+        for nxt in edges.get(stack.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    return seen
+
+
+def overlapping_segments(segments: Sequence[Segment], comms: Sequence[CommTask]) -> dict[str, list[str]]:
+    """For each collective, the segments the plan lets run at the same time.
+
+    A segment may overlap a communication task when it neither feeds it
+    (directly or through other tasks) nor depends on its result: the
+    scheduler can then run both at once. Run-time assertions are left out.
+
+    Returns:
+        Communication task name -> names of the segments it may overlap, in plan order (empty lists left out).
+    """
+    tasks: list[tuple[str, list[str], list[str]]] = [(s.name, s.inputs, s.outputs) for s in segments]
+    tasks += [(c.name, c.inputs, c.outputs) for c in comms]
+    producer = {value: index for index, (_, _, outputs) in enumerate(tasks) for value in outputs}
+    forward: dict[int, set[int]] = {}
+    backward: dict[int, set[int]] = {}
+    for index, (_, inputs, _) in enumerate(tasks):
+        for value in inputs:
+            if value in producer and producer[value] != index:
+                forward.setdefault(producer[value], set()).add(index)
+                backward.setdefault(index, set()).add(producer[value])
+    found: dict[str, list[str]] = {}
+    for offset, comm in enumerate(comms):
+        if comm.op == "AssertInRange":
+            continue
+        index = len(segments) + offset
+        related = _reach(index, forward) | _reach(index, backward)
+        names = [s.name for position, s in enumerate(segments) if position not in related]
+        if names:
+            found[comm.name] = names
+    return found
