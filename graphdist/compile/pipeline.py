@@ -18,6 +18,7 @@ slot                   passes                                               fill
 ``variable_updates``   ``LowerVariableUpdatesPass``                         always
 ``parameter_servers``  ``PlacePSVariablesPass``                             ``parameter_servers``
 ``collectives``        ``InsertCollectivesPass``                            always
+``shard_optimizer``    ``ShardOptimizerStatePass``                          ``shard_optimizer_state``
 ``central_storage``    ``PlaceVariablesPass``                               ``parameter_device``
 ``cross_worker``       ``InsertCrossWorkerCollectivesPass``                 ``multi_worker``
 ``lower_collectives``  ``LowerCollectivesPass``                             always
@@ -50,11 +51,12 @@ from passes.place_ps_variables import PlacePSVariablesPass
 from passes.place_variables import PlaceVariablesPass
 from passes.replicate import ReplicatePass
 from passes.shard_logical_devices import ShardLogicalDevicesPass
+from passes.shard_optimizer_state import ShardOptimizerStatePass
 
 __all__ = ["SLOTS", "PipelineConfig", "Pipeline", "build_pipeline"]
 
-SLOTS = ("differentiate", "replicate", "variable_updates", "parameter_servers", "collectives", "central_storage",
-         "cross_worker", "lower_collectives", "bucketing", "logical_devices", "cleanup", "devices")
+SLOTS = ("differentiate", "replicate", "variable_updates", "parameter_servers", "collectives", "shard_optimizer",
+         "central_storage", "cross_worker", "lower_collectives", "bucketing", "logical_devices", "cleanup", "devices")
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,8 @@ class PipelineConfig:
         collective_attrs: Attributes of multi-participant all-reduces
             (``{"algorithm": "ring"}``, ``reduce_to_one`` with ``reduce_to_device``...).
         bucketing: ``BucketCollectivesPass`` options (``num_packs`` or ``bytes_per_pack``), or ``None``.
+        shard_optimizer_state: ZeRO-1: each replica keeps and updates its 1/N slice of the optimizer
+            slots (``ShardOptimizerStatePass``).
         parameter_device: Central storage: the device holding every variable.
         parameter_servers: Variables live on ps tasks (``graph.meta["placement"]`` has the shards).
         multi_worker: ``{"num_workers", "comm_group", "algorithm"}`` of a
@@ -82,6 +86,7 @@ class PipelineConfig:
     replica_offset: int = 0
     collective_attrs: Mapping[str, Any] | None = None
     bucketing: Mapping[str, Any] | None = None
+    shard_optimizer_state: bool = False
     parameter_device: str | None = None
     parameter_servers: bool = False
     multi_worker: Mapping[str, Any] | None = None
@@ -157,6 +162,8 @@ def build_pipeline(config: PipelineConfig) -> Pipeline:
         "cleanup": [FoldConstantsPass(), EliminateDeadNodesPass()],
         "devices": [AssignDevicesPass()],
     }
+    if config.shard_optimizer_state:
+        slots["shard_optimizer"] = [ShardOptimizerStatePass()]
     if config.parameter_servers:
         slots["parameter_servers"] = [PlacePSVariablesPass()]
     if config.parameter_device is not None:

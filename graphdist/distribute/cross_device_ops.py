@@ -11,11 +11,15 @@ writes into the collective nodes and the local communicator executes:
 ``num_packs`` / ``bytes_per_pack`` ask for bucketing: the pipeline then runs
 :class:`passes.bucket_collectives.BucketCollectivesPass`, which fuses small
 all-reduces into packs (see :meth:`CrossDeviceOps.bucketing`).
+``shard_optimizer_state=True`` asks for ZeRO-1: the pipeline then runs
+:class:`passes.shard_optimizer_state.ShardOptimizerStatePass`.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from graphdist.errors import InvalidArgumentError
 
@@ -33,6 +37,11 @@ class CrossDeviceOps:
             bytes each, like ``tf.distribute.experimental.CommunicationOptions(
             bytes_per_pack=...)``; ``0`` or ``None``: no bucketing. Give at most
             one of the two.
+        shard_optimizer_state: ZeRO-1 (PyTorch's ``ZeroRedundancyOptimizer``):
+            the gradients are reduce-scattered, each replica updates its 1/N
+            slice of every variable and keeps only that slice of the optimizer
+            slots, and the new weights are all-gathered
+            (:mod:`passes.shard_optimizer_state`). Default ``False``.
 
     Packs are filled in the order the gradients become ready in the backward
     pass (see :mod:`passes.bucket_collectives`). Unlike tf.distribute, whose
@@ -43,15 +52,19 @@ class CrossDeviceOps:
         algorithm: Name the communicator executes.
         num_packs: Requested number of packs (``None``: not set).
         bytes_per_pack: Requested pack size in bytes (``None``: not set).
+        shard_optimizer_state: Whether optimizer state is sharded over the replicas.
 
     Raises:
         InvalidArgumentError: A setting is not a non-negative int, or both
-            are positive.
+            are positive; ``shard_optimizer_state`` is not a bool.
     """
 
     algorithm = "ring"
 
-    def __init__(self, num_packs: int | None = None, bytes_per_pack: int | None = None) -> None:
+    def __init__(self, num_packs: int | None = None, bytes_per_pack: int | None = None, *,
+                 shard_optimizer_state: bool = False) -> None:
+        if not isinstance(shard_optimizer_state, (bool, np.bool_)):
+            raise InvalidArgumentError(f"shard_optimizer_state must be True or False, got {shard_optimizer_state!r}")
         for label, setting in (("num_packs", num_packs), ("bytes_per_pack", bytes_per_pack)):
             if setting is not None and (isinstance(setting, bool) or not isinstance(setting, int) or setting < 0):
                 raise InvalidArgumentError(f"{label} must be a non-negative int (0 turns bucketing off), "
@@ -61,6 +74,7 @@ class CrossDeviceOps:
                                        "both: num_packs makes that many packs, bytes_per_pack caps each pack's size")
         self.num_packs = num_packs
         self.bytes_per_pack = bytes_per_pack
+        self.shard_optimizer_state = bool(shard_optimizer_state)
 
     def collective_attrs(self) -> dict[str, Any]:
         """Attributes written into each lowered collective node."""
@@ -77,9 +91,10 @@ class CrossDeviceOps:
         return None
 
     def _settings(self) -> str:
-        return ", ".join(f"{name}={value}" for name, value in (("num_packs", self.num_packs),
-                                                               ("bytes_per_pack", self.bytes_per_pack))
-                         if value is not None)
+        settings = [f"{name}={value}" for name, value in (("num_packs", self.num_packs),
+                                                          ("bytes_per_pack", self.bytes_per_pack))
+                    if value is not None]
+        return ", ".join(settings + (["shard_optimizer_state=True"] if self.shard_optimizer_state else []))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._settings()})"
@@ -102,8 +117,9 @@ class ReductionToOneDevice(CrossDeviceOps):
 
     algorithm = "reduce_to_one"
 
-    def __init__(self, reduce_to_device: str | None = None, accumulation_fn: Any = None) -> None:
-        super().__init__()
+    def __init__(self, reduce_to_device: str | None = None, accumulation_fn: Any = None, *,
+                 shard_optimizer_state: bool = False) -> None:
+        super().__init__(shard_optimizer_state=shard_optimizer_state)
         if reduce_to_device is not None:
             from graphdist.runtime.devices import parse_device
 
@@ -118,4 +134,5 @@ class ReductionToOneDevice(CrossDeviceOps):
         return attrs
 
     def __repr__(self) -> str:
-        return f"ReductionToOneDevice(reduce_to_device={self.reduce_to_device!r})"
+        extra = ", shard_optimizer_state=True" if self.shard_optimizer_state else ""
+        return f"ReductionToOneDevice(reduce_to_device={self.reduce_to_device!r}{extra})"

@@ -36,7 +36,8 @@ class MirroredStrategy(Strategy):
             default: every GPU, else ``["cpu:0"]``.
         cross_device_ops: All-reduce algorithm: ``gd.NcclAllReduce()``
             (default; a ring between CPU devices), ``gd.HierarchicalCopyAllReduce()``
-            or ``gd.ReductionToOneDevice()``.
+            or ``gd.ReductionToOneDevice()``; ``shard_optimizer_state=True``
+            on any of them shards the optimizer state (ZeRO-1).
     """
 
     def __init__(self, devices: Sequence[Any] | None = None, cross_device_ops: CrossDeviceOps | None = None) -> None:
@@ -60,7 +61,8 @@ class MirroredStrategy(Strategy):
         """The synchronous pipeline with this strategy's all-reduce algorithm (and bucketing)."""
         return PipelineConfig(devices=self.extended.worker_devices, strategy=type(self).__name__,
                               collective_attrs=self._cross_device_ops.collective_attrs(),
-                              bucketing=self._cross_device_ops.bucketing() or None)
+                              bucketing=self._cross_device_ops.bucketing() or None,
+                              shard_optimizer_state=self._cross_device_ops.shard_optimizer_state)
 
     def _variable_class(self) -> type:
         return MirroredVariable

@@ -8,6 +8,10 @@ runs them between the backends' segments, never a backend:
   participant gets the reduction;
 * ``AllGather(x) -> y`` (``axis``, ``group_key``, ``group_size``): the
   participants' values concatenated along ``axis`` in replica order;
+* ``ReduceScatter(x) -> y`` (``reduce_op``, ``group_key``, ``group_size``,
+  ``shard``): the participants' rank-1 values reduced, and participant
+  ``shard`` gets elements ``[shard * k, (shard + 1) * k)`` of the result
+  (``k = len(x) / group_size``);
 * ``CrossWorkerAllReduce`` / ``CrossWorkerAllGather`` (``num_workers``,
   ``sequence``, ``comm_group``): the same between worker processes, through MPI;
 * ``PSPull`` / ``PSPush`` (``ps``, ``key``, ``row_start``, ``row_stop``): read a
@@ -25,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from graphdist.errors import GraphError
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Node
 from graphdist.ir.ops import OpDef, TypeList, _in, _unary, normalize_axis, register_op
 
@@ -66,6 +71,18 @@ def _infer_shard(node: Node, _: int | None) -> TypeList:
     return [(x.dtype, tuple(shape))]
 
 
+def _infer_scatter(node: Node, _: int | None) -> TypeList:
+    x = _in(node, 0)
+    count = int(node.attrs.get("group_size", 1))
+    if x.rank != 1:
+        raise GraphError(f"ReduceScatter {node.name} takes a rank-1 value, got {x.type_str()}; flatten it first")
+    size = x.shape[0]
+    if isinstance(size, int) and size % count:
+        raise GraphError(f"ReduceScatter {node.name}: {size} elements do not split into {count} equal shards; "
+                         "pad the value to a multiple of the group size first")
+    return [(x.dtype, (size // count if isinstance(size, int) else f"{size}/{count}",))]
+
+
 _REDUCERS = {"SUM": np.add, "MEAN": np.add, "MAX": np.maximum, "MIN": np.minimum}
 
 
@@ -84,6 +101,12 @@ def _reference_all_gather(*values: np.ndarray, axis: int = 0, **_: Any) -> tuple
     """All-gather over the given participants."""
     joined = np.concatenate(values, axis=axis)
     return tuple(np.array(joined, copy=True) for _ in values)
+
+
+def _reference_reduce_scatter(*values: np.ndarray, reduce_op: str = "SUM", **_: Any) -> tuple[np.ndarray, ...]:
+    """Reduce-scatter over the given participants (participant ``i`` gets shard ``i`` of the reduction)."""
+    total = _reference_all_reduce(*values, reduce_op=reduce_op)[0]
+    return tuple(np.array(part, copy=True) for part in np.split(total, len(values)))
 
 
 def _reference_identity(value: np.ndarray, **_: Any) -> tuple[np.ndarray]:
@@ -106,6 +129,9 @@ def register_comm_ops() -> None:
     register_op(OpDef("AllGather", GRAPHDIST_DOMAIN, gathered("group_size"), reference=_reference_all_gather,
                       doc="Concatenate a value over a replica group along `axis`.",
                       attrs={"axis": 0, "group_size": 1}))
+    register_op(OpDef("ReduceScatter", GRAPHDIST_DOMAIN, _infer_scatter, reference=_reference_reduce_scatter,
+                      doc="Reduce rank-1 values over a replica group; member `shard` gets that equal shard of it.",
+                      attrs={"reduce_op": "SUM", "group_size": 1, "shard": 0}))
     register_op(OpDef("Transfer", GRAPHDIST_DOMAIN, _unary(), reference=_reference_identity,
                       doc="Moves a value to the node's device (inserted by PartitionPass)."))
     cross_worker = _between_processes("cross-worker collectives (the MPI communicator)")

@@ -16,7 +16,10 @@ Kinds of placement:
 * ``"mirrored"``: a copy on every replica's device, kept equal by identical updates;
 * ``"central"``: one copy on ``devices[0]``, the parameter device; replicas read it there;
 * ``"ps"``: rows ``start:stop`` of the variable on parameter-server task ``ps`` under
-  ``key``, one :class:`Shard` per part (``devices`` names the ps tasks).
+  ``key``, one :class:`Shard` per part (``devices`` names the ps tasks);
+* ``"sharded"``: an optimizer slot split evenly over the replicas' devices
+  (ZeRO-1, ``passes.shard_optimizer_state``): each replica reads and updates
+  only its slice of the flattened value.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from graphdist.errors import GraphError
 
 __all__ = ["KINDS", "Shard", "VariableSpec", "VariablePlacement", "PlacementSpec", "variable_specs", "placement_of"]
 
-KINDS = ("local", "mirrored", "central", "ps")
+KINDS = ("local", "mirrored", "central", "ps", "sharded")
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,8 @@ class VariablePlacement:
             return f"on {parts}"
         if self.kind == "mirrored":
             return "mirrored on " + ", ".join(self.devices)
+        if self.kind == "sharded":
+            return f"sharded 1/{len(self.devices)} on each of " + ", ".join(self.devices)
         return f"{'central on' if self.kind == 'central' else 'on'} {self.devices[0]}" if self.devices else "-"
 
     def to_json(self) -> dict[str, Any]:

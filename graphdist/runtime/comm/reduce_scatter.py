@@ -1,0 +1,55 @@
+"""Reduce-scatter between the logical devices of one process (``graphdist.ReduceScatter`` tasks).
+
+Participant ``i`` of a group gets shard ``i`` of the reduction of the
+participants' rank-1 buffers. Devices of one process share host memory, so
+the reduction is computed once, by the local communicator's all-reduce (each
+element is combined once, as a ring reduce-scatter would), and every
+participant receives a read-only view of its own shard: no shard is copied.
+Importing this module registers the handler with the scheduler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from graphdist.errors import InvalidArgumentError
+from graphdist.runtime.comm import local
+from graphdist.runtime.scheduler import register_comm_handler
+
+__all__ = ["reduce_scatter"]
+
+
+def reduce_scatter(buffers: Sequence[np.ndarray], reduce_op: Any = "SUM", algorithm: str = "ring") -> list[np.ndarray]:
+    """Reduces rank-1 ``buffers`` and returns shard ``i`` of the result for participant ``i``.
+
+    Args:
+        buffers: One rank-1 array per participant, all of one dtype and length,
+            the length a multiple of the participant count.
+        reduce_op: ``"SUM"``, ``"MEAN"``, ``"MAX"`` or ``"MIN"``.
+        algorithm: The local communicator's all-reduce algorithm.
+
+    Returns:
+        One read-only array of ``len(buffer) / len(buffers)`` elements per participant.
+
+    Raises:
+        InvalidArgumentError: A buffer is not rank 1, or its length does not split evenly.
+    """
+    count = len(buffers)
+    for buffer in buffers:
+        if np.ndim(buffer) != 1 or count == 0 or np.shape(buffer)[0] % count:
+            raise InvalidArgumentError(
+                f"reduce-scatter needs rank-1 buffers whose length is a multiple of the {count} participants, got "
+                f"shape {np.shape(buffer)}; pad the value to a multiple of the group size")
+    total = local.all_reduce(list(buffers), reduce_op, algorithm)[0]
+    shard = total.shape[0] // count
+    return [total[i * shard:(i + 1) * shard] for i in range(count)]
+
+
+def _run_task(op: str, attrs: dict[str, Any], buffers: list[np.ndarray]) -> list[np.ndarray]:
+    return reduce_scatter(buffers, attrs.get("reduce_op", "SUM"), str(attrs.get("algorithm", "ring")))
+
+
+register_comm_handler("ReduceScatter", _run_task)

@@ -1,0 +1,408 @@
+"""ShardOptimizerStatePass: ZeRO-1, each replica updates and keeps its 1/N slice of every optimizer slot.
+
+After :class:`passes.insert_collectives.InsertCollectivesPass` a variable's
+gradient is an ``AllReduce`` (SUM) group with one member per replica, and
+its update (the optimizer's elementwise arithmetic on the summed gradient,
+the variable and its slots) is computed on one replica, the one whose
+values ``LowerVariableUpdatesPass`` writes back; the other replicas' copies
+of the update are dead. This pass rewrites that into the ZeRO-1 form
+(PyTorch's ``ZeroRedundancyOptimizer``): the flattened gradient, padded to
+a multiple of the replica count N, is reduce-scattered; replica ``r``
+updates elements ``[r * k, (r + 1) * k)`` of the variable and of every slot
+(``k = ceil(size / N)``); the updated weights are all-gathered.
+
+Invariant established: every gradient group this pass can shard is a
+``ReduceScatter`` group followed by N copies of the update on ``k``-element
+slices and an ``AllGather`` of the new weights; ``graph.meta["sharded_state"]``
+maps each sharded slot's variable uid to ``{"replicas", "shard", "size"}``
+and ``graph.meta["placement"]`` places those slots ``"sharded"`` (each
+replica reads and updates only its slice; the write-back assembles the
+slices into the variable's value, a copy between devices of one process).
+
+Cases:
+
+* a group whose update is elementwise (``_ELEMENTWISE``) over the summed
+  gradient, values of the variable's shape and scalars, and whose results
+  are only variable updates: sharded (SGD, momentum, Adam, AdamW, RMSprop,
+  Adagrad updates are);
+* a variable with fewer elements than replicas, or a size that does not
+  divide: padded with zeros to ``k * N`` (the padding is updated like any
+  element and sliced off, so it never reaches the variable);
+* a trainable variable's new value: all-gathered; replica ``L`` (the one
+  written back) slices and reshapes it;
+* a non-trainable variable updated there (an optimizer slot): its slices
+  are concatenated on replica ``L`` for the write-back, never all-gathered;
+* a group that is not a gradient update (a loss reduction), whose summed
+  value is read by more than one replica or by a non-elementwise op,
+  reduced with another op than SUM, spans other workers
+  (``group_size`` above the local members), has a scalar, symbolic or
+  non-float value, or a single member: left unchanged (logged at DEBUG);
+* nothing to shard (also a second run): unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import graphdist.runtime.comm.reduce_scatter  # noqa: F401 - registers the local ReduceScatter handler
+from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Node, Value
+from graphdist.ir.placement import PlacementSpec, VariablePlacement, variable_specs
+from passes.base import PassBase, PassContext, PassResult
+
+__all__ = ["ShardOptimizerStatePass", "state_bytes_per_replica"]
+
+logger = logging.getLogger(__name__)
+
+#: ONNX ops whose output element i depends only on element i of each (same-shape or scalar) input.
+_ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Neg", "Sqrt", "Pow", "Abs", "Exp", "Log", "Reciprocal",
+                          "Max", "Min", "Cast", "Identity", "Where", "Sign", "Clip", "Relu", "Tanh", "Sigmoid",
+                          "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or"})
+
+
+@dataclass
+class _Update:
+    """One gradient group's update, as found on the replica written back."""
+
+    members: list[Node]  # the AllReduce members, by replica
+    owner: Node  # the member whose result the update reads
+    nodes: list[Node]  # the update's nodes, in graph order
+    results: list[tuple[Value, str, bool]]  # (updated value, variable uid, trainable)
+    dead: list[Node] = field(default_factory=list)  # other replicas' unused copies of the update
+
+
+class ShardOptimizerStatePass(PassBase):
+    """Rewrites all-reduce + update into reduce-scatter -> sliced update -> all-gather (ZeRO-1)."""
+
+    def call(self, graph: Graph, ctx: PassContext) -> PassResult:
+        live = _live_nodes(graph)
+        specs = {spec.uid: (name, spec) for name, spec in variable_specs(graph)}
+        updated = {name: uid for name, uid in graph.meta.get("variable_updates", [])}
+        updates = [u for u in (self._analyse(graph, members, live, updated, specs)
+                               for members in _gradient_groups(graph).values()) if u is not None]
+        if not updates:
+            return PassResult(graph, modified=False)
+        sharded: dict[str, dict[str, int]] = dict(graph.meta.get("sharded_state", {}))
+        for update in updates:
+            sharded.update(_Rewrite(graph, update).apply())
+        graph.topological_sort()  # the new nodes sit before the group's first member; some read later values
+        graph.meta["sharded_state"] = sharded
+        _place_sharded(graph, sharded, ctx)
+        return PassResult(graph, modified=True)
+
+    @staticmethod
+    def _analyse(graph: Graph, members: list[Node], live: set[int], updated: dict[str, str],
+                 specs: dict[str, Any]) -> _Update | None:
+        """The group's update when it can be sharded, else ``None`` (the reason logged)."""
+        first = members[0]
+        key = first.attrs.get("group_key")
+        reason = _group_problem(members)
+        if reason is None:
+            readers = [m for m in members if any(id(n) in live for n, _ in m.outputs[0].uses)]
+            reason = None if len(readers) == 1 else f"{len(readers)} replicas read the sum"
+        if reason is not None:
+            logger.debug("ShardOptimizerStatePass: group %s left unsharded: %s", key, reason)
+            return None
+        owner = readers[0]
+        shape = owner.outputs[0].shape
+        nodes, reason = _closure(owner.outputs[0], live, shape)
+        results: list[tuple[Value, str, bool]] = []
+        if reason is None:
+            inside = {id(n) for n in nodes}
+            for node in nodes:
+                for out in node.outputs:
+                    outside = [n for n, _ in out.uses if id(n) not in inside]
+                    if not outside and out not in graph.outputs:
+                        continue
+                    uid = updated.get(out.name)
+                    if outside or uid is None or uid not in specs:
+                        reason = f"%{out.name} is read outside the update"
+                        break
+                    results.append((out, uid, bool(specs[uid][1].trainable)))
+        if reason is None and not results:
+            reason = "its sum updates no variable"
+        if reason is not None:
+            logger.debug("ShardOptimizerStatePass: group %s left unsharded: %s", key, reason)
+            return None
+        dead = _downstream(members, live)
+        return _Update(members, owner, nodes, results, dead)
+
+
+def _live_nodes(graph: Graph) -> set[int]:
+    """Ids of the nodes whose results reach a graph output or a side-effecting node."""
+    live: set[int] = set()
+    stack = [v.producer for v in graph.outputs if v.producer is not None]
+    stack += [n for n in graph.nodes if n.meta.get("side_effect")]
+    while stack:
+        node = stack.pop()
+        if id(node) in live:
+            continue
+        live.add(id(node))
+        stack.extend(v.producer for v in node.inputs if v is not None and v.producer is not None)
+    return live
+
+
+def _gradient_groups(graph: Graph) -> dict[str, list[Node]]:
+    groups: dict[str, list[Node]] = {}
+    for node in graph.nodes:
+        if node.domain == GRAPHDIST_DOMAIN and node.op_type == "AllReduce":
+            groups.setdefault(str(node.attrs.get("group_key") or node.name), []).append(node)
+    for members in groups.values():
+        members.sort(key=lambda m: m.meta.get("replica", 0))
+    return groups
+
+
+def _group_problem(members: list[Node]) -> str | None:
+    """Why the group cannot be reduce-scattered here, or ``None``."""
+    first = members[0]
+    value = first.inputs[0]
+    replicas = [m.meta.get("replica") for m in members]
+    if len(members) < 2:
+        return "a single participant"
+    if int(first.attrs.get("group_size", len(members))) != len(members):
+        return "it spans other workers"
+    if replicas != list(range(len(members))):
+        return f"its members are replicas {replicas}, not 0..{len(members) - 1}"
+    if str(first.attrs.get("reduce_op", "SUM")).upper() != "SUM":
+        return f"reduce_op {first.attrs.get('reduce_op')}"
+    if not value.shape or not value.is_static or np.dtype(value.dtype).kind != "f":
+        return f"a {value.type_str()} value (scalars, symbolic shapes and non-floats stay whole)"
+    return None
+
+
+def _closure(start: Value, live: set[int], shape: tuple) -> tuple[list[Node], str | None]:
+    """Live nodes reachable from ``start``, if all are elementwise on ``shape`` (else the reason)."""
+    seen: dict[int, Node] = {}
+    stack = [n for n, _ in start.uses if id(n) in live]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        if node.domain != ONNX_DOMAIN or node.op_type not in _ELEMENTWISE:
+            return [], f"the update uses {node.qualified_op} ({node.name}), which is not elementwise"
+        for out in node.outputs:
+            if tuple(out.shape) != tuple(shape):
+                return [], f"{node.name} makes a {out.type_str()} value"
+        for value in node.inputs:
+            if value is not None and tuple(value.shape) not in (tuple(shape), (), (1,)):
+                return [], f"{node.name} reads %{value.name}: {value.type_str()}"
+        seen[id(node)] = node
+        stack.extend(n for out in node.outputs for n, _ in out.uses if id(n) in live)
+    _add_feeders(seen, shape)
+    graph = start.producer.graph if start.producer is not None else None
+    order = {id(n): i for i, n in enumerate(graph.nodes)} if graph is not None else {}
+    return sorted(seen.values(), key=lambda n: order.get(id(n), 0)), None
+
+
+def _add_feeders(nodes: dict[int, Node], shape: tuple) -> None:
+    """Adds to ``nodes`` the elementwise producers of its full-shape inputs that only it reads.
+
+    ``b1 * m`` of Adam does not depend on the gradient, but it is slot arithmetic: sliced with the
+    update, each replica computes its slice of it instead of reading the whole product from one replica.
+    """
+    grown = True
+    while grown:
+        grown = False
+        for node in list(nodes.values()):
+            for value in node.inputs:
+                producer = value.producer if value is not None else None
+                if (producer is None or id(producer) in nodes or tuple(value.shape) != tuple(shape)
+                        or producer.domain != ONNX_DOMAIN or producer.op_type not in _ELEMENTWISE
+                        or producer.meta.get("side_effect")):
+                    continue
+                outputs_ok = all(tuple(out.shape) == tuple(shape) and out.uses
+                                 and all(id(n) in nodes for n, _ in out.uses) for out in producer.outputs)
+                inputs_ok = all(v is None or tuple(v.shape) in (tuple(shape), (), (1,)) for v in producer.inputs)
+                graph_outputs = producer.graph.outputs if producer.graph is not None else []
+                if outputs_ok and inputs_ok and not any(out in graph_outputs for out in producer.outputs):
+                    nodes[id(producer)] = producer
+                    grown = True
+
+
+def _downstream(members: list[Node], live: set[int]) -> list[Node]:
+    """Dead nodes fed (transitively) by the members' results: the other replicas' unused updates."""
+    seen: dict[int, Node] = {}
+    stack = [n for m in members for n, _ in m.outputs[0].uses if id(n) not in live]
+    while stack:
+        node = stack.pop()
+        if id(node) not in seen and id(node) not in live:
+            seen[id(node)] = node
+            stack.extend(n for out in node.outputs for n, _ in out.uses)
+    return list(seen.values())
+
+
+class _Rewrite:
+    """Builds the sharded form of one :class:`_Update` and removes the old one."""
+
+    def __init__(self, graph: Graph, update: _Update) -> None:
+        self.graph, self.update = graph, update
+        self.count = len(update.members)
+        self.shape = tuple(update.owner.outputs[0].shape)
+        self.size = int(np.prod(self.shape, dtype=np.int64))
+        self.shard = -(-self.size // self.count)
+        self.key = str(update.members[0].attrs.get("group_key"))
+        self.last = update.owner.meta.get("replica", 0)
+        self._slices: dict[tuple[int, int], Value] = {}
+
+    def apply(self) -> dict[str, dict[str, int]]:
+        """Rewrites the graph; returns ``uid -> layout`` of the sharded slots."""
+        anchor = self.update.members[0]
+        new_nodes: list[Node] = []
+        outputs: dict[int, list[Value]] = {id(v): [] for v, _, _ in self.update.results}
+        for replica, member in enumerate(self.update.members):
+            with _Collect(self.graph, new_nodes, replica):
+                gradient = self._scatter(member, replica)
+                mapping = {id(self.update.owner.outputs[0]): gradient}
+                for node in self.update.nodes:
+                    self._clone(node, mapping, replica)
+                for value, _, _ in self.update.results:
+                    outputs[id(value)].append(mapping[id(value)])
+        sharded: dict[str, dict[str, int]] = {}
+        with _Collect(self.graph, new_nodes, self.last):
+            finals = {}
+            for value, uid, trainable in self.update.results:
+                parts = outputs[id(value)]
+                finals[id(value)] = self._gather(parts, value) if trainable else self._concat(parts, value)
+                if not trainable:
+                    sharded[uid] = {"replicas": self.count, "shard": self.shard, "size": self.size}
+        for node in new_nodes:
+            self.graph.insert_before(anchor, node)
+        self._rewire(finals)
+        self._remove_old()
+        return sharded
+
+    # ------------------------------------------------------------ building
+    def _flat(self, value: Value, name: str) -> Value:
+        """``value`` flattened and zero-padded to ``shard * count`` elements."""
+        flat = self.graph.add_node("Reshape", [value, self._const("flat", [-1])], name=f"{name}_flat").outputs[0]
+        pad = self.shard * self.count - self.size
+        if pad:
+            zeros = self._const("zeros", np.zeros(pad, np.dtype(value.dtype)))
+            flat = self.graph.add_node("Concat", [flat, zeros], {"axis": 0}, name=f"{name}_pad").outputs[0]
+        return flat
+
+    def _scatter(self, member: Node, replica: int) -> Value:
+        flat = self._flat(member.inputs[0], "zero_grad")
+        attrs = {k: v for k, v in member.attrs.items() if k not in ("algorithm", "root")}
+        attrs.update(group_key=f"{self.key}.scatter", shard=replica)
+        node = self.graph.add_node("ReduceScatter", [flat], attrs, domain=GRAPHDIST_DOMAIN, name="reduce_scatter")
+        node.meta["side_effect"] = True
+        return node.outputs[0]
+
+    def _slice(self, value: Value, replica: int) -> Value:
+        """Elements ``[replica * shard, (replica + 1) * shard)`` of ``value`` flattened and padded."""
+        key = (id(value), replica)
+        if key not in self._slices:
+            flat = self._flat(value, "zero_slice")
+            start, stop = replica * self.shard, (replica + 1) * self.shard
+            self._slices[key] = self.graph.add_node(
+                "Slice", [flat, self._const("starts", [start]), self._const("ends", [stop]),
+                          self._const("axes", [0])], name="zero_slice").outputs[0]
+        return self._slices[key]
+
+    def _clone(self, node: Node, mapping: dict[int, Value], replica: int) -> None:
+        inputs = []
+        for value in node.inputs:
+            if value is None or id(value) in mapping:
+                inputs.append(None if value is None else mapping[id(value)])
+            elif tuple(value.shape) == self.shape:
+                inputs.append(self._slice(value, replica))
+            else:
+                inputs.append(value)  # a scalar (learning rate, betas): the same on every slice
+        twin = self.graph.add_node(node.op_type, inputs, dict(node.attrs), domain=node.domain,
+                                   name=f"{node.name}_shard")
+        for out, new in zip(node.outputs, twin.outputs):
+            mapping[id(out)] = new
+
+    def _gather(self, parts: list[Value], value: Value) -> Value:
+        """All-gathers the new weight slices; replica ``last``'s copy, un-padded, is the new value."""
+        gathered = None
+        for replica, part in enumerate(parts):
+            node = self.graph.add_node("AllGather", [part], {"axis": 0, "group_key": f"{self.key}.gather",
+                                                             "group_size": self.count},
+                                       domain=GRAPHDIST_DOMAIN, name="all_gather")
+            node.meta.update(replica=replica, side_effect=True)
+            if replica == self.last:
+                gathered = node.outputs[0]
+        return self._unflatten(gathered, value)
+
+    def _concat(self, parts: list[Value], value: Value) -> Value:
+        joined = self.graph.add_node("Concat", parts, {"axis": 0}, name="zero_state").outputs[0]
+        return self._unflatten(joined, value)
+
+    def _unflatten(self, flat: Value, like: Value) -> Value:
+        if self.shard * self.count != self.size:
+            flat = self.graph.add_node("Slice", [flat, self._const("starts", [0]), self._const("ends", [self.size]),
+                                                 self._const("axes", [0])], name="zero_unpad").outputs[0]
+        return self.graph.add_node("Reshape", [flat, self._const("shape", list(self.shape))],
+                                   name="zero_update").outputs[0]
+
+    def _const(self, name: str, array: Any) -> Value:
+        array = np.asarray(array)
+        return self.graph.add_initializer(f"zero_{name}", array if array.dtype != np.int32 else array.astype(np.int64))
+
+    # ------------------------------------------------------------ removing
+    def _rewire(self, finals: dict[int, Value]) -> None:
+        names = {}
+        for value, _, _ in self.update.results:
+            self.graph.replace_all_uses_with(value, finals[id(value)])
+            names[value.name] = finals[id(value)].name
+        self.graph.meta["variable_updates"] = [(names.get(out, out), uid)
+                                               for out, uid in self.graph.meta.get("variable_updates", [])]
+
+    def _remove_old(self) -> None:
+        doomed = {id(n): n for n in [*self.update.dead, *self.update.nodes, *self.update.members]}
+        for node in reversed([n for n in self.graph.nodes if id(n) in doomed]):
+            for out in node.outputs:
+                for user, index in list(out.uses):
+                    if id(user) not in doomed:  # a dead reader outside the update: it reads nothing now
+                        user.replace_input(index, None)
+            self.graph.remove_node(node)
+
+
+class _Collect:
+    """Moves the nodes ``graph.add_node`` appends inside the block into ``sink``, tagged with ``replica``."""
+
+    def __init__(self, graph: Graph, sink: list[Node], replica: int) -> None:
+        self.graph, self.sink, self.replica = graph, sink, replica
+
+    def __enter__(self) -> _Collect:
+        self.start = len(self.graph.nodes)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        added = self.graph.nodes[self.start:]
+        del self.graph.nodes[self.start:]
+        for node in added:
+            node.meta.setdefault("replica", self.replica)
+            node.meta.setdefault("context", "replica")
+        self.sink.extend(added)
+
+
+def _place_sharded(graph: Graph, sharded: dict[str, dict[str, int]], ctx: PassContext) -> None:
+    """Records the sharded slots in a new ``graph.meta["placement"]`` (the old spec may be shared)."""
+    old: PlacementSpec | None = graph.meta.get("placement")
+    placements = dict(old.variables) if old is not None else {}
+    for uid, layout in sharded.items():
+        placements[uid] = VariablePlacement("sharded", tuple(ctx.devices[:layout["replicas"]]))
+    graph.meta["placement"] = PlacementSpec(placements)
+
+
+def state_bytes_per_replica(graph: Graph) -> int:
+    """Bytes of non-trainable variable state (optimizer slots, counters) one replica keeps and updates.
+
+    A slot sharded by :class:`ShardOptimizerStatePass` counts its slice (``shard`` elements), any other
+    non-trainable variable counts whole (every replica of a mirrored strategy holds a copy).
+    """
+    sharded = graph.meta.get("sharded_state", {})
+    total = 0
+    for _, spec in variable_specs(graph):
+        if spec.trainable:
+            continue
+        itemsize = np.dtype(spec.dtype).itemsize
+        layout = sharded.get(spec.uid)
+        total += itemsize * (layout["shard"] if layout else int(np.prod(spec.shape, dtype=np.int64)))
+    return total
