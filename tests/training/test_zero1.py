@@ -1,0 +1,115 @@
+"""ZeRO-1 (``gd.NcclAllReduce(shard_optimizer_state=True)``) trains exactly like the unsharded strategy:
+weights and Adam moments after 5 steps under Mirrored(2) and Mirrored(4) (a bias of 3 elements over 4
+replicas is padded); each replica holds 1/N of the optimizer slots in the plan; checkpoints taken under
+ZeRO restore into a plain OneDevice optimizer and back, and training resumes exactly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import graphdist as gd
+from models.mlp import MLP
+from passes.shard_optimizer_state import state_bytes_per_replica
+
+SIZES = (6, 8, 3)
+BATCH = 16
+RNG = np.random.default_rng(3)
+X = RNG.standard_normal((5, BATCH, SIZES[0])).astype(np.float32)
+LABELS = RNG.integers(0, SIZES[-1], (5, BATCH))
+
+
+def _devices(n: int) -> list[str]:
+    return [f"cpu:{i}" for i in range(n)]
+
+
+def _strategy(replicas: int, zero: bool) -> gd.Strategy:
+    if replicas == 1:
+        return gd.OneDeviceStrategy("cpu:0")
+    return gd.MirroredStrategy(_devices(replicas), cross_device_ops=gd.NcclAllReduce(shard_optimizer_state=zero))
+
+
+class _Trainer:
+    """An MLP with Adam under ``strategy``; ``step(i)`` trains on batch ``i``."""
+
+    def __init__(self, strategy: gd.Strategy) -> None:
+        self.strategy = strategy
+        with strategy.scope():
+            self.model = MLP(SIZES, seed=0, trainable=True)
+            self.optimizer = gd.optimizers.Adam(0.05)
+        replica_step = self.model.make_train_step(self.optimizer, BATCH)
+
+        @gd.function
+        def train(x, labels):
+            return strategy.reduce("SUM", strategy.run(replica_step, args=(x, labels)), axis=None)
+
+        self.train = train
+
+    def batch(self, i: int) -> tuple:
+        dataset = gd.data.Dataset.from_tensors((X[i], LABELS[i]))
+        return next(iter(self.strategy.experimental_distribute_dataset(dataset)))
+
+    def step(self, i: int) -> None:
+        self.train(*self.batch(i))
+
+    def state(self) -> list[np.ndarray]:
+        return [v.numpy() for v in (*self.model.trainable_variables, *self.optimizer.variables())]
+
+
+def _trained(strategy: gd.Strategy, steps: int = 5) -> _Trainer:
+    trainer = _Trainer(strategy)
+    for i in range(steps):
+        trainer.step(i)
+    return trainer
+
+
+def _assert_close(got: list[np.ndarray], want: list[np.ndarray]) -> None:
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_five_adam_steps_equal_unsharded(replicas: int) -> None:
+    plain = _trained(_strategy(replicas, zero=False))
+    sharded = _trained(_strategy(replicas, zero=True))
+    _assert_close(sharded.state(), plain.state())
+    rewritten = sharded.train.get_concrete_function(*sharded.batch(0)).graph("rewritten")
+    assert len(rewritten.find_nodes("ReduceScatter", gd.ir.GRAPHDIST_DOMAIN)) == 4 * replicas   # 4 variables
+    assert len(rewritten.find_nodes("AllGather", gd.ir.GRAPHDIST_DOMAIN)) == 4 * replicas
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_each_replica_holds_its_share_of_the_slots(replicas: int) -> None:
+    plain, sharded = (_Trainer(_strategy(replicas, zero)) for zero in (False, True))
+    plans = [t.train.get_concrete_function(*t.batch(0)).plan for t in (plain, sharded)]
+    sizes = [SIZES[0] * SIZES[1], SIZES[1], SIZES[1] * SIZES[2], SIZES[2]]
+    counter = 8  # Adam/iterations (int64), kept whole
+    assert state_bytes_per_replica(plans[0].graph) == counter + sum(2 * 4 * n for n in sizes)
+    shards = [-(-n // replicas) for n in sizes]  # 3 elements over 4 replicas: padded to one each
+    assert state_bytes_per_replica(plans[1].graph) == counter + sum(2 * 4 * k for k in shards)
+    assert f"sharded 1/{replicas} on each of" in plans[1].summary()
+    assert "sharded" not in plans[0].summary()
+
+
+def test_checkpoint_moves_between_zero_and_one_device(tmp_path: Path) -> None:
+    want = _trained(_strategy(2, zero=True)).state()
+    first = _trained(_strategy(2, zero=True), steps=2)
+    path = gd.train.Checkpoint(model=first.model, optimizer=first.optimizer).save(tmp_path / "zero2.npz")
+    single = _Trainer(_strategy(1, zero=False))
+    gd.train.Checkpoint(model=single.model, optimizer=single.optimizer).restore(path)
+    single.step(2)
+    path = gd.train.Checkpoint(model=single.model, optimizer=single.optimizer).save(tmp_path / "one.npz")
+    back = _Trainer(_strategy(4, zero=True))
+    gd.train.Checkpoint(model=back.model, optimizer=back.optimizer).restore(path)
+    back.step(3)
+    back.step(4)
+    _assert_close(back.state(), want)
+
+
+def test_shard_optimizer_state_must_be_a_bool() -> None:
+    with pytest.raises(gd.errors.InvalidArgumentError, match="shard_optimizer_state must be True or False"):
+        gd.NcclAllReduce(shard_optimizer_state="yes")
+    assert "shard_optimizer_state=True" in repr(gd.NcclAllReduce(shard_optimizer_state=True))
