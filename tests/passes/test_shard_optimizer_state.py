@@ -1,0 +1,135 @@
+"""ShardOptimizerStatePass: a gradient all-reduce + momentum update (as InsertCollectivesPass leaves it)
+vs the hand-built reduce-scatter -> sliced update -> all-gather structure, honest ``modified``, a second run
+changes nothing, the rewritten graph computes the same update, and a non-gradient all-reduce is left alone."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphdist.backends import get_backend
+from graphdist.compile.plan import Plan
+from graphdist.ir import GRAPHDIST_DOMAIN, Graph, Value, assert_structural_equal, verify
+from graphdist.ir.placement import VariableSpec
+from passes.assign_devices import AssignDevicesPass
+from passes.base import PassContext, PassManager
+from passes.eliminate_dead_nodes import EliminateDeadNodesPass
+from passes.lower_collectives import LowerCollectivesPass
+from passes.partition import PartitionPass
+from passes.shard_optimizer_state import ShardOptimizerStatePass
+
+CTX = PassContext(devices=("cpu:0", "cpu:1"))
+META = ("replica", "side_effect")
+SHAPE = (3,)  # 3 elements over 2 replicas: shards of 2, one element of padding
+
+
+def _op(graph: Graph, op_type: str, inputs: list, attrs: dict | None = None, *, replica: int,
+        domain: str = "", **meta) -> Value:
+    node = graph.add_node(op_type, inputs, attrs, domain=domain)
+    node.meta.update(context="replica", replica=replica, **meta)
+    return node.outputs[0]
+
+
+def _before() -> Graph:
+    """Two replicas' gradients all-reduced; replica 1's momentum update is written back, replica 0's is dead."""
+    graph = Graph("before")
+    grads = [graph.add_input(f"g{r}", np.float32, SHAPE) for r in range(2)]
+    w, m = graph.add_input("w", np.float32, SHAPE), graph.add_input("m", np.float32, SHAPE)
+    mu, lr = graph.add_initializer("mu", np.float32(0.9)), graph.add_initializer("lr", np.float32(0.1))
+    sums = [_op(graph, "AllReduce", [grads[r]], {"reduce_op": "SUM", "group_key": "g", "group_size": 2},
+                replica=r, domain=GRAPHDIST_DOMAIN, side_effect=True) for r in range(2)]
+    for r in range(2):
+        new_m = _op(graph, "Add", [_op(graph, "Mul", [mu, m], replica=r), sums[r]], replica=r)
+        new_w = _op(graph, "Sub", [w, _op(graph, "Mul", [lr, new_m], replica=r)], replica=r)
+    graph.outputs = [new_w, new_m]
+    graph.meta["variables"] = [("w", VariableSpec("w1", "w", "<f4", SHAPE, True, "MirroredVariable")),
+                               ("m", VariableSpec("m1", "m", "<f4", SHAPE, False, "MirroredVariable"))]
+    graph.meta["variable_updates"] = [(new_w.name, "w1"), (new_m.name, "m1")]
+    return graph
+
+
+def _expected() -> Graph:
+    graph = Graph("expected")
+    grads = [graph.add_input(f"g{r}", np.float32, SHAPE) for r in range(2)]
+    w, m = graph.add_input("w", np.float32, SHAPE), graph.add_input("m", np.float32, SHAPE)
+    mu, lr = graph.add_initializer("mu", np.float32(0.9)), graph.add_initializer("lr", np.float32(0.1))
+
+    def padded(value: Value, replica: int) -> Value:
+        flat = _op(graph, "Reshape", [value, graph.add_initializer("flat", np.array([-1]))], replica=replica)
+        return _op(graph, "Concat", [flat, graph.add_initializer("pad", np.zeros(1, np.float32))], {"axis": 0},
+                   replica=replica)
+
+    def sliced(value: Value, replica: int) -> Value:
+        bounds = [graph.add_initializer(n, np.array([b])) for n, b in (("s", 2 * replica), ("e", 2 * replica + 2),
+                                                                       ("a", 0))]
+        return _op(graph, "Slice", [padded(value, replica), *bounds], replica=replica)
+
+    new_ms, new_ws = [], []
+    for r in range(2):
+        scattered = _op(graph, "ReduceScatter", [padded(grads[r], r)],
+                        {"reduce_op": "SUM", "group_key": "g.scatter", "group_size": 2, "shard": r},
+                        replica=r, domain=GRAPHDIST_DOMAIN, side_effect=True)
+        new_m = _op(graph, "Add", [_op(graph, "Mul", [mu, sliced(m, r)], replica=r), scattered], replica=r)
+        step = _op(graph, "Mul", [lr, new_m], replica=r)
+        new_ws.append(_op(graph, "Sub", [sliced(w, r), step], replica=r))
+        new_ms.append(new_m)
+
+    def unflatten(flat: Value) -> Value:
+        bounds = [graph.add_initializer(n, np.array([b])) for n, b in (("s", 0), ("e", 3), ("a", 0))]
+        whole = _op(graph, "Slice", [flat, *bounds], replica=1)
+        return _op(graph, "Reshape", [whole, graph.add_initializer("shape", np.array(SHAPE))], replica=1)
+
+    m_out = unflatten(_op(graph, "Concat", new_ms, {"axis": 0}, replica=1))
+    gathered = [_op(graph, "AllGather", [new_ws[r]], {"axis": 0, "group_key": "g.gather", "group_size": 2},
+                    replica=r, domain=GRAPHDIST_DOMAIN, side_effect=True) for r in range(2)]
+    graph.outputs = [unflatten(gathered[1]), m_out]
+    _op(graph, "Mul", [mu, m], replica=0)  # replica 0's dead copy of slot arithmetic: EliminateDeadNodesPass's
+    return graph
+
+
+def _shard(graph: Graph) -> Graph:
+    result = ShardOptimizerStatePass()(graph, CTX)
+    assert result.modified
+    verify(result.graph)
+    snapshot = result.graph.copy()
+    again = ShardOptimizerStatePass()(result.graph, CTX)
+    assert not again.modified
+    assert_structural_equal(again.graph, snapshot, meta_keys=META)
+    return result.graph
+
+
+def _run(graph: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    passes = [LowerCollectivesPass(), EliminateDeadNodesPass(), AssignDevicesPass(), PartitionPass()]
+    placed = PassManager(passes).run(graph.copy(), CTX).graph
+    plan = Plan.from_graph(placed).compile(get_backend("reference"))
+    return plan.run({v.name: feeds[v.name] for v in placed.inputs})
+
+
+def test_gradient_group_becomes_reduce_scatter_sliced_update_all_gather() -> None:
+    graph = _shard(_before())
+    assert_structural_equal(graph, _expected(), meta_keys=META)
+    assert graph.meta["sharded_state"] == {"m1": {"replicas": 2, "shard": 2, "size": 3}}
+    assert graph.meta["placement"]["m1"].describe() == "sharded 1/2 on each of cpu:0, cpu:1"
+    outputs = {name for name, _ in graph.meta["variable_updates"]}
+    assert outputs == {v.name for v in graph.outputs}
+
+
+def test_sharded_update_computes_the_same_values() -> None:
+    rng = np.random.default_rng(0)
+    feeds = {name: rng.standard_normal(SHAPE).astype(np.float32) for name in ("g0", "g1", "w", "m")}
+    want = _run(_before(), feeds)
+    got = _run(_shard(_before()), feeds)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    np.testing.assert_allclose(want[1], 0.9 * feeds["m"] + feeds["g0"] + feeds["g1"], rtol=1e-6)
+
+
+def test_a_reduction_that_updates_no_variable_is_left_alone() -> None:
+    graph = Graph("loss")
+    losses = [graph.add_input(f"l{r}", np.float32, (4,)) for r in range(2)]
+    sums = [_op(graph, "AllReduce", [losses[r]], {"reduce_op": "SUM", "group_key": "l", "group_size": 2},
+                replica=r, domain=GRAPHDIST_DOMAIN, side_effect=True) for r in range(2)]
+    graph.outputs = [_op(graph, "Mul", [sums[0], graph.add_initializer("half", np.float32(0.5))], replica=0)]
+    snapshot = graph.copy()
+    result = ShardOptimizerStatePass()(graph, CTX)
+    assert not result.modified
+    assert_structural_equal(result.graph, snapshot, meta_keys=META)
