@@ -280,6 +280,8 @@ class Strategy:
         op = ReduceOp.from_any(reduce_op)
         if axis is not None and (isinstance(axis, bool) or not isinstance(axis, (int, np.integer))):
             raise InvalidArgumentError(f"reduce: axis must be None or an int, got {axis!r}")
+        if any(_is_traced(v) for v in nest.flatten(value)):
+            _refuse_in_replica_context()
         if op is ReduceOp.SUM and self._num_local_replicas() > 1:
             _refuse_non_distributed_sum(value, self._num_local_replicas())
         with self._ensure_scope():
@@ -306,10 +308,7 @@ class Strategy:
         """
         ctx = current_trace()
         self._note_traced(ctx)
-        if context.replica_stack() and context.replica_stack()[-1] is not context.CROSS_REPLICA:
-            raise InvalidArgumentError("strategy.reduce was called inside strategy.run (replica context); call it "
-                                       "on run's result in cross-replica code, or use "
-                                       "gd.get_replica_context().all_reduce(...) inside the replica function")
+        _refuse_in_replica_context()
         parts = _replica_parts(value)
         key = new_group_key("reduce")
         if axis is None:
@@ -479,6 +478,14 @@ def _hashable(value: Any) -> bool:
     except TypeError:
         return False
     return not isinstance(value, np.ndarray)
+
+
+def _refuse_in_replica_context() -> None:
+    """Traced ``strategy.reduce`` belongs to cross-replica code, not to the replica function."""
+    if context.replica_stack() and context.replica_stack()[-1] is not context.CROSS_REPLICA:
+        raise InvalidArgumentError("strategy.reduce was called inside strategy.run (replica context); call it "
+                                   "on run's result in cross-replica code, or use "
+                                   "gd.get_replica_context().all_reduce(...) inside the replica function")
 
 
 def _refuse_non_distributed_sum(value: Any, replicas: int) -> None:
