@@ -12,6 +12,7 @@ Keras models use them).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -22,6 +23,8 @@ from graphdist.trace.tracer import current_trace
 from graphdist.trace.variables import Variable, read_variable
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "get", "deserialize"]
+
+logger = logging.getLogger(__name__)
 
 
 def _number(value: Any, what: str, *, low: float = 0.0, high: float | None = None, strict_low: bool = False) -> float:
@@ -122,7 +125,7 @@ class Optimizer:
             if not isinstance(variable, Variable):
                 raise InvalidArgumentError(f"apply_gradients: expected (gradient, gd.Variable) pairs, got a "
                                            f"{type(variable).__name__} as the variable")
-        pairs = [(g, v) for g, v in pairs if g is not None]
+        pairs = _drop_missing_gradients(pairs, self._name)
         grads = self._aggregate([g for g, _ in pairs])
         step = read_variable(self.iterations) + np.int64(1)
         shared: dict[np.dtype, Any] = {}  # per-step values computed once per dtype
@@ -148,6 +151,19 @@ class Optimizer:
 
     def _update(self, variable: Variable, grad: Any, shared: Any) -> None:
         raise NotImplementedError
+
+
+def _drop_missing_gradients(pairs: list[tuple[Any, Variable]], name: str) -> list[tuple[Any, Variable]]:
+    """The pairs with a gradient; as TF: none at all is an error, some missing a warning naming them."""
+    missing = [v.name for g, v in pairs if g is None]
+    if pairs and len(missing) == len(pairs):
+        raise InvalidArgumentError(f"{name}.apply_gradients: no gradients provided for any variable: {missing}; the "
+                                   "loss does not depend on them (was it computed inside the GradientTape, from "
+                                   "the variables themselves rather than numpy copies of them?)")
+    if missing:
+        logger.warning("%s.apply_gradients: gradients do not exist for variables %s when minimizing the loss; "
+                       "they are left unchanged", name, missing)
+    return [(g, v) for g, v in pairs if g is not None]
 
 
 class SGD(Optimizer):

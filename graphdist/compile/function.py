@@ -327,6 +327,14 @@ class Function:
                 evicted.append(self._concrete.popitem(last=False)[0])
             warn = bool(evicted) and not self._warned_eviction
             self._warned_eviction = self._warned_eviction or warn
+            retraced = self._traces == RETRACE_WARNING_AFTER
+        if retraced:
+            # As tf.function: many traces of one function usually mean shapes or Python values that vary.
+            logger.warning("gd.function %s has been traced %d times, once per new input signature (shapes, dtypes "
+                           "and Python values of the arguments), and every trace compiles again. Pass arrays in "
+                           "place of Python numbers, keep batch shapes fixed (drop_remainder=True, or pad), or "
+                           "give a gd.TensorSpec example; the latest signature: %s",
+                           self._name, self._traces, _describe(concrete._example))
         if warn:
             logger.warning("gd.function %s has been called with more than %d input signatures; the least recently "
                            "used compiled plans are dropped (and traced again if called again). Give it "
@@ -527,6 +535,17 @@ def _replica_output(ctx: TraceContext, value: Tensor, variant: str | None, flat:
     region = {"context": "replica"} if variant is None else {"context": "replica", "variant": variant}
     with ctx.region(**region):
         return ctx.emit1("Identity", [value.value], name="output")
+
+
+#: A function traced this many times gets one warning (tf.function warns after 5 retraces too).
+RETRACE_WARNING_AFTER = 5
+
+
+def _describe(example: tuple[tuple, dict], limit: int = 300) -> str:
+    """``args=(TensorSpec(shape=(6,), dtype=float32),)``, cut at ``limit`` characters."""
+    args, kwargs = example
+    text = f"args={args!r}" + (f", kwargs={kwargs!r}" if kwargs else "")
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _check_max_signatures(value: Any) -> int:

@@ -37,8 +37,39 @@ def _as_traced(ctx: Any, source: Any) -> Any:
     return _as_tensor(ctx, source)
 
 
-def gradients(target: Any, sources: Any) -> Any:
-    """d(sum(target))/d(source) for every source in the nest ``sources``."""
+_UNCONNECTED = ("zero", "none")
+
+
+def _reaches(target: Any, sources: list[Any]) -> list[bool]:
+    """For each source value: does ``target`` depend on it (not only through ``StopGradient``)?"""
+    wanted = {id(v) for v in sources}
+    found: set[int] = set()
+    seen: set[int] = set()
+    stack = [target]
+    while stack:
+        value = stack.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if id(value) in wanted:
+            found.add(id(value))
+        node = value.producer
+        if node is not None and node.op_type != "StopGradient":
+            stack.extend(v for v in node.inputs if v is not None)
+    return [id(v) in found for v in sources]
+
+
+def gradients(target: Any, sources: Any, unconnected_gradients: str = "zero") -> Any:
+    """d(sum(target))/d(source) for every source in the nest ``sources``.
+
+    Args:
+        target: The traced value to differentiate (summed).
+        sources: A nest of variables or traced tensors.
+        unconnected_gradients: ``"zero"`` (zeros for a source the target does
+            not depend on) or ``"none"`` (``None`` for it, TF's default).
+    """
+    if unconnected_gradients not in _UNCONNECTED:
+        raise TracingError(f"unconnected_gradients must be 'zero' or 'none', got {unconnected_gradients!r}")
     ctx = current_trace()
     if ctx is None:
         raise TracingError(_EAGER_HINT)
@@ -57,6 +88,8 @@ def gradients(target: Any, sources: Any) -> Any:
             raise TracingError(f"cannot differentiate with respect to {name} of dtype {value.dtype}: "
                                "only floating-point sources have gradients")
     outs = ctx.emit("Gradient", [target.value, *values], {}, domain=GRAPHDIST_DOMAIN, name="gradient")
+    if unconnected_gradients == "none":
+        outs = [out if connected else None for out, connected in zip(outs, _reaches(target.value, values))]
     return nest.unflatten(treedef, outs)
 
 
@@ -88,7 +121,8 @@ class GradientTape:
                  unconnected_gradients: str = "zero") -> Any:
         """Gradients of ``sum(target)`` with respect to each source in the nest ``sources``.
 
-        Unconnected sources get zeros.
+        Unconnected sources get zeros (``unconnected_gradients="zero"``, graphdist's
+        default) or ``None`` (``"none"``, TensorFlow's default).
         """
         if self._used and not self.persistent:
             raise TracingError("GradientTape.gradient can only be called once on a non-persistent tape; "
@@ -96,7 +130,7 @@ class GradientTape:
         self._used = True
         if output_gradients is not None:
             target = target * output_gradients
-        return gradients(target, sources)
+        return gradients(target, sources, unconnected_gradients=str(unconnected_gradients).lower())
 
 
 def grad(fn: Callable[..., Any], argnums: int | tuple[int, ...] = 0) -> Callable[..., Any]:
