@@ -132,6 +132,7 @@ class Checkpoint:
         if not trackables:
             raise CheckpointError("Checkpoint needs at least one named trackable, e.g. Checkpoint(model=model)")
         self._trackables = trackables
+        self._variables()  # refuses what cannot be checkpointed now, as TF's Checkpoint does
 
     def _variables(self) -> tuple[dict[str, Variable], dict[str, Any], dict[str, dict[str, str]]]:
         out: dict[str, Variable] = {}

@@ -220,7 +220,10 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if args.timeout is not None and args.timeout <= 0:
         raise UsageError(f"launch: --timeout must be > 0 seconds, got {args.timeout}")
     hosts = args.hosts.split(",") if args.hosts else None
-    roles = build_roles(args.workers, args.ps, args.chief, hosts, args.devices_per_worker)
+    try:
+        roles = build_roles(args.workers, args.ps, args.chief, hosts, args.devices_per_worker)
+    except InvalidArgumentError as err:  # bad counts or hosts on the command line: a usage error (status 2)
+        raise UsageError(f"launch: {err}") from err
     if hosts:
         check_hosts([role["host"] for role in roles])
     from graphdist.cli.launch_supervisor import JobSupervisor

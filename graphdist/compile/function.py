@@ -334,7 +334,7 @@ class Function:
                            "and Python values of the arguments), and every trace compiles again. Pass arrays in "
                            "place of Python numbers, keep batch shapes fixed (drop_remainder=True, or pad), or "
                            "give a gd.TensorSpec example; the latest signature: %s",
-                           self._name, self._traces, _describe(concrete._example))
+                           self._name, self._traces, _describe(key))
         if warn:
             logger.warning("gd.function %s has been called with more than %d input signatures; the least recently "
                            "used compiled plans are dropped (and traced again if called again). Give it "
@@ -539,13 +539,6 @@ def _replica_output(ctx: TraceContext, value: Tensor, variant: str | None, flat:
 
 #: A function traced this many times gets one warning (tf.function warns after 5 retraces too).
 RETRACE_WARNING_AFTER = 5
-
-
-def _describe(example: tuple[tuple, dict], limit: int = 300) -> str:
-    """``args=(TensorSpec(shape=(6,), dtype=float32),)``, cut at ``limit`` characters."""
-    args, kwargs = example
-    text = f"args={args!r}" + (f", kwargs={kwargs!r}" if kwargs else "")
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _check_max_signatures(value: Any) -> int:

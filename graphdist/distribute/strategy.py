@@ -102,6 +102,9 @@ class Strategy:
     def _validate_devices(devices: Sequence[Any]) -> tuple[Device, ...]:
         if isinstance(devices, (str, Device)):
             devices = [devices]
+        if not isinstance(devices, (list, tuple)):
+            raise InvalidArgumentError(f"devices must be a list of device strings, e.g. ['cpu:0', 'cpu:1'], got "
+                                       f"{type(devices).__name__} {devices!r}")
         parsed = tuple(parse_device(d) for d in devices)
         if not parsed:
             raise InvalidArgumentError("devices must name at least one device, e.g. ['cpu:0']")
@@ -207,6 +210,9 @@ class Strategy:
         if not isinstance(args, (tuple, list)):
             raise InvalidArgumentError(f"run: args must be a tuple of arguments, got {type(args).__name__}; "
                                        "write args=(x,) for a single argument")
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise InvalidArgumentError(f"run: kwargs must be a dict of keyword arguments, got "
+                                       f"{type(kwargs).__name__}; e.g. kwargs={{'training': True}}")
         kwargs = dict(kwargs) if kwargs else {}
         if current_trace() is None:
             # The Function enters this strategy's scope while it traces; running needs no scope.

@@ -195,7 +195,11 @@ def replace_file(path: str | os.PathLike[str], data: bytes, *, is_ours: Callable
         raise error(f"{what}: {target} is a symbolic link; pass the path of the file itself")
     if target.is_dir():
         raise error(f"{what}: {target} is a directory; pass a file path inside it, e.g. {target / 'ckpt.npz'}")
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a parent is a file, or not writable
+        raise error(f"{what}: cannot create the directory {target.parent} for {target.name}: "
+                    f"{err.strerror or err}; choose a path under a writable directory") from err
     with directory_lock(target.parent, error=error, what=what) as locked:
         if locked:
             remove_leftovers(target.parent, target.name)

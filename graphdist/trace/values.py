@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from graphdist.errors import InvalidArgumentError
+
 __all__ = ["DistributedValues", "PerReplica", "TracedPerReplica", "ValueContext", "regroup", "format_component"]
 
 
@@ -40,6 +42,9 @@ class DistributedValues:
     __slots__ = ("_values",)
 
     def __init__(self, values: Sequence[Any]) -> None:
+        if not isinstance(values, (list, tuple)):
+            raise InvalidArgumentError(f"{type(self).__name__} takes a list or tuple with one value per replica, "
+                                       f"got {type(values).__name__}")
         self._values = tuple(values)
 
     @property

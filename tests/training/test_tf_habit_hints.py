@@ -51,7 +51,7 @@ def test_retracing_warns_once_after_five_traces(caplog: pytest.LogCaptureFixture
     warnings = [r.getMessage() for r in caplog.records if "has been traced" in r.getMessage()]
     assert len(warnings) == 1 and double.experimental_get_tracing_count() == 8
     assert "gd.function double has been traced 5 times" in warnings[0]
-    assert "TensorSpec(shape=(5,)" in warnings[0] and "keep batch shapes fixed" in warnings[0]
+    assert "latest signature: (float32[5])" in warnings[0] and "keep batch shapes fixed" in warnings[0]
 
 
 def test_unconnected_gradients_none_or_zero() -> None:
