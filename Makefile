@@ -17,7 +17,7 @@ $(STAMP): $(PY) pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m models.demo
+	$(PY) -m graphdist.models.demo
 
 # Digits on 2 workers (MultiWorkerMirroredStrategy), then on 2 workers + 1 ps (ParameterServerStrategy),
 # as separate processes on this host started through MPI by `graphdist launch`.

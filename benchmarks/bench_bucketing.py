@@ -68,7 +68,7 @@ SETTLE = 0.02
 def _setup(sizes: tuple[int, ...], batch: int, options: dict[str, int]) -> dict[str, Any]:
     """A strategy, model, step and fixed per-replica batch for one variant."""
     import graphdist as gd
-    from models.mlp import MLP
+    from graphdist.models.mlp import MLP
 
     strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"], gd.NcclAllReduce(**options))
     with strategy.scope():

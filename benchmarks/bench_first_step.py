@@ -88,7 +88,7 @@ def _install_hooks(gd: Any, function_class: type) -> dict[str, list[float]]:
     timings: dict[str, list[float]] = {"trace": [], "passes": [], "plan": [], "compile": []}
     _wrap_timed(function_class, "_trace", timings["trace"])
     try:
-        from passes.base import PassManager
+        from graphdist.passes.base import PassManager
 
         _wrap_timed(PassManager, "run", timings["passes"])
     except ImportError:

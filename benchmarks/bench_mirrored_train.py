@@ -1,6 +1,6 @@
 """MLP training throughput: graphdist Mirrored on 2 logical CPU devices vs OneDevice vs TensorFlow's MirroredStrategy.
 
-The step: the 784-512-512-10 MLP (ReLU, He init from ``models.mlp.MLP``,
+The step: the 784-512-512-10 MLP (ReLU, He init from ``graphdist.models.mlp.MLP``,
 seed 0), global batch 256, softmax cross-entropy averaged over the global
 batch, plain SGD (learning rate 0.01), float32. Variants:
 
@@ -200,7 +200,7 @@ def _param_key(index: int) -> str:
 def _build(sizes: tuple[int, ...], batch: int) -> dict[str, Any]:
     """graphdist's strategies, models, steps and inputs (same initial weights and batch for all)."""
     import graphdist as gd
-    from models.mlp import MLP
+    from graphdist.models.mlp import MLP
 
     mirrored = gd.MirroredStrategy(list(DEVICES))
     with mirrored.scope():

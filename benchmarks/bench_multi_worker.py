@@ -55,7 +55,7 @@ _REPO = Path(__file__).resolve().parents[1]
 def _worker(kind: str, steps: int, blocks: int, out: str) -> None:
     """Trains and times; the chief writes ``{"ms": [per-step ms per block]}``."""
     import graphdist as gd
-    from models.mlp import MLP
+    from graphdist.models.mlp import MLP
 
     strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"]) if kind == "mirrored" else gd.MultiWorkerMirroredStrategy()
     with strategy.scope():

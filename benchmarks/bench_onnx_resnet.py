@@ -1,7 +1,7 @@
 """ResNet50 inference: an imported ONNX model under Mirrored(2) against one ONNX Runtime session.
 
 The model is the onnx wheel's ResNet-50 zoo architecture with seeded random
-weights (:mod:`models.onnx_zoo`). Every variant computes the same global
+weights (:mod:`graphdist.models.onnx_zoo`). Every variant computes the same global
 batch of 8 images, in one process, timed in interleaved rounds
 (:func:`benchmarks.quiet.quiet_rounds`: the order reversed every other
 round; rounds in which other processes took more than 10% of the CPU time
@@ -99,7 +99,7 @@ def _variants(model_name: str, batch: int, replicas: int) -> tuple[dict[str, Cal
     from onnx import numpy_helper
 
     import graphdist as gd
-    from models.onnx_zoo import input_name, zoo_model
+    from graphdist.models.onnx_zoo import input_name, zoo_model
 
     proto = zoo_model(model_name)
     threads = _threads()

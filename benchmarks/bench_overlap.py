@@ -72,7 +72,7 @@ def _overlap(enabled: bool) -> Iterator[None]:
 def _model(kind: str, batch: int, sizes: tuple[int, ...]) -> tuple[Callable[[], Any], Any, np.ndarray, np.ndarray]:
     """``(make model + optimizer in the current scope, -, x, labels)`` for one model kind."""
     if kind == "mlp":
-        from models.mlp import MLP
+        from graphdist.models.mlp import MLP
 
         def build() -> Any:
             return MLP(sizes, seed=0, trainable=True), gd.optimizers.SGD(0.01)
@@ -81,9 +81,9 @@ def _model(kind: str, batch: int, sizes: tuple[int, ...]) -> tuple[Callable[[], 
         x = rng.standard_normal((batch, sizes[0])).astype(np.float32)
         return build, None, x, rng.integers(0, sizes[-1], batch)
     if kind == "convnet":
-        from models.convnet import ConvNet as Model
+        from graphdist.models.convnet import ConvNet as Model
     elif kind == "transformer":
-        from models.transformer import TransformerBlock as Model
+        from graphdist.models.transformer import TransformerBlock as Model
     else:
         raise ValueError(f"unknown model {kind!r}; pick one of {', '.join(MODELS)}")
 

@@ -114,8 +114,8 @@ def _measure_case(label: str, sizes: tuple[int, ...], batch: int, rounds: int, c
 
     import graphdist as gd
     from graphdist.backends import default_cache, get_backend, prepare_model
+    from graphdist.models.mlp import MLP
     from graphdist.runtime.devices import parse_device, thread_budget
-    from models.mlp import MLP
 
     model = MLP(sizes, seed=0)
     (x,) = model.example_inputs(batch=batch, seed=0)

@@ -1,6 +1,6 @@
 """Training-step time of the MLP: graphdist (OneDevice) vs plain numpy vs TensorFlow.
 
-The step: the 784-512-512-10 MLP (ReLU, He init from ``models.mlp.MLP``,
+The step: the 784-512-512-10 MLP (ReLU, He init from ``graphdist.models.mlp.MLP``,
 seed 0), batch 256, softmax cross-entropy averaged over the global batch,
 gradients of every weight and bias, plain SGD (learning rate 0.01).
 
@@ -340,8 +340,8 @@ def run(rounds: int | None = None, quick: bool = False, calls: int | None = None
         the ratio within a round; ``goal_met``: graphdist faster than numpy and than TF (when measured).
     """
     import graphdist as gd
+    from graphdist.models.mlp import MLP
     from graphdist.runtime.devices import thread_budget
-    from models.mlp import MLP
 
     info = machine_info()  # before measuring: the load average says how busy the machine was
     rounds = rounds or (3 if quick else ROUNDS)

@@ -69,9 +69,9 @@ def _environment(**values: str | None) -> Iterator[None]:
 
 
 def _models(quick: bool) -> list[tuple[str, Callable[[], Any], Callable[[int], tuple[np.ndarray, np.ndarray]], int]]:
-    from models.convnet import ConvNet
-    from models.mlp import MLP
-    from models.transformer import TransformerBlock
+    from graphdist.models.convnet import ConvNet
+    from graphdist.models.mlp import MLP
+    from graphdist.models.transformer import TransformerBlock
 
     def mlp_data(n: int) -> tuple[np.ndarray, np.ndarray]:
         rng = np.random.default_rng(0)

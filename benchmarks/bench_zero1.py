@@ -6,7 +6,7 @@ once with the optimizer state sharded. Each variant runs in its own child
 process, so its peak RSS (``ru_maxrss``) is its own. Reported per variant:
 
 * per-replica optimizer-state bytes, from the plan
-  (:func:`passes.shard_optimizer_state.state_bytes_per_replica`);
+  (:func:`graphdist.passes.shard_optimizer_state.state_bytes_per_replica`);
 * peak RSS of the process (all replicas of one process: in-process replicas
   share host memory, so this measures the step's transient buffers, not
   N copies of the slots);
@@ -45,8 +45,8 @@ BATCH = 32
 def child(zero: bool, sizes: tuple[int, ...], batch: int, steps: int) -> dict[str, Any]:
     """Trains in this process and returns its measurements (run in a fresh process for a clean RSS)."""
     import graphdist as gd
-    from models.mlp import MLP
-    from passes.shard_optimizer_state import state_bytes_per_replica
+    from graphdist.models.mlp import MLP
+    from graphdist.passes.shard_optimizer_state import state_bytes_per_replica
 
     strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"],
                                    cross_device_ops=gd.NcclAllReduce(shard_optimizer_state=zero))

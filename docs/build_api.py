@@ -21,7 +21,7 @@ __all__ = ["build", "main"]
 #: The documented modules: the public API (``graphdist`` and the modules its ``__all__`` names), the internal
 #: layers a contributor works in, and the passes. pdoc follows each package's ``__all__`` to its submodules.
 PACKAGES = ("graphdist", "graphdist.distribute", "graphdist.compile", "graphdist.ir", "graphdist.backends",
-            "graphdist.runtime", "graphdist.onnx.model", "graphdist.onnx.backend", "graphdist.cli", "passes")
+            "graphdist.runtime", "graphdist.onnx.model", "graphdist.onnx.backend", "graphdist.cli", "graphdist.passes")
 
 REPO = Path(__file__).resolve().parents[1]
 

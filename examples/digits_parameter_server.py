@@ -22,8 +22,8 @@ import sys
 import numpy as np
 
 import graphdist as gd
-from models.datasets import digits
-from models.mlp import MLP
+from graphdist.models.datasets import digits
+from graphdist.models.mlp import MLP
 
 TARGET_ACCURACY = 0.90
 

@@ -1,4 +1,4 @@
-"""Shared pieces of the trainable models (:mod:`models.convnet`, :mod:`models.transformer`).
+"""Shared pieces of the trainable models (:mod:`graphdist.models.convnet`, :mod:`graphdist.models.transformer`).
 
 :class:`Classifier` is the small base class both models derive from. A
 subclass creates its parameters with :meth:`Classifier.add_variable` (as

@@ -26,7 +26,7 @@ parameters are ``gd.Variable`` s created in the current strategy scope::
     loss = strategy.run(step, args=(x[:64], labels[:64]))
 
 The module-level :func:`forward` and :func:`example_inputs` use a default
-model so tools can inspect it: ``graphdist inspect models.convnet:forward``.
+model so tools can inspect it: ``graphdist inspect graphdist.models.convnet:forward``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 import graphdist as gd
-from models.common import Classifier, distributed_step, glorot_uniform, he_normal
+from graphdist.models.common import Classifier, distributed_step, glorot_uniform, he_normal
 
 __all__ = ["ConvNet", "default_model", "example_data", "example_inputs", "forward"]
 
@@ -184,7 +184,7 @@ def example_inputs(batch: int = 8, seed: int = 0) -> tuple[np.ndarray]:
 def make_step(strategy: Any, batch: int = 16, seed: int = 0) -> tuple[Any, tuple[Any, ...]]:
     """A whole distributed training step of a default :class:`ConvNet` under ``strategy`` (for tools).
 
-    ``graphdist inspect models.convnet:make_step --strategy mirrored --devices cpu:0,cpu:1``
+    ``graphdist inspect graphdist.models.convnet:make_step --strategy mirrored --devices cpu:0,cpu:1``
     calls it: model and Adam optimizer created in ``strategy.scope()``, the
     replica step :meth:`ConvNet.make_train_step` on every replica, the loss
     summed over replicas.

@@ -15,7 +15,7 @@ its predictions, and trains the same model on ``OneDeviceStrategy`` to check
 that both strategies reach the same weights. Exits with status 1 if the test
 accuracy is below 95% or a check fails::
 
-    python -m models.demo [--epochs 10] [--batch 64] [--devices cpu:0,cpu:1] [--save DIR] [--no-compare]
+    python -m graphdist.models.demo [--epochs 10] [--batch 64] [--devices cpu:0,cpu:1] [--save DIR] [--no-compare]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 import graphdist as gd
-from models.datasets import digits
+from graphdist.models.datasets import digits
 
 __all__ = ["main", "build_model", "TARGET_ACCURACY"]
 
@@ -61,7 +61,7 @@ def _console():  # -> rich.console.Console
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the demo; returns 0 on success, 1 when accuracy or a check fails."""
-    parser = argparse.ArgumentParser(prog="python -m models.demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m graphdist.models.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=10, help="training epochs (default 10)")
     parser.add_argument("--batch", type=int, default=64, help="global batch size (default 64)")
     parser.add_argument("--devices", default="cpu:0,cpu:1", help="MirroredStrategy devices (default cpu:0,cpu:1)")

@@ -9,7 +9,7 @@ graphdist (``gd.trace``, ``gd.function``, ``strategy.run``), where the weights
 become graph constants::
 
     import graphdist as gd
-    from models.mlp import MLP
+    from graphdist.models.mlp import MLP
 
     model = MLP(sizes=(784, 512, 512, 10))
     (x,) = model.example_inputs(batch=256)
@@ -18,7 +18,7 @@ become graph constants::
 The module-level :func:`forward` and :func:`example_inputs` use a small
 default model (sizes ``DEFAULT_SIZES``) so tools can inspect it quickly::
 
-    graphdist inspect models.mlp:forward
+    graphdist inspect graphdist.models.mlp:forward
 
 :meth:`MLP.reference_forward` is an independent plain-numpy implementation
 used to check traced results.
@@ -35,7 +35,7 @@ import numpy as np
 __all__ = ["DEFAULT_SIZES", "MLP", "default_model", "example_inputs", "forward", "reference_forward"]
 
 import graphdist as gd  # noqa: E402 - after __all__ for readability of the public names
-from models.common import distributed_step  # noqa: E402
+from graphdist.models.common import distributed_step  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -240,7 +240,7 @@ def example_inputs(batch: int = 8, seed: int = 0) -> tuple[np.ndarray]:
 def make_step(strategy: Any, batch: int = 16, seed: int = 0) -> tuple[Any, tuple[Any, ...]]:
     """A whole distributed training step of a default-sized MLP under ``strategy`` (for tools).
 
-    ``graphdist inspect models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1``
+    ``graphdist inspect graphdist.models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1``
     (and ``graphdist export``) call it: the model and an SGD optimizer are
     created in ``strategy.scope()``; the step runs :meth:`MLP.make_train_step`
     on every replica and returns the loss summed over replicas (the mean over

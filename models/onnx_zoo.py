@@ -109,7 +109,8 @@ def _zoo_model_bytes(name: str, seed: int) -> bytes:
     for vi in [*inputs, *graph.output]:
         vi.type.tensor_type.shape.dim[0].dim_param = "N"
     new_graph = helper.make_graph(nodes, name, inputs, list(graph.output), initializer=[*kept, *weights])
-    model = helper.make_model(new_graph, opset_imports=list(original.opset_import), producer_name="models.onnx_zoo")
+    model = helper.make_model(new_graph, opset_imports=list(original.opset_import),
+                              producer_name="graphdist.models.onnx_zoo")
     model.ir_version = max(original.ir_version, 4)
     _scale_logits(model)
     onnx.checker.check_model(model)

@@ -29,7 +29,7 @@ The example task (:meth:`TransformerBlock.example_data`): which of the
 "class tokens" ``0 .. num_classes-1`` occurs most often in the sequence (the
 other tokens are distractors; ties never occur). The module-level
 :func:`forward` and :func:`example_inputs` use a default model:
-``graphdist inspect models.transformer:forward``.
+``graphdist inspect graphdist.models.transformer:forward``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 import graphdist as gd
-from models.common import Classifier, distributed_step, glorot_uniform
+from graphdist.models.common import Classifier, distributed_step, glorot_uniform
 
 __all__ = ["TransformerBlock", "default_model", "example_data", "example_inputs", "forward"]
 
@@ -247,7 +247,7 @@ def example_inputs(batch: int = 8, seed: int = 0) -> tuple[np.ndarray]:
 def make_step(strategy: Any, batch: int = 16, seed: int = 0) -> tuple[Any, tuple[Any, ...]]:
     """A whole distributed training step of a default :class:`TransformerBlock` under ``strategy`` (for tools).
 
-    ``graphdist inspect models.transformer:make_step --strategy mirrored --devices cpu:0,cpu:1``
+    ``graphdist inspect graphdist.models.transformer:make_step --strategy mirrored --devices cpu:0,cpu:1``
     calls it: model and Adam optimizer created in ``strategy.scope()``, the
     replica step :meth:`TransformerBlock.make_train_step` on every replica,
     the loss summed over replicas.

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from graphdist.errors import GraphError
 from graphdist.ir.graph import Graph
-from passes.base import PassBase, PassContext, PassResult
+from graphdist.passes.base import PassBase, PassContext, PassResult
 
 __all__ = ["AssignDevicesPass"]
 

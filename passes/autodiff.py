@@ -23,7 +23,7 @@ from graphdist.ir import gradients  # noqa: F401 - registers the rules
 from graphdist.ir.gradients import GradBuilder
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Node, Value
 from graphdist.ir.ops import OPSET, get_opdef, has_opdef, node_opdef
-from passes.base import PassBase, PassContext, PassResult
+from graphdist.passes.base import PassBase, PassContext, PassResult
 
 __all__ = ["AutodiffPass"]
 

@@ -69,7 +69,7 @@ import numpy as np
 from graphdist.errors import InvalidArgumentError
 from graphdist.ir.comm_ops import is_communication
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
-from passes.base import PassBase, PassContext, PassResult
+from graphdist.passes.base import PassBase, PassContext, PassResult
 
 __all__ = ["BucketCollectivesPass", "pack_groups"]
 

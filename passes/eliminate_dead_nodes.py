@@ -14,7 +14,7 @@ Cases:
 from __future__ import annotations
 
 from graphdist.ir.graph import Graph
-from passes.base import PassBase, PassContext, PassResult
+from graphdist.passes.base import PassBase, PassContext, PassResult
 
 __all__ = ["EliminateDeadNodesPass"]
 

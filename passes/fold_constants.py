@@ -32,7 +32,7 @@ import numpy as np
 
 from graphdist.ir.graph import ONNX_DOMAIN, Graph, Node
 from graphdist.ir.ops import numpy_dtype
-from passes.base import PassBase, PassContext, PassResult
+from graphdist.passes.base import PassBase, PassContext, PassResult
 
 __all__ = ["FoldConstantsPass", "FOLDABLE", "MAX_ELEMENTS"]
 

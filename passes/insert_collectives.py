@@ -1,6 +1,6 @@
 """InsertCollectivesPass: turn the cross-replica ops of a replicated graph into collective groups.
 
-After :class:`passes.replicate.ReplicatePass` every replica holds its copy of
+After :class:`graphdist.passes.replicate.ReplicatePass` every replica holds its copy of
 each ``ReplicaAllReduce`` / ``ReplicaAllGather`` (joined by their traced
 ``group_key``), and each ``CrossReplicaReduce`` / ``CrossReplicaGather`` reads
 every replica's copy of its value.
@@ -37,7 +37,7 @@ from typing import Any
 
 from graphdist.errors import GraphError
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
-from passes.base import PassBase, PassContext, PassResult
+from graphdist.passes.base import PassBase, PassContext, PassResult
 
 __all__ = ["InsertCollectivesPass"]
 

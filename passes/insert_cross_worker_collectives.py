@@ -31,7 +31,7 @@ from typing import Any
 from graphdist.errors import GraphError
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
 from graphdist.ir.ops import get_opdef
-from passes.base import PassBase, PassContext, PassResult
+from graphdist.passes.base import PassBase, PassContext, PassResult
 
 __all__ = ["InsertCrossWorkerCollectivesPass"]
 

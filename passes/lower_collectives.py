@@ -20,7 +20,7 @@ from typing import Any
 
 from graphdist.errors import GraphError
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node
-from passes.base import PassBase, PassContext, PassResult
+from graphdist.passes.base import PassBase, PassContext, PassResult
 
 __all__ = ["LowerCollectivesPass", "COLLECTIVE_OPS"]
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
-from passes.base import PassBase, PassContext, PassResult
+from graphdist.passes.base import PassBase, PassContext, PassResult
 
 __all__ = ["LowerIndexChecksPass"]
 

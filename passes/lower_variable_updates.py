@@ -18,7 +18,7 @@ Cases:
 from __future__ import annotations
 
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph
-from passes.base import PassBase, PassContext, PassResult
+from graphdist.passes.base import PassBase, PassContext, PassResult
 
 __all__ = ["LowerVariableUpdatesPass"]
 

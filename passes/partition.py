@@ -51,7 +51,7 @@ import os
 from graphdist.errors import InvalidArgumentError
 from graphdist.ir.comm_ops import is_communication
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node
-from passes.base import PassBase, PassContext, PassResult
+from graphdist.passes.base import PassBase, PassContext, PassResult
 
 __all__ = ["PartitionPass", "segment_name", "overlap_enabled", "OVERLAP_ENV"]
 

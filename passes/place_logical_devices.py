@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from graphdist.ir.comm_ops import is_communication
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node
 from graphdist.ir.placement_ops import LOGICAL_DEVICE
-from passes.base import PassBase, PassContext, PassResult
+from graphdist.passes.base import PassBase, PassContext, PassResult
 
 __all__ = ["PlaceLogicalDevicesPass"]
 

@@ -33,7 +33,7 @@ import numpy as np
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
 from graphdist.ir.ops import get_opdef
 from graphdist.ir.placement import Shard, placement_of
-from passes.base import PassBase, PassContext, PassResult
+from graphdist.passes.base import PassBase, PassContext, PassResult
 
 __all__ = ["PlacePSVariablesPass"]
 

@@ -57,8 +57,8 @@ from typing import Any
 from graphdist.errors import GraphError
 from graphdist.ir.comm_ops import is_communication
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
+from graphdist.passes.base import PassBase, PassContext, PassResult
 from graphdist.runtime.devices import parse_device
-from passes.base import PassBase, PassContext, PassResult
 
 __all__ = ["PlaceVariablesPass"]
 

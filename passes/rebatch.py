@@ -39,7 +39,7 @@ from graphdist.errors import GraphError
 from graphdist.ir.batch import BatchDim, elements, evaluate
 from graphdist.ir.graph import Graph
 from graphdist.ir.ops import node_opdef
-from passes.base import PassBase, PassContext, PassResult
+from graphdist.passes.base import PassBase, PassContext, PassResult
 
 __all__ = ["RebatchPass"]
 

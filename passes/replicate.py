@@ -57,7 +57,7 @@ import numpy as np
 from graphdist.errors import GraphError
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
 from graphdist.ir.replica_ops import CROSS_REPLICA_OPS, is_replica_node
-from passes.base import PassBase, PassContext, PassResult
+from graphdist.passes.base import PassBase, PassContext, PassResult
 
 __all__ = ["ReplicatePass", "Replication"]
 

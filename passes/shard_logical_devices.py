@@ -39,8 +39,8 @@ import numpy as np
 
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
 from graphdist.ir.placement_ops import SPLIT_TO_LOGICAL_DEVICES
-from passes.base import PassBase, PassContext, PassResult
-from passes.place_logical_devices import logical_device
+from graphdist.passes.base import PassBase, PassContext, PassResult
+from graphdist.passes.place_logical_devices import logical_device
 
 __all__ = ["ShardLogicalDevicesPass", "ELEMENTWISE_OPS"]
 

@@ -1,6 +1,6 @@
 """ShardOptimizerStatePass: ZeRO-1, each replica updates and keeps its 1/N slice of every optimizer slot.
 
-After :class:`passes.insert_collectives.InsertCollectivesPass` a variable's
+After :class:`graphdist.passes.insert_collectives.InsertCollectivesPass` a variable's
 gradient is an ``AllReduce`` (SUM) group with one member per replica, and
 its update (the optimizer's elementwise arithmetic on the summed gradient,
 the variable and its slots) is computed on one replica, the one whose
@@ -51,7 +51,7 @@ import numpy as np
 import graphdist.runtime.comm.reduce_scatter  # noqa: F401 - registers the local ReduceScatter handler
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Node, Value
 from graphdist.ir.placement import PlacementSpec, VariablePlacement, variable_specs
-from passes.base import PassBase, PassContext, PassResult
+from graphdist.passes.base import PassBase, PassContext, PassResult
 
 __all__ = ["ShardOptimizerStatePass", "state_bytes_per_replica"]
 

@@ -87,8 +87,9 @@ def _source_copy(destination: Path) -> Path:
     """The files a wheel is built from, copied so the build leaves nothing in the repository."""
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, destination / name)
-    for package in ("graphdist", "passes", "models"):
-        shutil.copytree(REPO / package, destination / package, ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("graphdist", "passes", "models"):  # graphdist/passes and graphdist/models stay links
+        shutil.copytree(REPO / package, destination / package, symlinks=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     return destination
 
 
@@ -123,3 +124,10 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_from_anywhere(tmp_path: Path)
     assert check.returncode == 0, check.stderr
     assert check.stdout.split("\n")[:2] == ["True", "[2. 2.]"]
     assert str(REPO) not in check.stdout + check.stderr
+    # passes/ and models/ install under the graphdist namespace, never as top-level packages of their own.
+    layout = subprocess.run(
+        [str(python), "-c", "import graphdist.passes.replicate, graphdist.models.mlp, importlib.util; "
+         "print(importlib.util.find_spec('passes'), importlib.util.find_spec('models'))"],
+        cwd=elsewhere, env=clean_env, capture_output=True, text=True, timeout=120)
+    assert layout.returncode == 0, layout.stderr
+    assert layout.stdout.split() == ["None", "None"]

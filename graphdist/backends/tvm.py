@@ -87,6 +87,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -437,10 +438,11 @@ def _build_tuned(tvm: Any, mod: Any, target: Any, trials: int, name: str) -> Any
     # A smaller population than MetaSchedule's default (512): on 2 cores the default spends minutes
     # evolving candidates before the first measurement of a small budget.
     search = ms.search_strategy.EvolutionarySearch(population_size=64, init_min_unmeasured=16, genetic_num_iters=2)
-    database = ms.relax_integration.tune_relax(
-        mod=fused, params={}, target=target, work_dir=str(work_dir), max_trials_global=trials,
-        num_trials_per_iter=min(64, trials), strategy=search,
-    )
+    with _loggers_kept():
+        database = ms.relax_integration.tune_relax(
+            mod=fused, params={}, target=target, work_dir=str(work_dir), max_trials_global=trials,
+            num_trials_per_iter=min(64, trials), strategy=search,
+        )
     logger.info("tuned segment %r in %.1f s", name, time.perf_counter() - start)
     stats.increment("tvm_tuning_runs")
     with target, database, tvm.transform.PassContext(opt_level=3, config={"relax.backend.use_cuda_graph": False}):
@@ -448,6 +450,20 @@ def _build_tuned(tvm: Any, mod: Any, target: Any, trials: int, name: str) -> Any
         applied = tvm.relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(applied)
         applied = ApplyDefaultSchedule(*cpu_rules())(applied)
     return tvm.compile(applied, target)
+
+
+@contextlib.contextmanager
+def _loggers_kept() -> Iterator[None]:
+    """Undoes what MetaSchedule's ``logging.config.dictConfig`` does to the process's other loggers: it
+    disables every logger that exists (``disable_existing_loggers``), graphdist's and the user's included.
+    """
+    before = {name: logger.disabled for name, logger in logging.Logger.manager.loggerDict.items()
+              if isinstance(logger, logging.Logger)}
+    try:
+        yield
+    finally:
+        for name, disabled in before.items():
+            logging.getLogger(name).disabled = disabled
 
 
 # ---------------------------------------------------------------------------- executables

@@ -2,8 +2,8 @@
 
 ::
 
-    graphdist bench models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1
-    graphdist bench models.convnet:forward --compare ort,tvm --rounds 9
+    graphdist bench graphdist.models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1
+    graphdist bench graphdist.models.convnet:forward --compare ort,tvm --rounds 9
     graphdist bench model.onnx --batch 64 --format json -o timings.json
 
 TARGET is compiled as ``graphdist inspect``/``export`` compile it, once per
@@ -37,9 +37,9 @@ logger = logging.getLogger(__name__)
 
 _EPILOG = """\
 examples:
-  graphdist bench models.mlp:forward
-  graphdist bench models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 --steps 20
-  graphdist bench models.convnet:forward --compare ort,tvm --rounds 9
+  graphdist bench graphdist.models.mlp:forward
+  graphdist bench graphdist.models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 --steps 20
+  graphdist bench graphdist.models.convnet:forward --compare ort,tvm --rounds 9
   graphdist bench model.onnx --batch 64 --format json -o timings.json
 
 Times are wall-clock per call of the whole compiled step (scheduler, transfers and

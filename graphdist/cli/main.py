@@ -199,12 +199,12 @@ def _build_target(args: argparse.Namespace) -> _Built:
                          "decide its shapes (see --batch)")
     if ":" not in target:
         raise UsageError(
-            f"TARGET {target!r} is neither 'module:function' (e.g. models.mlp:forward) nor a path "
+            f"TARGET {target!r} is neither 'module:function' (e.g. graphdist.models.mlp:forward) nor a path "
             "to an .onnx file; add ':function' after the module name"
         )
     module_name, _, attr_path = target.rpartition(":")
     if not module_name or not attr_path:
-        raise UsageError(f"TARGET {target!r} must be 'module:function', e.g. models.mlp:forward")
+        raise UsageError(f"TARGET {target!r} must be 'module:function', e.g. graphdist.models.mlp:forward")
     module = _import_module(module_name)
     fn = _get_attribute(module, module_name, attr_path)
     if _is_factory(fn, attr_path):
@@ -479,7 +479,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def _describe_subject(subject: Any) -> str:
     if hasattr(subject, "segments"):
-        return f"plan with {len(subject.segments)} segment(s) and {len(subject.comms)} communication task(s)"
+        return f"plan with {len(subject.segments)} segment(s), {subject.describe_tasks()}"
     return f"{len(subject.nodes)} nodes, stage {subject.stage}"
 
 
@@ -515,8 +515,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     plan = concrete.plan
     print(f"exported {concrete.name} ({built.what}) to {args.output}")
     logger.info("plan directory: %s", path)
-    print(f"  {len(plan.segments)} segment(s) on {', '.join(plan.devices)}, {len(plan.comms)} communication "
-          f"task(s), {len(concrete.variables)} variable(s), backend {plan.backend_name}")
+    print(f"  {len(plan.segments)} segment(s) on {', '.join(plan.devices)}, {plan.describe_tasks()}, "
+          f"{len(concrete.variables)} variable(s), backend {plan.backend_name}")
     if args.save_inputs:
         arrays = _global_arrays(built.example_args)
         import numpy as np
@@ -696,17 +696,17 @@ def _plan_arguments(loaded: Any, arrays: dict[str, Any], path: str) -> tuple[tup
 _MAIN_EPILOG = """\
 examples:
   graphdist devices
-  graphdist inspect models.mlp:forward
-  graphdist inspect models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 --stage rewritten
-  graphdist inspect models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 --stage plan -o plan.svg
-  graphdist inspect models.mlp:forward --format onnx -o mlp.onnx   # open in Netron
+  graphdist inspect graphdist.models.mlp:forward
+  graphdist inspect graphdist.models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 --stage rewritten
+  graphdist inspect graphdist.models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 --stage plan -o plan.svg
+  graphdist inspect graphdist.models.mlp:forward --format onnx -o mlp.onnx   # open in Netron
   graphdist inspect mlp.onnx --strategy mirrored --devices cpu:0,cpu:1 --stage plan
-  graphdist export models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 -o mlp_plan \\
+  graphdist export graphdist.models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 -o mlp_plan \\
       --save-inputs mlp_inputs.npz
   graphdist run mlp_plan --inputs mlp_inputs.npz --steps 3
   graphdist replan mlp_plan --strategy mirrored --devices cpu:0,cpu:1,cpu:2,cpu:3 -o mlp_four
   graphdist launch --workers 2 -- python examples/digits_multi_worker.py
-  graphdist bench models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 --compare ort,tvm
+  graphdist bench graphdist.models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 --compare ort,tvm
 
 exit status: 0 ok, 1 graphdist failed, 2 usage error
 """
@@ -727,7 +727,7 @@ TARGET is one of:
                     gd.function (e.g. strategy.run of a train step + strategy.reduce)
                     and example_args its arguments (distributed values, e.g. a batch of
                     strategy.experimental_distribute_dataset: a plain array reaches every
-                    replica whole, and a warning says so); models.mlp/convnet/transformer
+                    replica whole, and a warning says so); graphdist.models.mlp/convnet/transformer
                     have one.
   path/model.onnx   a data-parallel inference step for the model: every input split
                     along axis 0 across the replicas, outputs gathered back;
@@ -747,12 +747,13 @@ formats: text (tables), dot (Graphviz text), svg and png (need Graphviz's 'dot')
 suffix of -o picks it (.svg, .png, .dot, .onnx).
 
 examples:
-  graphdist inspect models.mlp:forward
-  graphdist inspect models.mlp:forward --stage rewritten
-  graphdist inspect models.mlp:forward --format onnx -o mlp.onnx
-  graphdist inspect models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 --stage plan
-  graphdist inspect models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 --stage diff
-  graphdist inspect models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 --stage partitioned -o mlp.svg
+  graphdist inspect graphdist.models.mlp:forward
+  graphdist inspect graphdist.models.mlp:forward --stage rewritten
+  graphdist inspect graphdist.models.mlp:forward --format onnx -o mlp.onnx
+  graphdist inspect graphdist.models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 --stage plan
+  graphdist inspect graphdist.models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 --stage diff
+  graphdist inspect graphdist.models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 \\
+      --stage partitioned -o mlp.svg
   graphdist inspect mlp.onnx --strategy mirrored --devices cpu:0,cpu:1 --batch 16
   graphdist inspect resnet.onnx --input-shape data=8x3x224x224 --strategy mirrored --devices cpu:0,cpu:1
 """
@@ -763,7 +764,7 @@ rewritten and partitioned graphs) runs without the Python code: gd.load_plan(DIR
 or 'graphdist run DIR --inputs FILE.npz'.
 
 examples:
-  graphdist export models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 -o mlp_plan \\
+  graphdist export graphdist.models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 -o mlp_plan \\
       --save-inputs mlp_inputs.npz
   graphdist export mlp.onnx --strategy mirrored --devices cpu:0,cpu:1 -o mlp_inference
 """

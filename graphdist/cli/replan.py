@@ -71,7 +71,7 @@ def cmd_replan(args: argparse.Namespace) -> int:
         replanned.save(args.output, overwrite=args.overwrite)
         print(f"re-planned {loaded.name!r} from {args.plan} ({', '.join(loaded.devices)}) for {strategy!r}: "
               f"{len(replanned.plan.segments)} segment(s) on {', '.join(replanned.devices)}, "
-              f"{len(replanned.plan.comms)} communication task(s); wrote {args.output}")
+              f"{replanned.plan.describe_tasks()}; wrote {args.output}")
     return EXIT_OK
 
 

@@ -15,9 +15,9 @@ from graphdist.compile.plan import Plan
 from graphdist.errors import TracingError
 from graphdist.ir.graph import Graph
 from graphdist.ir.placement import PlacementSpec
-from passes.base import PassContext, PassManager
-from passes.lower_index_checks import LowerIndexChecksPass
-from passes.partition import PartitionPass
+from graphdist.passes.base import PassContext, PassManager
+from graphdist.passes.lower_index_checks import LowerIndexChecksPass
+from graphdist.passes.partition import PartitionPass
 
 __all__ = ["compile_traced", "rewrite_passes"]
 

@@ -327,11 +327,11 @@ def pipeline_diffs(graph: Graph, passes: Sequence[Any], ctx: Any = None, *, titl
 
     Args:
         graph: Input graph (not modified).
-        passes: Pass instances (``passes.base.PassBase``).
-        ctx: A ``passes.base.PassContext`` (default: one on ``cpu:0``, no dumps).
+        passes: Pass instances (``graphdist.passes.base.PassBase``).
+        ctx: A ``graphdist.passes.base.PassContext`` (default: one on ``cpu:0``, no dumps).
         title: First line of the report.
     """
-    from passes.base import PassContext, PassManager
+    from graphdist.passes.base import PassContext, PassManager
 
     ctx = ctx or PassContext(dump_dir=None)
     start = graph.copy()
@@ -355,8 +355,8 @@ def strategy_pass_diffs(concrete: Any) -> PipelineDiff:
     not touched; the final graph equals ``concrete.graph("partitioned")``).
     """
     from graphdist.compile.build import rewrite_passes
-    from passes.base import PassContext
-    from passes.partition import PartitionPass
+    from graphdist.passes.base import PassContext
+    from graphdist.passes.partition import PartitionPass
 
     strategy = concrete.strategy
     devices = tuple(strategy.extended.worker_devices)

@@ -35,23 +35,23 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from passes.assign_devices import AssignDevicesPass
-from passes.autodiff import AutodiffPass
-from passes.base import PassBase
-from passes.bucket_collectives import BucketCollectivesPass
-from passes.eliminate_dead_nodes import EliminateDeadNodesPass
-from passes.fold_constants import FoldConstantsPass
-from passes.insert_collectives import InsertCollectivesPass
-from passes.insert_cross_worker_collectives import InsertCrossWorkerCollectivesPass
-from passes.lower_collectives import LowerCollectivesPass
-from passes.lower_stop_gradients import LowerStopGradientsPass
-from passes.lower_variable_updates import LowerVariableUpdatesPass
-from passes.place_logical_devices import PlaceLogicalDevicesPass
-from passes.place_ps_variables import PlacePSVariablesPass
-from passes.place_variables import PlaceVariablesPass
-from passes.replicate import ReplicatePass
-from passes.shard_logical_devices import ShardLogicalDevicesPass
-from passes.shard_optimizer_state import ShardOptimizerStatePass
+from graphdist.passes.assign_devices import AssignDevicesPass
+from graphdist.passes.autodiff import AutodiffPass
+from graphdist.passes.base import PassBase
+from graphdist.passes.bucket_collectives import BucketCollectivesPass
+from graphdist.passes.eliminate_dead_nodes import EliminateDeadNodesPass
+from graphdist.passes.fold_constants import FoldConstantsPass
+from graphdist.passes.insert_collectives import InsertCollectivesPass
+from graphdist.passes.insert_cross_worker_collectives import InsertCrossWorkerCollectivesPass
+from graphdist.passes.lower_collectives import LowerCollectivesPass
+from graphdist.passes.lower_stop_gradients import LowerStopGradientsPass
+from graphdist.passes.lower_variable_updates import LowerVariableUpdatesPass
+from graphdist.passes.place_logical_devices import PlaceLogicalDevicesPass
+from graphdist.passes.place_ps_variables import PlacePSVariablesPass
+from graphdist.passes.place_variables import PlaceVariablesPass
+from graphdist.passes.replicate import ReplicatePass
+from graphdist.passes.shard_logical_devices import ShardLogicalDevicesPass
+from graphdist.passes.shard_optimizer_state import ShardOptimizerStatePass
 
 __all__ = ["SLOTS", "PipelineConfig", "Pipeline", "build_pipeline"]
 

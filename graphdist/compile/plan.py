@@ -17,7 +17,7 @@ import numpy as np
 
 from graphdist.compile.progress import SegmentCompile, notify
 from graphdist.errors import GraphError, PlanError
-from graphdist.ir.comm_ops import is_communication
+from graphdist.ir.comm_ops import RUNTIME_CHECK_OPS, is_communication
 from graphdist.ir.graph import Graph, Node, Value
 from graphdist.runtime.devices import parse_device, thread_budget
 from graphdist.runtime.tasks import CommTask, Segment, overlapping_segments
@@ -90,6 +90,21 @@ class Plan:
         self.backend_name: str | None = None
         # weakref to what exports this plan with its interface (a ConcreteFunction or LoadedPlan), if any
         self._owner: Any = None
+
+    @property
+    def collectives(self) -> list[CommTask]:
+        """The communication tasks that move data (``comms`` without the run-time checks)."""
+        return [c for c in self.comms if c.op not in RUNTIME_CHECK_OPS]
+
+    @property
+    def checks(self) -> list[CommTask]:
+        """The run-time assertions (label and index ranges) scheduled between segments."""
+        return [c for c in self.comms if c.op in RUNTIME_CHECK_OPS]
+
+    def describe_tasks(self) -> str:
+        """``"5 communication task(s)"``, with ``" and 2 run-time check(s)"`` where the plan has checks."""
+        checks = f" and {len(self.checks)} run-time check(s)" if self.checks else ""
+        return f"{len(self.collectives)} communication task(s){checks}"
 
     # -------------------------------------------------------------- build
     @classmethod
@@ -207,7 +222,7 @@ class Plan:
 
     def _overlap_text(self) -> str:
         found = self.overlaps()
-        collectives = [c for c in self.comms if c.op != "AssertInRange"]
+        collectives = self.collectives
         if not collectives:
             return "overlap: no collectives"
         width = max(len(c.name) for c in collectives)

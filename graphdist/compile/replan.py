@@ -86,7 +86,7 @@ def replan(record: StepRecord, strategy: Any, *, backend: str | None = None, pla
 
 def _rebatched(record: StepRecord, replicas: int, checker: Callable[[], dict[str, Any]] | None) -> Graph:
     """The traced graph with the per-replica batch the new replica count gives the same global batch."""
-    from passes.rebatch import RebatchPass
+    from graphdist.passes.rebatch import RebatchPass
 
     graph = record.traced.copy()
     batch = graph.meta.get("batch")

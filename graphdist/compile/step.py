@@ -154,7 +154,7 @@ def check_rebatch(concrete: Any) -> dict[str, Any]:
     constant the step computed from the batch size was recorded (see :mod:`graphdist.ir.batch`).
     """
     from graphdist.ir.compare import structural_diff
-    from passes.rebatch import RebatchPass
+    from graphdist.passes.rebatch import RebatchPass
 
     traced = concrete.graph("traced")
     batch = traced.meta.get("batch")

@@ -10,7 +10,7 @@ but every variable has a single copy on the parameter device:
   objects whose ``device`` is the parameter device (TensorFlow wraps them in an
   ``AggregatingVariable``; here the aggregation is done by the optimizer's
   all-reduce, so no special variable class is needed);
-* :class:`passes.place_variables.PlaceVariablesPass` reads each variable on the
+* :class:`graphdist.passes.place_variables.PlaceVariablesPass` reads each variable on the
   parameter device (replicas receive it through transfers) and places the
   update computation (the optimizer math after the gradient all-reduce) there;
 * gradients are summed with the reduce-to-one algorithm rooted on the

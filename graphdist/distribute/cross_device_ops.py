@@ -1,6 +1,6 @@
 """Cross-device reduction algorithms (``cross_device_ops`` of MirroredStrategy).
 
-Each class names the algorithm that :class:`passes.lower_collectives.LowerCollectivesPass`
+Each class names the algorithm that :class:`graphdist.passes.lower_collectives.LowerCollectivesPass`
 writes into the collective nodes and the local communicator executes:
 
 * :class:`NcclAllReduce`: NCCL on GPUs; on logical CPU devices a ring
@@ -9,10 +9,10 @@ writes into the collective nodes and the local communicator executes:
 * :class:`ReductionToOneDevice`: reduce everything on one device, then broadcast.
 
 ``num_packs`` / ``bytes_per_pack`` ask for bucketing: the pipeline then runs
-:class:`passes.bucket_collectives.BucketCollectivesPass`, which fuses small
+:class:`graphdist.passes.bucket_collectives.BucketCollectivesPass`, which fuses small
 all-reduces into packs (see :meth:`CrossDeviceOps.bucketing`).
 ``shard_optimizer_state=True`` asks for ZeRO-1: the pipeline then runs
-:class:`passes.shard_optimizer_state.ShardOptimizerStatePass`.
+:class:`graphdist.passes.shard_optimizer_state.ShardOptimizerStatePass`.
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ class CrossDeviceOps:
             the gradients are reduce-scattered, each replica updates its 1/N
             slice of every variable and keeps only that slice of the optimizer
             slots, and the new weights are all-gathered
-            (:mod:`passes.shard_optimizer_state`). Default ``False``.
+            (:mod:`graphdist.passes.shard_optimizer_state`). Default ``False``.
 
     Packs are filled in the order the gradients become ready in the backward
-    pass (see :mod:`passes.bucket_collectives`). Unlike tf.distribute, whose
+    pass (see :mod:`graphdist.passes.bucket_collectives`). Unlike tf.distribute, whose
     ``NcclAllReduce()`` packs everything into one pack by default, the
     default here is no bucketing.
 
@@ -81,7 +81,7 @@ class CrossDeviceOps:
         return {"algorithm": self.algorithm}
 
     def bucketing(self) -> dict[str, int] | None:
-        """Arguments of :class:`passes.bucket_collectives.BucketCollectivesPass`, or ``None`` (no bucketing)."""
+        """Arguments of :class:`graphdist.passes.bucket_collectives.BucketCollectivesPass` (``None``: no bucketing)."""
         if self.num_packs == 0 or self.bytes_per_pack == 0:
             return None
         if self.bytes_per_pack:

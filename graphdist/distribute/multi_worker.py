@@ -6,7 +6,7 @@ pipeline configuration is the synchronous one with two differences:
 
 * ``ReplicatePass`` numbers the local replicas among all workers'
   (``replica_offset``: ``replica_id_in_sync_group`` is global);
-* :class:`passes.insert_cross_worker_collectives.InsertCrossWorkerCollectivesPass`
+* :class:`graphdist.passes.insert_cross_worker_collectives.InsertCrossWorkerCollectivesPass`
   (the ``cross_worker`` slot) follows every local all-reduce / all-gather
   group with a cross-worker one (hierarchical reduction: the local devices
   first, then the workers through MPI, :mod:`graphdist.runtime.comm.mpi`).

@@ -10,7 +10,7 @@ server (:class:`graphdist.runtime.ps_server.Server`, started by
   (:class:`FixedShardsPartitioner`, :class:`MinSizePartitioner`,
   :class:`MaxSizePartitioner`) splits large ones along axis 0 into shards,
   each shard on the next ps task. Every shard lives on exactly one ps.
-* **Steps**: :class:`passes.place_ps_variables.PlacePSVariablesPass` makes
+* **Steps**: :class:`graphdist.passes.place_ps_variables.PlacePSVariablesPass` makes
   the step pull every variable it reads from its ps at the start
   (``graphdist.PSPull``) and push its update at the end
   (``graphdist.PSPush``): the update pushed is the new value minus the

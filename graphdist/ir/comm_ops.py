@@ -33,7 +33,7 @@ from graphdist.errors import GraphError
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Node
 from graphdist.ir.ops import OpDef, TypeList, _in, _unary, normalize_axis, register_op
 
-__all__ = ["COMMUNICATION_OPS", "is_communication", "register_comm_ops"]
+__all__ = ["COMMUNICATION_OPS", "RUNTIME_CHECK_OPS", "is_communication", "is_runtime_check", "register_comm_ops"]
 
 #: graphdist ops run by a communicator; the only nodes that may read values placed on another device.
 COMMUNICATION_OPS = frozenset({"AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Send", "Recv", "Transfer",
@@ -42,10 +42,19 @@ COMMUNICATION_OPS = frozenset({"AllReduce", "AllGather", "ReduceScatter", "Broad
                                # run-time assertions the scheduler runs between segments (graphdist.ir.check_ops)
                                "AssertInRange"})
 
+#: The tasks of :data:`COMMUNICATION_OPS` that check values instead of moving them: scheduled like
+#: communication (between segments), but summaries list them apart from the collectives.
+RUNTIME_CHECK_OPS = frozenset({"AssertInRange"})
+
 
 def is_communication(node: Node) -> bool:
     """True for collectives, transfers and ps pulls/pushes (run by a communicator, not a backend)."""
     return node.domain == GRAPHDIST_DOMAIN and node.op_type in COMMUNICATION_OPS
+
+
+def is_runtime_check(node: Node) -> bool:
+    """True for run-time assertions (``AssertInRange``): tasks between segments that move no data."""
+    return node.domain == GRAPHDIST_DOMAIN and node.op_type in RUNTIME_CHECK_OPS
 
 
 def gathered(count_attr: str) -> Any:

@@ -5,7 +5,7 @@ A rule has the signature ``rule(b: GradBuilder, node, grads) -> input_grads``:
 gradient flows), and the rule returns one gradient per input (``None`` for
 inputs that are not differentiable, such as integer indices or shapes). Rules
 emit ops through the :class:`GradBuilder`, which appends them to the graph;
-:class:`passes.autodiff.AutodiffPass` drives the rules and places the new
+:class:`graphdist.passes.autodiff.AutodiffPass` drives the rules and places the new
 nodes.
 """
 

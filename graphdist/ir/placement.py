@@ -18,7 +18,7 @@ Kinds of placement:
 * ``"ps"``: rows ``start:stop`` of the variable on parameter-server task ``ps`` under
   ``key``, one :class:`Shard` per part (``devices`` names the ps tasks);
 * ``"sharded"``: an optimizer slot split evenly over the replicas' devices
-  (ZeRO-1, ``passes.shard_optimizer_state``): each replica reads and updates
+  (ZeRO-1, ``graphdist.passes.shard_optimizer_state``): each replica reads and updates
   only its slice of the flattened value.
 """
 

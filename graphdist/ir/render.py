@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from graphdist.errors import GraphdistError, InvalidArgumentError
-from graphdist.ir.comm_ops import is_communication
+from graphdist.ir.comm_ops import is_communication, is_runtime_check
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
 from graphdist.ir.placement import VariableSpec, placement_of, variable_specs
 from graphdist.ir.printer import format_table
@@ -133,9 +133,16 @@ def _top_ops(nodes: Iterable[Node], limit: int = 5) -> str:
 def _collective_groups(nodes: Iterable[Node]) -> dict[str, list[Node]]:
     groups: dict[str, list[Node]] = {}
     for node in nodes:
-        if is_communication(node):
+        if is_communication(node) and not is_runtime_check(node):
             groups.setdefault(node.attrs.get("group_key") or node.name, []).append(node)
     return groups
+
+
+def _check_lines(checks: Iterable[tuple[str, dict[str, Any], Sequence[str]]]) -> str:
+    """The ``run-time checks`` section: what each assertion bounds, and where it runs (``""`` if none)."""
+    rows = [f"  {name}: {attrs.get('argument', '?')} of {attrs.get('op', '?')} in [{attrs.get('low', '?')}, "
+            f"{attrs.get('high', '?')}) on {_join(devices)}" for name, attrs, devices in checks]
+    return f"run-time checks ({len(rows)}):\n" + "\n".join(rows) if rows else ""
 
 
 def _attr_text(attrs: dict[str, Any], skip: Sequence[str] = ("group_key", "group_size", "algorithm",
@@ -201,7 +208,7 @@ def graph_overview(graph: Graph) -> str:
             nodes = by_device[device]
             replicas = sorted({n.replica for n in nodes if n.replica is not None})
             segments = sorted({n.meta["segment"] for n in nodes if "segment" in n.meta})
-            comm = sum(1 for n in nodes if is_communication(n))
+            comm = sum(1 for n in nodes if is_communication(n) and not is_runtime_check(n))
             rows.append([device, _join(str(r) for r in replicas), str(len(nodes)), str(comm),
                          _join(segments), _top_ops([n for n in nodes if not is_communication(n)])])
         header = ["device", "replicas", "nodes", "comm", "segments", "top ops"]
@@ -239,6 +246,10 @@ def graph_overview(graph: Graph) -> str:
                         f"~{format_bytes(total_moved)} sent between devices (estimate){note}")
         sections.append(f"communication ({len(groups)} collective/transfer group(s), "
                         f"{sum(map(len, groups.values()))} node(s)):\n{table}\n{per_step}")
+    checks = _check_lines((n.name, n.attrs, [n.device] if n.device else []) for n in graph.nodes
+                          if is_runtime_check(n))
+    if checks:
+        sections.append(checks)
     variables = _variable_rows(graph)
     if variables:
         sections.append("variables:\n" + format_table(
@@ -263,7 +274,7 @@ def plan_summary(plan: Any) -> str:
     per_device_sent: Counter[str] = Counter()
     per_device_tasks: Counter[str] = Counter()
     total_payload = total_moved = 0
-    for task in plan.comms:
+    for task in plan.collectives:
         value = plan.graph_value(task.inputs[0]) if task.inputs else None
         size = value.nbytes if value is not None else None
         n = len(task.devices)
@@ -288,7 +299,7 @@ def plan_summary(plan: Any) -> str:
         segs = [s for s in plan.segments if s.device == device]
         nodes = [n for s in segs for n in s.graph.nodes]
         device_rows.append([device, _join(s.name for s in segs), str(len(nodes)), str(per_device_tasks[device]),
-                            format_bytes(per_device_sent[device]) if plan.comms else "-", _top_ops(nodes, 4)])
+                            format_bytes(per_device_sent[device]) if plan.collectives else "-", _top_ops(nodes, 4)])
     lines.append("devices:")
     lines.append(format_table(["device", "segments", "nodes", "comm tasks", "sent/step (est.)", "top ops"],
                               device_rows))
@@ -304,10 +315,13 @@ def plan_summary(plan: Any) -> str:
         lines.append("communication:")
         lines.append(format_table(["task", "op", "algorithm", "reduce", "participants", "bytes each",
                                    "moved (est.)", "devices", "other attrs"], task_rows))
-        lines.append(f"  per step: {len(plan.comms)} task(s), {format_bytes(total_payload)} into collectives "
+        lines.append(f"  per step: {len(task_rows)} task(s), {format_bytes(total_payload)} into collectives "
                      f"(all participants), ~{format_bytes(total_moved)} sent between devices (estimate)")
     else:
         lines.append("communication: none")
+    checks = _check_lines((task.name, task.attrs, task.devices) for task in plan.checks)
+    if checks:
+        lines.append(checks)
     variables = _variable_rows(graph)
     if variables:
         inputs = {v.name: v for v in graph.inputs}
@@ -516,7 +530,7 @@ def plan_to_dot(plan: Any, *, title: str | None = None) -> str:
     variable_inputs = {name for name, _ in _variables(graph)}
     update_outputs = {name for name, _ in graph.meta.get("variable_updates", [])}
     producer: dict[str, str] = {}
-    label = title or f"plan {graph.name}: {len(plan.segments)} segment(s), {len(plan.comms)} communication task(s)"
+    label = title or f"plan {graph.name}: {len(plan.segments)} segment(s), {plan.describe_tasks()}"
     lines = _header(f"plan {graph.name}", label, rankdir="TB", nodesep="0.3", ranksep="0.45")
     inputs = [n for n in plan.input_names if n not in variable_inputs]
     variables = [n for n in plan.input_names if n in variable_inputs]

@@ -5,6 +5,7 @@ and its errors. (Every traced numpy op and gradient rule also runs on tvm in tes
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -22,10 +23,10 @@ from graphdist.backends import CompileCache, get_backend
 from graphdist.backends.tvm import MODULE_FILE, TvmBackend, build, structure_key, tune_trials
 from graphdist.backends.tvm_onnx import prepare_for_tvm
 from graphdist.compile.plan import Plan
+from graphdist.models.convnet import ConvNet
+from graphdist.models.mlp import MLP
+from graphdist.models.transformer import TransformerBlock
 from graphdist.runtime.devices import Device, num_gpus
-from models.convnet import ConvNet
-from models.mlp import MLP
-from models.transformer import TransformerBlock
 
 REPO = Path(__file__).resolve().parents[2]
 RNG = np.random.default_rng(5)
@@ -359,8 +360,12 @@ def test_tune_budget_must_be_an_integer(monkeypatch: pytest.MonkeyPatch) -> None
 def test_metaschedule_tuning_persists_its_database(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GRAPHDIST_CACHE_DIR", str(tmp_path))
     model, w, b = dense_model(32, 64, 48)
+    user_logger = logging.getLogger("a_user_module")
     built = build(model, tune=2)  # MetaSchedule's builder/runner pools take most of the time on 2 cores
     assert built.tuned_trials == 2
+    # MetaSchedule's dictConfig disables every existing logger; graphdist puts them back (else graphdist's
+    # and the user's warnings vanish for the rest of the process)
+    assert not user_logger.disabled and not logging.getLogger("graphdist.compile.progress").disabled
     records = list((tmp_path / "tvm-tuning").glob("*.json"))
     assert records and any(p.stat().st_size > 0 for p in records)
     vm = __import__("tvm").relax.VirtualMachine(built.executable, __import__("tvm").cpu())
@@ -371,7 +376,7 @@ def test_metaschedule_tuning_persists_its_database(tmp_path: Path, monkeypatch: 
 
 def test_replica_segments_share_one_build(tmp_path: Path) -> None:
     """The replicas of a step traced once compile to segments that differ only in names: one build each kind."""
-    from models.mlp import make_step
+    from graphdist.models.mlp import make_step
 
     cache = CompileCache(tmp_path)
     step, args = make_step(gd.MirroredStrategy(["cpu:0", "cpu:1", "cpu:2", "cpu:3"]), batch=16)

@@ -17,6 +17,8 @@ import pytest
 import graphdist as gd
 
 REPO = Path(__file__).resolve().parents[2]
+#: The repository's MLP model, as a CLI target.
+MLP_STEP, MLP_FORWARD = "graphdist.models.mlp:make_step", "graphdist.models.mlp:forward"
 
 
 def graphdist(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
@@ -43,7 +45,7 @@ def test_main_help_lists_subcommands_with_examples() -> None:
         assert f"    {command} " in out, command
     assert "list the devices" in out and "print a traced function's graph" in out
     assert "write its plan directory" in out and "run an exported plan directory" in out
-    assert "examples:" in out and "graphdist inspect models.mlp:forward" in out
+    assert "examples:" in out and "graphdist inspect graphdist.models.mlp:forward" in out
     assert "graphdist run mlp_plan --inputs mlp_inputs.npz --steps 3" in out
     assert "    launch " in out and "start a multi-process job" in out
     assert "    bench " in out and "time a compiled step" in out
@@ -51,9 +53,10 @@ def test_main_help_lists_subcommands_with_examples() -> None:
 
 @pytest.mark.parametrize(("command", "example"), [
     ("devices", "graphdist devices"),
-    ("inspect", "graphdist inspect models.mlp:forward --format onnx -o mlp.onnx"),
-    ("inspect", "graphdist inspect models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 --stage diff"),
-    ("export", "graphdist export models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 -o mlp_plan"),
+    ("inspect", "graphdist inspect graphdist.models.mlp:forward --format onnx -o mlp.onnx"),
+    ("inspect", "graphdist inspect graphdist.models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1"
+                " --stage diff"),
+    ("export", "graphdist export graphdist.models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 -o mlp_plan"),
     ("run", "graphdist run mlp_plan --inputs mlp_inputs.npz --steps 5 --save"),
 ])
 def test_subcommand_help_has_example(command: str, example: str) -> None:
@@ -83,7 +86,7 @@ def test_devices_lists_cpu0_cores_and_backends() -> None:
 
 # ------------------------------------------------------------- inspect
 def test_inspect_module_function_prints_traced_graph() -> None:
-    result = graphdist("inspect", "models.mlp:forward")
+    result = graphdist("inspect", MLP_FORWARD)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "stage=traced" in out
@@ -93,7 +96,7 @@ def test_inspect_module_function_prints_traced_graph() -> None:
 
 @pytest.mark.parametrize("stage", ["rewritten", "partitioned"])
 def test_inspect_later_stages_show_placement(stage: str) -> None:
-    result = graphdist("inspect", "models.mlp:forward", "--stage", stage, "--backend", "reference")
+    result = graphdist("inspect", MLP_FORWARD, "--stage", stage, "--backend", "reference")
     assert result.returncode == 0, result.stderr
     assert f"stage={stage}" in result.stdout
     assert "cpu:0" in result.stdout and "MatMul" in result.stdout
@@ -101,7 +104,7 @@ def test_inspect_later_stages_show_placement(stage: str) -> None:
 
 def test_inspect_writes_onnx_and_reads_it_back(tmp_path: Path) -> None:
     path = tmp_path / "mlp.onnx"
-    result = graphdist("inspect", "models.mlp:forward", "--format", "onnx", "-o", str(path))
+    result = graphdist("inspect", MLP_FORWARD, "--format", "onnx", "-o", str(path))
     assert result.returncode == 0, result.stderr
     assert str(path) in result.stdout
     onnx.checker.check_model(onnx.load(str(path)), full_check=True)
@@ -126,7 +129,7 @@ def test_inspect_uses_function_example_inputs_from_cwd(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------ failures
 def test_bad_target_form() -> None:
-    assert_clean_failure(graphdist("inspect", "models.mlp"), "module:function", ".onnx")
+    assert_clean_failure(graphdist("inspect", "graphdist.models.mlp"), "module:function", ".onnx")
 
 
 def test_missing_module() -> None:
@@ -135,7 +138,8 @@ def test_missing_module() -> None:
 
 
 def test_missing_attribute() -> None:
-    assert_clean_failure(graphdist("inspect", "models.mlp:no_such_fn"), "no attribute 'no_such_fn'", "forward")
+    assert_clean_failure(graphdist("inspect", "graphdist.models.mlp:no_such_fn"), "no attribute 'no_such_fn'",
+                         "forward")
 
 
 def test_missing_example_inputs(tmp_path: Path) -> None:
@@ -154,12 +158,12 @@ def test_missing_onnx_file(tmp_path: Path) -> None:
 
 
 def test_unknown_stage() -> None:
-    assert_clean_failure(graphdist("inspect", "models.mlp:forward", "--stage", "lowered"), "--stage", "lowered",
+    assert_clean_failure(graphdist("inspect", MLP_FORWARD, "--stage", "lowered"), "--stage", "lowered",
                          "traced")
 
 
 def test_onnx_format_needs_output() -> None:
-    assert_clean_failure(graphdist("inspect", "models.mlp:forward", "--format", "onnx"), "-o PATH")
+    assert_clean_failure(graphdist("inspect", MLP_FORWARD, "--format", "onnx"), "-o PATH")
 
 
 def test_tracing_error_exits_1_without_traceback(tmp_path: Path) -> None:
@@ -181,7 +185,7 @@ needs_dot = pytest.mark.skipif(shutil.which("dot") is None,
 
 
 def test_inspect_training_step_under_mirrored_rewritten() -> None:
-    result = graphdist("inspect", "models.mlp:make_step", *MIRRORED, "--stage", "rewritten")
+    result = graphdist("inspect", MLP_STEP, *MIRRORED, "--stage", "rewritten")
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert out.startswith("Graph 'mlp_train_step'  stage=rewritten")
@@ -191,7 +195,7 @@ def test_inspect_training_step_under_mirrored_rewritten() -> None:
 
 
 def test_inspect_plan_stage() -> None:
-    result = graphdist("inspect", "models.mlp:make_step", *MIRRORED, "--stage", "plan")
+    result = graphdist("inspect", MLP_STEP, *MIRRORED, "--stage", "plan")
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert out.startswith("Plan 'mlp_train_step': 3 segment(s) on cpu:0, cpu:1")
@@ -201,7 +205,7 @@ def test_inspect_plan_stage() -> None:
 
 
 def test_inspect_diff_stage() -> None:
-    result = graphdist("inspect", "models.mlp:make_step", *MIRRORED, "--stage", "diff")
+    result = graphdist("inspect", MLP_STEP, *MIRRORED, "--stage", "diff")
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert out.startswith("passes of MirroredStrategy on cpu:0, cpu:1 for 'mlp_train_step'")
@@ -213,19 +217,19 @@ def test_inspect_diff_stage() -> None:
 
 
 def test_inspect_central_storage_and_one_device() -> None:
-    central = graphdist("inspect", "models.mlp:make_step", "--strategy", "central_storage", "--devices",
+    central = graphdist("inspect", MLP_STEP, "--strategy", "central_storage", "--devices",
                         "cpu:0,cpu:1", "--stage", "plan")
     assert central.returncode == 0, central.stderr
     assert "Transfer" in central.stdout and "cpu:0 -> cpu:1" in central.stdout
     assert "reduce_to_one" in central.stdout
-    one = graphdist("inspect", "models.mlp:make_step", "--strategy", "OneDeviceStrategy", "--devices", "cpu:1",
+    one = graphdist("inspect", MLP_STEP, "--strategy", "OneDeviceStrategy", "--devices", "cpu:1",
                     "--stage", "plan")
     assert one.returncode == 0, one.stderr
     assert "1 segment(s) on cpu:1" in one.stdout and "communication: none" in one.stdout
 
 
 def test_inspect_plain_function_under_a_strategy_splits_the_batch() -> None:
-    result = graphdist("inspect", "models.mlp:forward", *MIRRORED, "--stage", "partitioned")
+    result = graphdist("inspect", MLP_FORWARD, *MIRRORED, "--stage", "partitioned")
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "%arg0_r0: float32[4,64]" in out and "%arg0_r1: float32[4,64]" in out
@@ -237,7 +241,7 @@ def test_inspect_plain_function_under_a_strategy_splits_the_batch() -> None:
 @needs_dot
 def test_inspect_dot_output_renders_with_graphviz(tmp_path: Path) -> None:
     for stage in ("partitioned", "plan"):
-        result = graphdist("inspect", "models.mlp:make_step", *MIRRORED, "--stage", stage, "--format", "dot")
+        result = graphdist("inspect", MLP_STEP, *MIRRORED, "--stage", stage, "--format", "dot")
         assert result.returncode == 0, result.stderr
         assert result.stdout.startswith("digraph ")
         assert "subgraph cluster_0" in result.stdout and "subgraph cluster_1" in result.stdout
@@ -250,13 +254,13 @@ def test_inspect_dot_output_renders_with_graphviz(tmp_path: Path) -> None:
 @needs_dot
 def test_inspect_writes_pictures(tmp_path: Path) -> None:
     svg = tmp_path / "mlp.svg"
-    result = graphdist("inspect", "models.mlp:make_step", *MIRRORED, "--stage", "partitioned", "-o", str(svg))
+    result = graphdist("inspect", MLP_STEP, *MIRRORED, "--stage", "partitioned", "-o", str(svg))
     assert result.returncode == 0, result.stderr
     assert re.search(rf"wrote {re.escape(str(svg))} \(svg, \d+ nodes, stage partitioned\)", result.stdout)
     data = svg.read_text()
     assert ET.fromstring(data).tag.endswith("svg") and "cpu:1" in data and "AllReduce SUM ring" in data
     png = tmp_path / "plan.png"
-    result = graphdist("inspect", "models.mlp:make_step", *MIRRORED, "--stage", "plan", "--format", "png",
+    result = graphdist("inspect", MLP_STEP, *MIRRORED, "--stage", "plan", "--format", "png",
                        "-o", str(png))
     assert result.returncode == 0, result.stderr
     assert png.read_bytes().startswith(b"\x89PNG")
@@ -264,7 +268,7 @@ def test_inspect_writes_pictures(tmp_path: Path) -> None:
 
 def test_inspect_rewritten_onnx_declares_the_graphdist_domain(tmp_path: Path) -> None:
     path = tmp_path / "rewritten.onnx"
-    result = graphdist("inspect", "models.mlp:make_step", *MIRRORED, "--stage", "rewritten", "-o", str(path))
+    result = graphdist("inspect", MLP_STEP, *MIRRORED, "--stage", "rewritten", "-o", str(path))
     assert result.returncode == 0, result.stderr
     assert "opsets ai.onnx, graphdist" in result.stdout
     model = onnx.load(str(path))
@@ -277,7 +281,7 @@ def test_inspect_rewritten_onnx_declares_the_graphdist_domain(tmp_path: Path) ->
 
 def test_inspect_onnx_file_as_data_parallel_inference(tmp_path: Path) -> None:
     path = tmp_path / "mlp.onnx"
-    assert graphdist("inspect", "models.mlp:forward", "-o", str(path)).returncode == 0  # format from the suffix
+    assert graphdist("inspect", MLP_FORWARD, "-o", str(path)).returncode == 0  # format from the suffix
     result = graphdist("inspect", str(path), *MIRRORED, "--batch", "16", "--stage", "plan")
     assert result.returncode == 0, result.stderr
     assert "2 segment(s) on cpu:0, cpu:1" in result.stdout and "AllGather" in result.stdout
@@ -335,12 +339,12 @@ def test_factory_with_distributed_examples_does_not_warn(tmp_path: Path) -> None
     (("--stage", "lowered"), ("invalid choice: 'lowered'", "plan", "diff")),
 ])
 def test_inspect_usage_errors(extra: tuple[str, ...], phrases: tuple[str, ...]) -> None:
-    assert_clean_failure(graphdist("inspect", "models.mlp:make_step", *extra), *phrases)
+    assert_clean_failure(graphdist("inspect", MLP_STEP, *extra), *phrases)
 
 
 def test_inspect_picture_without_graphviz(tmp_path: Path) -> None:
     env = dict(os.environ, GRAPHDIST_DOT=str(tmp_path / "no-dot"))
-    result = subprocess.run([sys.executable, "-m", "graphdist.cli.main", "inspect", "models.mlp:forward", "-o",
+    result = subprocess.run([sys.executable, "-m", "graphdist.cli.main", "inspect", MLP_FORWARD, "-o",
                              str(tmp_path / "g.svg")], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
     assert_clean_failure(result, "needs Graphviz's 'dot'", "apt-get install -y graphviz", "--format dot")
 
@@ -361,7 +365,7 @@ def test_factory_errors(tmp_path: Path) -> None:
 
 def test_onnx_target_errors(tmp_path: Path) -> None:
     path = tmp_path / "mlp.onnx"
-    assert graphdist("inspect", "models.mlp:forward", "-o", str(path)).returncode == 0
+    assert graphdist("inspect", MLP_FORWARD, "-o", str(path)).returncode == 0
     assert_clean_failure(graphdist("inspect", str(path), *MIRRORED, "--batch", "7"), "multiple of the number of "
                          "replicas")
 
@@ -369,11 +373,12 @@ def test_onnx_target_errors(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ export / run
 def test_export_and_run_the_mirrored_training_step(tmp_path: Path) -> None:
     plan_dir, inputs = tmp_path / "mlp_plan", tmp_path / "inputs.npz"
-    result = graphdist("export", "models.mlp:make_step", *MIRRORED, "-o", str(plan_dir), "--save-inputs",
+    result = graphdist("export", MLP_STEP, *MIRRORED, "-o", str(plan_dir), "--save-inputs",
                        str(inputs))
     assert result.returncode == 0, result.stderr
-    assert "exported mlp_train_step (models.mlp:make_step under MirroredStrategy" in result.stdout
-    assert "3 segment(s) on cpu:0, cpu:1, 5 communication task(s), 5 variable(s)" in result.stdout
+    assert "exported mlp_train_step (graphdist.models.mlp:make_step under MirroredStrategy" in result.stdout
+    assert ("3 segment(s) on cpu:0, cpu:1, 5 communication task(s) and 2 run-time check(s), 5 variable(s)"
+            in result.stdout)
     assert f"graphdist run {plan_dir} --inputs {inputs}" in result.stdout
     assert (plan_dir / "plan.json").is_file()
     with np.load(inputs) as data:
@@ -386,7 +391,7 @@ def test_export_and_run_the_mirrored_training_step(tmp_path: Path) -> None:
     losses = [float(line.split("= ")[1]) for line in run.stdout.splitlines() if line.startswith("step ")]
     assert len(losses) == 3 and losses[0] > losses[1] > losses[2]
     # the same three steps in this process, from the same initial weights
-    from models.mlp import make_step
+    from graphdist.models.mlp import make_step
 
     step, args = make_step(gd.MirroredStrategy(["cpu:0", "cpu:1"]))
     np.testing.assert_allclose(losses, [float(step(*args)) for _ in range(3)], rtol=1e-5)
@@ -401,11 +406,11 @@ def test_export_and_run_the_mirrored_training_step(tmp_path: Path) -> None:
 
 def test_export_onnx_inference_and_run(tmp_path: Path) -> None:
     model_path, plan_dir, inputs = tmp_path / "mlp.onnx", tmp_path / "plan", tmp_path / "x.npz"
-    assert graphdist("inspect", "models.mlp:forward", "-o", str(model_path)).returncode == 0
+    assert graphdist("inspect", MLP_FORWARD, "-o", str(model_path)).returncode == 0
     result = graphdist("export", str(model_path), *MIRRORED, "--batch", "8", "-o", str(plan_dir))
     assert result.returncode == 0, result.stderr
     assert "FILE.npz" in result.stdout
-    from models.mlp import reference_forward
+    from graphdist.models.mlp import reference_forward
 
     x = np.random.default_rng(3).standard_normal((8, 64)).astype(np.float32)
     np.savez(inputs, x)  # numpy's default name arr_0 is accepted
@@ -421,12 +426,12 @@ def test_export_failures(tmp_path: Path) -> None:
     taken = tmp_path / "taken"
     taken.mkdir()
     (taken / "file").write_text("x")
-    assert_clean_failure(graphdist("export", "models.mlp:make_step", "-o", str(taken)), "not empty", "--overwrite")
-    assert_clean_failure(graphdist("export", "models.mlp:make_step", "-o", str(tmp_path / "a" / "b")),
+    assert_clean_failure(graphdist("export", MLP_STEP, "-o", str(taken)), "not empty", "--overwrite")
+    assert_clean_failure(graphdist("export", MLP_STEP, "-o", str(tmp_path / "a" / "b")),
                          "does not exist")
-    assert_clean_failure(graphdist("export", "models.mlp:make_step"), "-o/--output")
-    assert_clean_failure(graphdist("export", "models.mlp", "-o", str(tmp_path / "p")), "module:function")
-    assert_clean_failure(graphdist("export", "models.mlp:make_step", "--strategy", "nope", "-o",
+    assert_clean_failure(graphdist("export", MLP_STEP), "-o/--output")
+    assert_clean_failure(graphdist("export", "graphdist.models.mlp", "-o", str(tmp_path / "p")), "module:function")
+    assert_clean_failure(graphdist("export", MLP_STEP, "--strategy", "nope", "-o",
                                    str(tmp_path / "p")), "unknown strategy 'nope'")
     assert_clean_failure(graphdist("export", str(tmp_path / "absent.onnx"), "-o", str(tmp_path / "p")),
                          "does not exist")
@@ -437,7 +442,7 @@ def test_export_failures(tmp_path: Path) -> None:
 def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("exported")
     plan_dir, inputs = root / "plan", root / "inputs.npz"
-    result = graphdist("export", "models.mlp:make_step", *MIRRORED, "-o", str(plan_dir), "--save-inputs", str(inputs))
+    result = graphdist("export", MLP_STEP, *MIRRORED, "-o", str(plan_dir), "--save-inputs", str(inputs))
     assert result.returncode == 0, result.stderr
     return plan_dir, inputs
 
@@ -474,10 +479,10 @@ def test_run_rejects_a_tampered_plan(exported: tuple[Path, Path], tmp_path: Path
 
 def test_readme_shows_the_real_output() -> None:
     readme = (REPO / "README.md").read_text()
-    plan = graphdist("inspect", "models.mlp:make_step", *MIRRORED, "--stage", "plan")
+    plan = graphdist("inspect", MLP_STEP, *MIRRORED, "--stage", "plan")
     assert plan.returncode == 0, plan.stderr
     assert plan.stdout in readme
-    rewritten = graphdist("inspect", "models.mlp:make_step", *MIRRORED, "--stage", "rewritten")
+    rewritten = graphdist("inspect", MLP_STEP, *MIRRORED, "--stage", "rewritten")
     assert rewritten.stdout.split("\ninputs:")[0] in readme
     for picture in ("docs/mlp_mirrored.svg", "docs/mlp_mirrored_plan.svg"):
         assert f"]({picture})" in readme

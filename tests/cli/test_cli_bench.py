@@ -10,21 +10,22 @@ from __future__ import annotations
 import json
 import statistics
 
-from test_cli import assert_clean_failure, graphdist
+from test_cli import MLP_FORWARD, MLP_STEP, assert_clean_failure, graphdist
 
 
 def test_bench_one_backend_prints_a_table() -> None:
-    result = graphdist("bench", "models.mlp:forward", "--steps", "3", "--rounds", "2", "--warmup", "1")
+    result = graphdist("bench", MLP_FORWARD, "--steps", "3", "--rounds", "2", "--warmup", "1")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().splitlines()
-    assert lines[0].startswith("models.mlp:forward: 2 rounds x 3 calls per backend") and "global batch 8" in lines[0]
+    assert lines[0].startswith("graphdist.models.mlp:forward: 2 rounds x 3 calls per backend")
+    assert "global batch 8" in lines[0]
     assert lines[1].split() == ["backend", "compile", "s", "median", "ms", "p90", "ms", "examples/s"]
     assert lines[2].split()[0] == "ort"
 
 
 def test_bench_compare_writes_consistent_json(tmp_path) -> None:
     out = tmp_path / "timings.json"
-    result = graphdist("bench", "models.mlp:make_step", "--strategy", "mirrored", "--devices", "cpu:0,cpu:1",
+    result = graphdist("bench", MLP_STEP, "--strategy", "mirrored", "--devices", "cpu:0,cpu:1",
                        "--compare", "ort,reference", "--steps", "2", "--rounds", "3", "--format", "json",
                        "-o", str(out))
     assert result.returncode == 0, result.stderr
@@ -45,25 +46,25 @@ def test_bench_compare_writes_consistent_json(tmp_path) -> None:
 
 def test_backend_option_overrides_a_factorys_gd_function(tmp_path) -> None:
     out = tmp_path / "t.json"
-    result = graphdist("bench", "models.mlp:make_step", "--backend", "reference", "--steps", "1", "--rounds", "1",
+    result = graphdist("bench", MLP_STEP, "--backend", "reference", "--steps", "1", "--rounds", "1",
                        "--format", "json", "-o", str(out))
     assert result.returncode == 0, result.stderr
     assert json.loads(out.read_text())["results"][0]["backend"] == "reference"
 
 
 def test_bench_argument_errors() -> None:
-    assert_clean_failure(graphdist("bench", "models.mlp:forward", "--steps", "0"), "--steps must be at least 1")
-    assert_clean_failure(graphdist("bench", "models.mlp:forward", "--compare", "ort,onnx"),
+    assert_clean_failure(graphdist("bench", MLP_FORWARD, "--steps", "0"), "--steps must be at least 1")
+    assert_clean_failure(graphdist("bench", MLP_FORWARD, "--compare", "ort,onnx"),
                          "--compare: unknown backend(s) ['onnx']")
-    assert_clean_failure(graphdist("bench", "models.mlp:forward", "--compare", "ort,ort"), "names a backend twice")
-    assert_clean_failure(graphdist("bench", "models.mlp:forward", "--compare", "ort,tvm", "--backend", "ort"),
+    assert_clean_failure(graphdist("bench", MLP_FORWARD, "--compare", "ort,ort"), "names a backend twice")
+    assert_clean_failure(graphdist("bench", MLP_FORWARD, "--compare", "ort,tvm", "--backend", "ort"),
                          "give --backend or --compare, not both")
-    assert_clean_failure(graphdist("bench", "models.mlp"), "neither 'module:function'")
+    assert_clean_failure(graphdist("bench", "graphdist.models.mlp"), "neither 'module:function'")
 
 
 def test_usage_errors_of_subcommands_in_other_modules_exit_2_under_python_m() -> None:
     """``python -m graphdist.cli.main`` runs main.py as ``__main__``: the UsageError that bench.py and
     launch.py raise must still be a usage error (exit 2, one line), not an "unexpected" failure."""
     assert_clean_failure(graphdist("launch", "--workers", "2"), "launch: give the command after --")
-    assert_clean_failure(graphdist("bench", "models.mlp:forward", "--rounds", "0"), "--rounds must be at least 1")
-    assert "unexpected" not in graphdist("bench", "models.mlp:forward", "--warmup", "-1").stderr
+    assert_clean_failure(graphdist("bench", MLP_FORWARD, "--rounds", "0"), "--rounds must be at least 1")
+    assert "unexpected" not in graphdist("bench", MLP_FORWARD, "--warmup", "-1").stderr

@@ -15,6 +15,8 @@ from graphdist.cli.feedback import announce_slow_compiles
 from graphdist.compile.progress import SegmentCompile, notify, on_segment_compile
 
 REPO = Path(__file__).resolve().parents[2]
+#: The repository's MLP model, as a CLI target.
+MLP_STEP, MLP_FORWARD = "graphdist.models.mlp:make_step", "graphdist.models.mlp:forward"
 
 
 def test_plan_compile_reports_every_segment_before_and_after() -> None:
@@ -69,7 +71,7 @@ def test_failing_progress_callback_does_not_break_compiles(caplog) -> None:
 
 
 def test_verbose_cli_logs_each_pass_and_segment_with_its_time() -> None:
-    result = subprocess.run([sys.executable, "-m", "graphdist.cli.main", "-v", "inspect", "models.mlp:make_step",
+    result = subprocess.run([sys.executable, "-m", "graphdist.cli.main", "-v", "inspect", MLP_STEP,
                              "--strategy", "mirrored", "--devices", "cpu:0,cpu:1", "--stage", "plan"],
                             cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

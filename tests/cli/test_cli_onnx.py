@@ -74,13 +74,13 @@ def test_onnx_file_errors_name_the_file(tmp_path: Path) -> None:
     truncated = tmp_path / "cut.onnx"
     truncated.write_bytes(symbolic_model(tmp_path / "whole.onnx").read_bytes()[:60])
     assert_clean_failure(graphdist("inspect", str(truncated)), "cannot read", "cut.onnx", "truncated")
-    assert_clean_failure(graphdist("inspect", "models.mlp:forward", "--input-shape", "x=1x64"),
+    assert_clean_failure(graphdist("inspect", "graphdist.models.mlp:forward", "--input-shape", "x=1x64"),
                          "--input-shape applies to .onnx targets")
 
 
 def test_zoo_model_with_fixed_batch_input(tmp_path: Path) -> None:
     """SqueezeNet (opset 9; Dropout-7 with an unused mask output) with its batch given on the command line."""
-    from models.onnx_zoo import input_name, zoo_model
+    from graphdist.models.onnx_zoo import input_name, zoo_model
 
     model = zoo_model("squeezenet")
     path = tmp_path / "squeezenet.onnx"

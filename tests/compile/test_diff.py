@@ -7,9 +7,9 @@ import pytest
 
 import graphdist as gd
 from graphdist.compile.diff import diff_graphs, pipeline_diffs, strategy_pass_diffs
-from models.mlp import make_step
-from passes.base import PassContext, PassManager
-from passes.eliminate_dead_nodes import EliminateDeadNodesPass
+from graphdist.models.mlp import make_step
+from graphdist.passes.base import PassContext, PassManager
+from graphdist.passes.eliminate_dead_nodes import EliminateDeadNodesPass
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import graphdist as gd
 from graphdist.compile import plan_files
 from graphdist.compile.plan import Plan
 from graphdist.fsutil import savedir
-from models.mlp import MLP
+from graphdist.models.mlp import MLP
 
 GLOBAL_BATCH = 8
 RNG = np.random.default_rng(0)
@@ -164,7 +164,7 @@ def test_loaded_plan_in_a_fresh_process_without_model_code(mirrored_plan, tmp_pa
         names = sorted(variables)
         results.update({{f"var{{k}}": variables[n] for k, n in enumerate(names)}})
         np.savez({str(tmp_path / "out.npz")!r}, names=np.array(names), **results)
-        leaked = [m for m in ("models", "models.mlp", "tests", {__name__!r}) if m in sys.modules]
+        leaked = [m for m in ("models", "graphdist.models.mlp", "tests", {__name__!r}) if m in sys.modules]
         assert not leaked, leaked
     """)
     env = dict(os.environ)

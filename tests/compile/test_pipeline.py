@@ -13,8 +13,8 @@ import pytest
 
 import graphdist as gd
 from graphdist.compile.pipeline import SLOTS, Pipeline, PipelineConfig, build_pipeline
-from passes.eliminate_dead_nodes import EliminateDeadNodesPass
-from passes.fold_constants import FoldConstantsPass
+from graphdist.passes.eliminate_dead_nodes import EliminateDeadNodesPass
+from graphdist.passes.fold_constants import FoldConstantsPass
 
 TWO = ["cpu:0", "cpu:1"]
 ALWAYS = ("differentiate", "replicate", "variable_updates", "collectives", "lower_collectives", "cleanup", "devices")

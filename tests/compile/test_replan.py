@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import graphdist as gd
-from models.mlp import MLP
+from graphdist.models.mlp import MLP
 from tests.distribute import mpi_jobs
 
 PLAN_V1 = Path(__file__).parent / "data" / "plan_v1_mlp"

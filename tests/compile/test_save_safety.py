@@ -9,6 +9,7 @@ import io
 import json
 import os
 import random
+import select
 import shutil
 import signal
 import time
@@ -23,7 +24,7 @@ import pytest
 
 import graphdist as gd
 from graphdist.fsutil import savedir
-from models.mlp import MLP
+from graphdist.models.mlp import MLP
 
 keras = gd.keras
 RNG = np.random.default_rng(11)
@@ -178,14 +179,23 @@ def _kill_during(save: Callable[[int], None], load: Callable[[], int], parent: P
     duration = time.perf_counter() - start
     interrupted = 0
     for kill in range(kills):
+        ready, started = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: save versions 0, 1, 0, ... until killed
             try:
+                os.close(ready)
                 for version in range(10**6):
                     save(version % 2)
+                    if version == 0:
+                        os.write(started, b"1")  # saving in a loop now: the kill lands somewhere in it
             finally:
                 os._exit(0)
-        time.sleep(rng.uniform(0.2, 3.0) * duration)
+        os.close(started)
+        # Wait for the child's first save (a loaded machine can delay a forked child by more than a save
+        # takes), then kill it at a random moment of its loop.
+        assert select.select([ready], [], [], 60)[0], f"kill {kill}: the saving child never started"
+        os.close(ready)
+        time.sleep(rng.uniform(0.0, 2.0) * duration)
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         assert load() in (0, 1), f"kill {kill}: no complete copy"

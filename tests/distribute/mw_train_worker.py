@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 
 import graphdist as gd
-from models.datasets import digits
-from models.mlp import MLP
+from graphdist.models.datasets import digits
+from graphdist.models.mlp import MLP
 
 GLOBAL_BATCH = 16
 SIZES = (64, 16, 10)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import graphdist as gd
-from models.datasets import digits
-from models.mlp import MLP
+from graphdist.models.datasets import digits
+from graphdist.models.mlp import MLP
 
 SIZES = (64, 24, 16, 16, 10)  # 4 layers: 8 gradients of 16..6144 bytes
 

@@ -11,8 +11,8 @@ import pytest
 
 import graphdist as gd
 from graphdist.ir.comm_ops import is_communication
-from models.datasets import digits
-from models.mlp import MLP
+from graphdist.models.datasets import digits
+from graphdist.models.mlp import MLP
 
 
 def _devices(n: int) -> list[str]:

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import graphdist as gd
-from models.datasets import digits
-from models.mlp import MLP
+from graphdist.models.datasets import digits
+from graphdist.models.mlp import MLP
 
 
 def _devices(n: int) -> list[str]:

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import graphdist as gd
-from models.convnet import ConvNet
-from models.transformer import TransformerBlock
+from graphdist.models.convnet import ConvNet
+from graphdist.models.transformer import TransformerBlock
 
 BATCH = 16
 STEPS = 3

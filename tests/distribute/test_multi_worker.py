@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 import graphdist as gd
-from models.datasets import digits
-from models.mlp import MLP
-from passes.base import PassContext, PassManager
-from passes.insert_collectives import InsertCollectivesPass
-from passes.insert_cross_worker_collectives import InsertCrossWorkerCollectivesPass
-from passes.replicate import ReplicatePass
+from graphdist.models.datasets import digits
+from graphdist.models.mlp import MLP
+from graphdist.passes.base import PassContext, PassManager
+from graphdist.passes.insert_collectives import InsertCollectivesPass
+from graphdist.passes.insert_cross_worker_collectives import InsertCrossWorkerCollectivesPass
+from graphdist.passes.replicate import ReplicatePass
 from tests.distribute import mpi_jobs
 from tests.distribute.mw_train_worker import GLOBAL_BATCH, SIZES
 

@@ -10,11 +10,11 @@ import pytest
 import graphdist as gd
 from graphdist.distribute.parameter_server import ClusterCoordinator
 from graphdist.ir.placement import PlacementSpec, Shard, VariablePlacement
-from passes.autodiff import AutodiffPass
-from passes.base import PassContext, PassManager
-from passes.lower_stop_gradients import LowerStopGradientsPass
-from passes.lower_variable_updates import LowerVariableUpdatesPass
-from passes.place_ps_variables import PlacePSVariablesPass
+from graphdist.passes.autodiff import AutodiffPass
+from graphdist.passes.base import PassContext, PassManager
+from graphdist.passes.lower_stop_gradients import LowerStopGradientsPass
+from graphdist.passes.lower_variable_updates import LowerVariableUpdatesPass
+from graphdist.passes.place_ps_variables import PlacePSVariablesPass
 from tests.distribute import mpi_jobs
 
 

@@ -9,8 +9,8 @@ import pytest
 
 import graphdist as gd
 from graphdist.ir.graph import GRAPHDIST_DOMAIN
-from passes.base import PassContext, PassManager
-from passes.shard_logical_devices import ShardLogicalDevicesPass
+from graphdist.passes.base import PassContext, PassManager
+from graphdist.passes.shard_logical_devices import ShardLogicalDevicesPass
 
 
 def tpu_strategy(replicas: int, cores_per_replica: int = 1, cores: int | None = None) -> gd.TPUStrategy:

@@ -14,7 +14,7 @@ import pytest
 
 import graphdist as gd
 from graphdist.ir import assert_structural_equal, structural_diff
-from models.mlp import MLP
+from graphdist.models.mlp import MLP
 
 RNG = np.random.default_rng(7)
 

@@ -22,7 +22,7 @@ import pytest
 from onnx.reference import ReferenceEvaluator
 
 import graphdist as gd
-import passes.autodiff  # noqa: F401 - registers the rules
+import graphdist.passes.autodiff  # noqa: F401 - registers the rules
 from graphdist.errors import GraphError
 from graphdist.ir.gradients import GradBuilder
 from graphdist.ir.graph import Graph, Node

@@ -17,7 +17,7 @@ import pytest
 
 import graphdist as gd
 from graphdist.ir.render import graph_to_dot, moved_bytes, plan_to_dot, render_dot
-from models.mlp import make_step
+from graphdist.models.mlp import make_step
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None,
                                reason="Graphviz's dot is not installed (apt-get install -y graphviz; "
@@ -66,14 +66,19 @@ def test_rewritten_summary_tables(mirrored: gd.ConcreteFunction) -> None:
     assert rows["cpu:0"][1] == "0" and rows["cpu:1"][1] == "1"
     assert sum(int(r[2]) for r in rows.values()) == len(mirrored.graph("rewritten").nodes)
 
-    # 5 gradient all-reduces (2 nodes each) and each replica's labels check (graphdist.AssertInRange)
-    comm = section(text, "communication (7 collective/transfer group(s), 12 node(s)):")
+    # 4 gradient all-reduces and the loss reduction (2 nodes each); the labels checks are listed apart
+    comm = section(text, "communication (5 collective/transfer group(s), 10 node(s)):")
     kernel = next(line for line in comm if "  8,192 B" in line)  # group keys are numbered per process
     # the first layer's kernel gradient: 64 x 32 float32 = 8,192 B, ring over two devices moves 2 (n-1) S
     assert kernel.split()[1:8] == ["graphdist.AllReduce", "SUM", "ring", "2", "8,192", "B", "16,384"]
     assert "cpu:0, cpu:1" in kernel
-    total = 2 * (8192 + 128 + 1280 + 40 + 4) + 2 * 16  # the checks read int64[2] ([min, max] of the labels)
+    total = 2 * (8192 + 128 + 1280 + 40 + 4)
     assert comm[-1].strip().startswith(f"per step: {total:,} B into collectives")
+    assert all("AssertInRange" not in line for line in comm)
+    # each replica's labels check (graphdist.AssertInRange), on its replica's device
+    checks = section(text, "run-time checks (2):")
+    assert [line.split()[-1] for line in checks] == ["cpu:0", "cpu:1"]
+    assert all("labels of sparse_softmax_cross_entropy in [0, 10)" in line for line in checks)
 
     variables = section(text, "variables:")
     row = next(line for line in variables if line.startswith("  mlp/dense_0/kernel"))
@@ -103,11 +108,13 @@ def test_plan_summary_tables(mirrored: gd.ConcreteFunction) -> None:
     assert [line.split()[0] for line in segments[2:]] == [s.name for s in plan.segments]
     comm = section(text, "communication:")
     assert comm[0].split()[:5] == ["task", "op", "algorithm", "reduce", "participants"]
-    assert len(comm) == 2 + len(plan.comms) + 1
-    checks = [line for line in comm[2:-1] if "AssertInRange" in line]  # each replica's labels check
-    assert len(checks) == 2
-    assert all(line.split()[1:4] == ["AllReduce", "ring", "SUM"] for line in comm[2:-1] if line not in checks)
-    assert "per step: 7 task(s), 19,320 B into collectives" in comm[-1]
+    assert len(plan.comms) == 7 and len(plan.collectives) == 5 and len(plan.checks) == 2
+    assert len(comm) == 2 + len(plan.collectives) + 1
+    assert all(line.split()[1:4] == ["AllReduce", "ring", "SUM"] for line in comm[2:-1])
+    assert "per step: 5 task(s), 19,288 B into collectives" in comm[-1]
+    checks = section(text, "run-time checks (2):")  # each replica's labels check, apart from the collectives
+    assert [line.split()[0] for line in checks] == [f"{c.name}:" for c in plan.checks]
+    assert plan.describe_tasks() == "5 communication task(s) and 2 run-time check(s)"
     assert "variables (5, 9,648 B):" in text
 
 

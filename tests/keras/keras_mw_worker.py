@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 import graphdist as gd
-from models.datasets import digits
+from graphdist.models.datasets import digits
 
 
 def main() -> None:

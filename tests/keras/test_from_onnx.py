@@ -16,7 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import graphdist as gd
-from models.datasets import digits
+from graphdist.models.datasets import digits
 
 
 def mlp_onnx(sizes=(64, 64, 10), seed: int = 0, opset: int = 18, dropout: float | None = None) -> onnx.ModelProto:

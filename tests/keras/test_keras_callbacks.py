@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import graphdist as gd
-from models.datasets import digits
+from graphdist.models.datasets import digits
 
 keras = gd.keras
 

@@ -72,7 +72,7 @@ def _model() -> keras.Model:
 
 
 def test_new_layers_train_under_mirrored_like_one_device_and_round_trip(tmp_path) -> None:
-    from models.datasets import digits
+    from graphdist.models.datasets import digits
 
     data = digits()
     weights = []

@@ -60,7 +60,7 @@ def test_categorical_and_binary_accuracy_match_numpy() -> None:
 
 
 def test_one_hot_training_under_mirrored_equals_one_device_and_saves(tmp_path) -> None:
-    from models.datasets import digits
+    from graphdist.models.datasets import digits
 
     data = digits()
     y = np.eye(10, dtype=np.float32)[data.y_train[:200]]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import graphdist as gd
-from models.datasets import digits
+from graphdist.models.datasets import digits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distribute"))
 import mpi_jobs  # noqa: E402 - the multi-process helpers of tests/distribute

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import graphdist as gd
-from models.datasets import digits
+from graphdist.models.datasets import digits
 
 keras = gd.keras
 

@@ -1,4 +1,4 @@
-"""models.convnet: traced forward equals eager numpy; the ConvNet trains on the digits."""
+"""graphdist.models.convnet: traced forward equals eager numpy; the ConvNet trains on the digits."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import graphdist as gd
-from models import convnet
-from models.convnet import ConvNet
+from graphdist.models import convnet
+from graphdist.models.convnet import ConvNet
 
 
 def test_traced_forward_equals_eager() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from models import demo
+from graphdist.models import demo
 
 
 def test_demo_trains_saves_and_checks(tmp_path, capsys) -> None:

@@ -1,4 +1,4 @@
-"""models.mlp: the traced forward pass equals the plain-numpy reference."""
+"""graphdist.models.mlp: the traced forward pass equals the plain-numpy reference."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import graphdist as gd
-from models import mlp
-from models.mlp import MLP
+from graphdist.models import mlp
+from graphdist.models.mlp import MLP
 
 
 def test_strategy_run_matches_reference() -> None:

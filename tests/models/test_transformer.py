@@ -1,4 +1,4 @@
-"""models.transformer: traced forward equals eager numpy; the encoder block trains."""
+"""graphdist.models.transformer: traced forward equals eager numpy; the encoder block trains."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import graphdist as gd
-from models import transformer
-from models.transformer import TransformerBlock
+from graphdist.models import transformer
+from graphdist.models.transformer import TransformerBlock
 
 
 def _attention_reference(model: TransformerBlock, h: np.ndarray) -> np.ndarray:

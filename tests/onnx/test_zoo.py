@@ -1,6 +1,6 @@
 """The nine zoo architectures of the onnx wheel, with random weights, through gd.onnx.load.
 
-Oracle: plain ONNX Runtime on the same model (models.onnx_zoo makes the
+Oracle: plain ONNX Runtime on the same model (graphdist.models.onnx_zoo makes the
 weights with numpy and onnx only): under MirroredStrategy(cpu:0, cpu:1) each
 replica's output equals ORT's on that replica's slice of the batch. One
 training step of SqueezeNet under Mirrored(2) equals one under OneDevice.
@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 
 import graphdist as gd
-from models.onnx_zoo import ZOO, input_name, zoo_model
+from graphdist.models.onnx_zoo import ZOO, input_name, zoo_model
 
 PER_REPLICA = 2
 

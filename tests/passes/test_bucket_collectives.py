@@ -13,13 +13,13 @@ from graphdist.compile.pipeline import PipelineConfig, build_pipeline
 from graphdist.compile.plan import Plan
 from graphdist.ir import Graph, verify
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Node, Value
+from graphdist.passes.assign_devices import AssignDevicesPass
+from graphdist.passes.base import PassContext, PassManager
+from graphdist.passes.bucket_collectives import BucketCollectivesPass, pack_groups
+from graphdist.passes.eliminate_dead_nodes import EliminateDeadNodesPass
+from graphdist.passes.lower_collectives import LowerCollectivesPass
+from graphdist.passes.partition import PartitionPass
 from graphdist.runtime.devices import parse_device
-from passes.assign_devices import AssignDevicesPass
-from passes.base import PassContext, PassManager
-from passes.bucket_collectives import BucketCollectivesPass, pack_groups
-from passes.eliminate_dead_nodes import EliminateDeadNodesPass
-from passes.lower_collectives import LowerCollectivesPass
-from passes.partition import PartitionPass
 
 DEVICES = ("cpu:0", "cpu:1")
 CTX = PassContext(devices=DEVICES)

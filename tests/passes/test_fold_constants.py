@@ -10,10 +10,10 @@ import graphdist as gd
 from graphdist.backends import default_cache, get_backend
 from graphdist.ir import GRAPHDIST_DOMAIN, Graph, Value, assert_structural_equal, verify
 from graphdist.ir.ops import onnx_dtype
+from graphdist.passes.base import PassContext
+from graphdist.passes.fold_constants import MAX_ELEMENTS, FoldConstantsPass
+from graphdist.passes.replicate import ReplicatePass
 from graphdist.runtime.devices import parse_device
-from passes.base import PassContext
-from passes.fold_constants import MAX_ELEMENTS, FoldConstantsPass
-from passes.replicate import ReplicatePass
 
 RNG = np.random.default_rng(2)
 FLOAT = onnx_dtype(np.float32)

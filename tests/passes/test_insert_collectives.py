@@ -11,13 +11,13 @@ import graphdist as gd
 from graphdist.backends import default_cache, get_backend
 from graphdist.compile.plan import Plan
 from graphdist.ir import GRAPHDIST_DOMAIN, Graph, Value, assert_structural_equal, verify
+from graphdist.passes.assign_devices import AssignDevicesPass
+from graphdist.passes.base import PassContext, PassManager
+from graphdist.passes.insert_collectives import InsertCollectivesPass
+from graphdist.passes.lower_collectives import LowerCollectivesPass
+from graphdist.passes.partition import PartitionPass
+from graphdist.passes.replicate import ReplicatePass
 from graphdist.runtime.devices import parse_device
-from passes.assign_devices import AssignDevicesPass
-from passes.base import PassContext, PassManager
-from passes.insert_collectives import InsertCollectivesPass
-from passes.lower_collectives import LowerCollectivesPass
-from passes.partition import PartitionPass
-from passes.replicate import ReplicatePass
 
 CTX = PassContext(devices=("cpu:0", "cpu:1"))
 RNG = np.random.default_rng(5)

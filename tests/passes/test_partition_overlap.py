@@ -18,9 +18,9 @@ from graphdist.compile.plan import Plan
 from graphdist.ir import verify
 from graphdist.ir.comm_ops import is_communication
 from graphdist.ir.graph import Graph
-from models.mlp import MLP
-from passes.base import PassContext
-from passes.partition import PartitionPass
+from graphdist.models.mlp import MLP
+from graphdist.passes.base import PassContext
+from graphdist.passes.partition import PartitionPass
 
 DEVICES = ("cpu:0", "cpu:1")
 CTX = PassContext(devices=DEVICES)

@@ -12,15 +12,15 @@ from graphdist.backends import get_backend
 from graphdist.compile.plan import Plan
 from graphdist.ir import Graph, verify
 from graphdist.ir.placement import VariableSpec
-from passes.assign_devices import AssignDevicesPass
-from passes.autodiff import AutodiffPass
-from passes.base import PassContext, PassManager
-from passes.insert_collectives import InsertCollectivesPass
-from passes.lower_collectives import LowerCollectivesPass
-from passes.lower_variable_updates import LowerVariableUpdatesPass
-from passes.partition import PartitionPass
-from passes.place_variables import PlaceVariablesPass
-from passes.replicate import ReplicatePass
+from graphdist.passes.assign_devices import AssignDevicesPass
+from graphdist.passes.autodiff import AutodiffPass
+from graphdist.passes.base import PassContext, PassManager
+from graphdist.passes.insert_collectives import InsertCollectivesPass
+from graphdist.passes.lower_collectives import LowerCollectivesPass
+from graphdist.passes.lower_variable_updates import LowerVariableUpdatesPass
+from graphdist.passes.partition import PartitionPass
+from graphdist.passes.place_variables import PlaceVariablesPass
+from graphdist.passes.replicate import ReplicatePass
 
 CTX = PassContext(devices=("cpu:0", "cpu:1"))
 RNG = np.random.default_rng(0)
@@ -217,7 +217,7 @@ def test_bad_parameter_device() -> None:
 
 def test_traced_adam_step_in_the_strategy_pipeline() -> None:
     """A real step: the optimizer math lands on the parameter device, the numerics do not change."""
-    from models.mlp import MLP
+    from graphdist.models.mlp import MLP
 
     strategy = gd.CentralStorageStrategy(["cpu:0", "cpu:1"], "cpu:9")
     with strategy.scope():

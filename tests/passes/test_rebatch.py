@@ -14,9 +14,9 @@ from graphdist.compile.build import compile_traced
 from graphdist.ir import Graph, assert_structural_equal, structural_diff, verify
 from graphdist.ir.batch import BatchDim, affine
 from graphdist.ir.placement import PlacementSpec, VariablePlacement
+from graphdist.models.mlp import MLP
+from graphdist.passes.rebatch import RebatchPass
 from graphdist.runtime.devices import parse_device
-from models.mlp import MLP
-from passes.rebatch import RebatchPass
 
 RNG = np.random.default_rng(5)
 TWO = ["cpu:0", "cpu:1"]
@@ -219,7 +219,7 @@ def test_mlp_step_rebatched_for_one_device_trains_like_numpy(global_batch_size) 
         np.testing.assert_allclose(new_values[spec.uid], want, rtol=1e-5, atol=1e-6, err_msg=spec.name)
 
 
-@pytest.mark.parametrize("module", ["models.convnet", "models.transformer"])
+@pytest.mark.parametrize("module", ["graphdist.models.convnet", "graphdist.models.transformer"])
 def test_model_step_rebatched_equals_the_step_traced_at_that_size(module: str) -> None:
     import importlib
 

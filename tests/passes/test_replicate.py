@@ -10,9 +10,9 @@ import pytest
 import graphdist as gd
 from graphdist.backends import default_cache, get_backend
 from graphdist.ir import GRAPHDIST_DOMAIN, Graph, Value, assert_structural_equal, verify
+from graphdist.passes.base import PassContext
+from graphdist.passes.replicate import ReplicatePass, Replication
 from graphdist.runtime.devices import parse_device
-from passes.base import PassContext
-from passes.replicate import ReplicatePass, Replication
 
 RNG = np.random.default_rng(11)
 FLOAT = 1  # onnx.TensorProto.FLOAT

@@ -10,12 +10,12 @@ from graphdist.backends import get_backend
 from graphdist.compile.plan import Plan
 from graphdist.ir import GRAPHDIST_DOMAIN, Graph, Value, assert_structural_equal, verify
 from graphdist.ir.placement import VariableSpec
-from passes.assign_devices import AssignDevicesPass
-from passes.base import PassContext, PassManager
-from passes.eliminate_dead_nodes import EliminateDeadNodesPass
-from passes.lower_collectives import LowerCollectivesPass
-from passes.partition import PartitionPass
-from passes.shard_optimizer_state import ShardOptimizerStatePass
+from graphdist.passes.assign_devices import AssignDevicesPass
+from graphdist.passes.base import PassContext, PassManager
+from graphdist.passes.eliminate_dead_nodes import EliminateDeadNodesPass
+from graphdist.passes.lower_collectives import LowerCollectivesPass
+from graphdist.passes.partition import PartitionPass
+from graphdist.passes.shard_optimizer_state import ShardOptimizerStatePass
 
 CTX = PassContext(devices=("cpu:0", "cpu:1"))
 META = ("replica", "side_effect")

@@ -10,14 +10,14 @@ import graphdist as gd
 from graphdist.backends import default_cache, get_backend
 from graphdist.ir import Graph, verify
 from graphdist.ir.comm_ops import is_communication
+from graphdist.passes.assign_devices import AssignDevicesPass
+from graphdist.passes.base import PassContext, PassManager
+from graphdist.passes.eliminate_dead_nodes import EliminateDeadNodesPass
+from graphdist.passes.insert_collectives import InsertCollectivesPass
+from graphdist.passes.lower_collectives import LowerCollectivesPass
+from graphdist.passes.partition import PartitionPass
+from graphdist.passes.replicate import ReplicatePass
 from graphdist.runtime.devices import parse_device
-from passes.assign_devices import AssignDevicesPass
-from passes.base import PassContext, PassManager
-from passes.eliminate_dead_nodes import EliminateDeadNodesPass
-from passes.insert_collectives import InsertCollectivesPass
-from passes.lower_collectives import LowerCollectivesPass
-from passes.partition import PartitionPass
-from passes.replicate import ReplicatePass
 
 X = np.arange(6, dtype=np.float32).reshape(2, 3)
 

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import numpy as np
 
 import graphdist as gd
+from graphdist.models.mlp import MLP
 from graphdist.runtime import timeline
 from graphdist.runtime.scheduler import Scheduler, register_comm_handler
 from graphdist.runtime.tasks import CommTask
-from models.mlp import MLP
 
 DEVICES = ["cpu:0", "cpu:1"]
 

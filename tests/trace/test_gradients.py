@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import graphdist as gd
-import passes.autodiff  # noqa: F401 - registers the rules
+import graphdist.passes.autodiff  # noqa: F401 - registers the rules
 from graphdist.ir.gradients import _zero_gradient
 from graphdist.ir.graph import ONNX_DOMAIN, Graph
 from graphdist.ir.ops import get_opdef, registered_ops

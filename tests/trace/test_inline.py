@@ -9,8 +9,8 @@ import pytest
 import graphdist as gd
 from graphdist.compile.inference import make_inference_step
 from graphdist.ir import from_onnx
+from graphdist.models.mlp import MLP
 from graphdist.trace.inline import example_batch, graph_function, inline_graph
-from models.mlp import MLP
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import graphdist as gd
-from models.datasets import digits
-from models.mlp import MLP
+from graphdist.models.datasets import digits
+from graphdist.models.mlp import MLP
 
 SIZES = (64, 16, 10)
 BATCH = 32

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import graphdist as gd
-from models.mlp import MLP
-from passes.shard_optimizer_state import state_bytes_per_replica
+from graphdist.models.mlp import MLP
+from graphdist.passes.shard_optimizer_state import state_bytes_per_replica
 
 SIZES = (6, 8, 3)
 BATCH = 16

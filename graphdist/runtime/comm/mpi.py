@@ -33,7 +33,7 @@ Guarantees:
 The communicator of the whole job is :func:`default_communicator`; the
 scheduler reaches it through :func:`run_comm_task` for plan communication
 tasks whose op is ``CrossWorkerAllReduce`` / ``CrossWorkerAllGather``
-(inserted by :class:`passes.insert_cross_worker_collectives.InsertCrossWorkerCollectivesPass`).
+(inserted by :class:`graphdist.passes.insert_cross_worker_collectives.InsertCrossWorkerCollectivesPass`).
 """
 
 from __future__ import annotations
