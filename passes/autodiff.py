@@ -90,7 +90,7 @@ class AutodiffPass(PassBase):
             results = _backward(graph, gradient_node, builder)
             # Backward ops read only values defined before the Gradient node: place them there.
             for node in builder.created:  # backward ops run where their Gradient node was traced
-                node.meta.update({k: gradient_node.meta[k] for k in ("replica", "context", "variant")
+                node.meta.update({k: gradient_node.meta[k] for k in ("replica", "context", "variant", "micro")
                                   if k in gradient_node.meta})
             created = {id(n) for n in builder.created}
             rest = [n for n in graph.nodes if id(n) not in created]

@@ -239,7 +239,7 @@ class Function:
     """A step function compiled per input signature (see :func:`function`)."""
 
     def __init__(self, fn: Callable[..., Any], *, name: str | None = None, backend: str | None = None,
-                 strategy: Any = None, max_signatures: int | None = None) -> None:
+                 strategy: Any = None, max_signatures: int | None = None, accumulate_steps: int = 1) -> None:
         if not callable(fn):
             raise InvalidArgumentError(f"gd.function needs a callable, got {type(fn).__name__}")
         if name is not None and not isinstance(name, str):
@@ -249,6 +249,7 @@ class Function:
         self._backend = backend
         self._strategy = strategy
         self._max_signatures = _check_max_signatures(max_signatures)
+        self._accumulate_steps = _check_accumulate_steps(accumulate_steps)
         self._concrete: OrderedDict[Any, ConcreteFunction] = OrderedDict()
         self._lock = threading.Lock()  # guards the cache and the per-signature locks
         self._building: dict[Any, threading.Lock] = {}
@@ -262,6 +263,11 @@ class Function:
         return self._fn
 
     @property
+    def accumulate_steps(self) -> int:
+        """Micro-batches each replica's batch is cut into per step (1: no gradient accumulation)."""
+        return self._accumulate_steps
+
+    @property
     def max_signatures(self) -> int:
         """How many compiled signatures this function keeps (least recently used ones are dropped)."""
         return self._max_signatures
@@ -269,7 +275,7 @@ class Function:
     def _with_backend(self, backend: str) -> Function:
         """The same step compiled by ``backend`` (a new function: nothing traced is shared)."""
         return Function(self._fn, name=self._name, backend=backend, strategy=self._strategy,
-                        max_signatures=self._max_signatures)
+                        max_signatures=self._max_signatures, accumulate_steps=self._accumulate_steps)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if current_trace() is not None:
@@ -346,18 +352,47 @@ class Function:
         traced, interface, variables, strategies, treedef = self._trace(args, kwargs)
         strategy = self._pick_strategy(strategies)
         config = strategy.pipeline_config() if strategy is not None else PipelineConfig()
-        pipeline = strategy.pipeline() if strategy is not None else build_pipeline(config)
+        batch_args = False
+        if self._accumulate_steps > 1:
+            config = config.replace(accumulate_steps=self._accumulate_steps)
+            batch_args = config.total_replicas == 1 and traced.meta.get("batch") is None
+            if batch_args:  # one replica: its array arguments are its batch (as a distributed dataset yields)
+                traced, interface, variables, strategies, treedef = self._trace(args, kwargs, count=False,
+                                                                                batch_args=True)
+            self._check_micro_batches(traced, args, kwargs, batch_args)
+        pipeline = build_pipeline(config)
         placement = _placement(strategy, traced, variables)
         graphs, plan, resolved = compile_traced(traced, interface, pipeline, placement,
                                                 self._backend or config.backend)
         concrete = ConcreteFunction(self._name, graphs, plan, strategy, interface, resolved, variables, config,
                                     treedef)
         concrete._signature = key
+        concrete._batch_args = batch_args
         concrete._function, concrete._example = self, _specs(args, kwargs)
         self._remember(key, concrete)
         logger.info("compiled %s for signature #%d: %d nodes, %d segment(s)", self._name, self._traces,
                     len(graphs["partitioned"].nodes), len(plan.segments))
         return concrete
+
+    def _check_micro_batches(self, traced: Graph, args: tuple, kwargs: dict, batch_args: bool) -> None:
+        """Refuses ``accumulate_steps`` for a step whose graph would not follow a smaller batch."""
+        from graphdist.compile.step import check_batch_follows
+
+        steps, batch = self._accumulate_steps, traced.meta.get("batch")
+        reads = traced.meta.get("reads_num_replicas") or []
+        if reads:
+            raise TracingError(
+                f"{self._name}: accumulate_steps={steps} counts the micro-batches as replicas, but the step read "
+                f"num_replicas_in_sync while it was traced (at {', '.join(reads[:3])}), which freezes the replica "
+                "count into its graph; let the step not depend on it (gd.nn.compute_average_loss without "
+                "global_batch_size counts the replicas and micro-batches itself)")
+        if batch is None or traced.meta.get("replica_variants") or int(batch) % steps:
+            return  # AccumulateGradientsPass says what is wrong with the batch
+        check = check_batch_follows(self, _specs(args, kwargs), traced, int(batch) // steps, batch_args=batch_args)
+        if not check["verified"]:
+            raise TracingError(f"{self._name}: accumulate_steps={steps} runs the step on micro-batches of "
+                               f"{int(batch) // steps} rows, and {check['reason']}; compute shapes from x.shape "
+                               "(reshape(x.shape[0], -1)), not from Python numbers")
 
     def _pick_strategy(self, strategies: list[Any]) -> Any:
         if len(strategies) > 1:
@@ -370,12 +405,12 @@ class Function:
         current = context.current_strategy()
         return current if current is not None and hasattr(current, "pipeline_config") else None
 
-    def _trace(self, args: tuple, kwargs: dict,
-               count: bool = True) -> tuple[Graph, StepInterface, dict[str, Variable], list[Any], Any]:
+    def _trace(self, args: tuple, kwargs: dict, count: bool = True,
+               batch_args: bool = False) -> tuple[Graph, StepInterface, dict[str, Variable], list[Any], Any]:
         ctx = TraceContext(self._name)
         ctx.replicated = True  # the strategy's pipeline makes the replicas
         with ctx.activate():
-            proxy_args, proxy_kwargs, feeds = _make_inputs(ctx, args, kwargs)
+            proxy_args, proxy_kwargs, feeds = _make_inputs(ctx, args, kwargs, batch_args)
             with _strategy_scope(self._strategy):
                 result = call_user_function(self._fn, proxy_args, proxy_kwargs)
             result = nest.map_structure(lambda v: read_variable(v) if isinstance(v, Variable) else v, result)
@@ -413,14 +448,21 @@ def _strategy_scope(strategy: Any) -> Any:
     return strategy.scope()
 
 
-def _make_inputs(ctx: TraceContext, args: tuple, kwargs: dict) -> tuple[tuple, dict, list[ArgumentFeed]]:
-    """Graph inputs for every array leaf; a per-replica leaf gets one input per distinct component shape."""
+def _make_inputs(ctx: TraceContext, args: tuple, kwargs: dict,
+                 batch_args: bool = False) -> tuple[tuple, dict, list[ArgumentFeed]]:
+    """Graph inputs for every array leaf; a per-replica leaf gets one input per distinct component shape.
+    With ``batch_args`` (one replica, gradient accumulation), array leaves of rank >= 1 are the one
+    replica's batch: per-replica inputs fed by the array itself.
+    """
     leaves, treedef = nest.flatten((args, kwargs), is_leaf=_is_distributed)
     feeds: list[ArgumentFeed] = []
 
     def make(leaf: Any, hint: str) -> Any:
         if isinstance(leaf, (np.ndarray, np.generic, TensorSpec)):
-            proxy = _input(ctx, leaf, hint)
+            batch = batch_args and len(np.shape(leaf) if not isinstance(leaf, TensorSpec) else leaf.shape) > 0
+            proxy = _input(ctx, leaf, hint, per_replica=batch)
+            if batch:
+                ctx.graph.meta.setdefault("per_replica_inputs", {})[proxy.value.name] = None
             feeds.append(ArgumentFeed("tensor", (proxy.value.name,)))
             return proxy
         if isinstance(leaf, DistributedValues):
@@ -541,6 +583,13 @@ def _replica_output(ctx: TraceContext, value: Tensor, variant: str | None, flat:
 RETRACE_WARNING_AFTER = 5
 
 
+def _check_accumulate_steps(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise InvalidArgumentError(f"gd.function: accumulate_steps must be a positive int (micro-batches per "
+                                   f"update), got {value!r}; leave it out (1) for one pass over the whole batch")
+    return int(value)
+
+
 def _check_max_signatures(value: Any) -> int:
     if value is None:
         return DEFAULT_MAX_SIGNATURES
@@ -552,7 +601,7 @@ def _check_max_signatures(value: Any) -> int:
 
 
 def function(fn: Callable[..., Any] | None = None, *, backend: str | None = None,
-             name: str | None = None, max_signatures: int | None = None) -> Any:
+             name: str | None = None, max_signatures: int | None = None, accumulate_steps: int = 1) -> Any:
     """Compiles a step function (like ``tf.function``); usable with or without arguments.
 
     Args:
@@ -564,14 +613,25 @@ def function(fn: Callable[..., Any] | None = None, *, backend: str | None = None
         max_signatures: Compiled input signatures kept in memory (default
             :data:`DEFAULT_MAX_SIGNATURES`, 64); the least recently used
             one is dropped past it and traced again if called again.
+        accumulate_steps: Gradient accumulation: each replica's batch is cut
+            into this many micro-batches, the forward and backward passes run
+            once per micro-batch, and their gradients are summed before the
+            one update of the step, which equals the update of the whole
+            batch (the loss scaled by the global batch, as
+            ``gd.nn.compute_average_loss`` does). The batch is the per-replica
+            arguments (with one replica: every array argument); it must
+            divide evenly. See :mod:`graphdist.passes.accumulate_gradients`.
 
     Returns:
         A :class:`Function` (or a decorator making one when ``fn`` is None).
 
     Raises:
-        InvalidArgumentError: ``fn`` is not callable or ``max_signatures`` is not a positive int.
+        InvalidArgumentError: ``fn`` is not callable, or ``max_signatures`` or ``accumulate_steps`` is not
+            a positive int.
     """
     if fn is None:
         _check_max_signatures(max_signatures)
-        return lambda f: Function(f, name=name, backend=backend, max_signatures=max_signatures)
-    return Function(fn, name=name, backend=backend, max_signatures=max_signatures)
+        _check_accumulate_steps(accumulate_steps)
+        return lambda f: Function(f, name=name, backend=backend, max_signatures=max_signatures,
+                                  accumulate_steps=accumulate_steps)
+    return Function(fn, name=name, backend=backend, max_signatures=max_signatures, accumulate_steps=accumulate_steps)

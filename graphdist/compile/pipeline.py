@@ -13,6 +13,7 @@ Slots, in order (the passes each slot holds when filled):
 =====================  ==================================================  ============================
 slot                   passes                                               filled when
 =====================  ==================================================  ============================
+``accumulate``         ``AccumulateGradientsPass``                          ``accumulate_steps`` > 1
 ``differentiate``      ``AutodiffPass``, ``LowerStopGradientsPass``         always
 ``replicate``          ``ReplicatePass``                                    always (one replica too)
 ``variable_updates``   ``LowerVariableUpdatesPass``                         always
@@ -35,6 +36,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from graphdist.passes.accumulate_gradients import AccumulateGradientsPass
 from graphdist.passes.assign_devices import AssignDevicesPass
 from graphdist.passes.autodiff import AutodiffPass
 from graphdist.passes.base import PassBase
@@ -55,8 +57,9 @@ from graphdist.passes.shard_optimizer_state import ShardOptimizerStatePass
 
 __all__ = ["SLOTS", "PipelineConfig", "Pipeline", "build_pipeline"]
 
-SLOTS = ("differentiate", "replicate", "variable_updates", "parameter_servers", "collectives", "shard_optimizer",
-         "central_storage", "cross_worker", "lower_collectives", "bucketing", "logical_devices", "cleanup", "devices")
+SLOTS = ("accumulate", "differentiate", "replicate", "variable_updates", "parameter_servers", "collectives",
+         "shard_optimizer", "central_storage", "cross_worker", "lower_collectives", "bucketing", "logical_devices",
+         "cleanup", "devices")
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,8 @@ class PipelineConfig:
         multi_worker: ``{"num_workers", "comm_group", "algorithm"}`` of a
             multi-worker strategy (the cross-worker collectives), or ``None``.
         logical_cores: ``cores[replica][logical_device]`` of a TPU-like device assignment, or ``None``.
+        accumulate_steps: Micro-batches each replica's batch is cut into, one update per step
+            (``AccumulateGradientsPass``; ``gd.function(step, accumulate_steps=k)``).
         backend: Backend the strategy's steps compile with when ``gd.function`` names none.
         strategy: The strategy's name (for plans and messages).
     """
@@ -91,6 +96,7 @@ class PipelineConfig:
     parameter_servers: bool = False
     multi_worker: Mapping[str, Any] | None = None
     logical_cores: tuple[tuple[str, ...], ...] | None = None
+    accumulate_steps: int = 1
     backend: str | None = None
     strategy: str = "OneDeviceStrategy"
 
@@ -162,6 +168,8 @@ def build_pipeline(config: PipelineConfig) -> Pipeline:
         "cleanup": [FoldConstantsPass(), EliminateDeadNodesPass()],
         "devices": [AssignDevicesPass()],
     }
+    if config.accumulate_steps > 1:
+        slots["accumulate"] = [AccumulateGradientsPass(config.accumulate_steps)]
     if config.shard_optimizer_state:
         slots["shard_optimizer"] = [ShardOptimizerStatePass()]
     if config.parameter_servers:

@@ -23,7 +23,7 @@ from graphdist.errors import GraphdistError, GraphError, PlanError
 from graphdist.ir.graph import Graph
 from graphdist.ir.placement import VariableSpec
 
-__all__ = ["StepRecord", "record_of_concrete", "check_rebatch"]
+__all__ = ["StepRecord", "record_of_concrete", "check_rebatch", "check_batch_follows"]
 
 #: Per-replica batch size the exporter traces a step at again, relative to the traced one.
 _CHECK_FACTOR = 2
@@ -153,9 +153,6 @@ def check_rebatch(concrete: Any) -> dict[str, Any]:
     and compares, structurally, with ``RebatchPass`` applied to the traced graph: equal means every
     constant the step computed from the batch size was recorded (see :mod:`graphdist.ir.batch`).
     """
-    from graphdist.ir.compare import structural_diff
-    from graphdist.passes.rebatch import RebatchPass
-
     traced = concrete.graph("traced")
     batch = traced.meta.get("batch")
     if batch is None:
@@ -165,24 +162,48 @@ def check_rebatch(concrete: Any) -> dict[str, Any]:
     function, example = concrete._function, concrete._example
     if function is None or example is None:
         return {"verified": False, "reason": "the step's function is not available to check it"}
-    larger = _CHECK_FACTOR * int(batch)
+    return check_batch_follows(function, example, traced, _CHECK_FACTOR * int(batch),
+                               batch_args=bool(getattr(concrete, "_batch_args", False)))
+
+
+def check_batch_follows(function: Any, example: tuple[tuple, dict], traced: Graph, batch: int, *,
+                        batch_args: bool = False) -> dict[str, Any]:
+    """Whether ``traced`` given per-replica batch ``batch`` (``RebatchPass``) equals the step traced again
+    with that batch (``function._trace``): structurally equal means every constant the step computed from
+    the batch size was recorded (see :mod:`graphdist.ir.batch`).
+
+    Args:
+        function: The ``gd.function`` that traced ``traced`` from ``example`` (the arguments' specs).
+        example: The arguments' specs.
+        traced: The traced graph.
+        batch: The per-replica batch to check.
+        batch_args: Plain array arguments are batches too (one replica, ``accumulate_steps``).
+
+    Returns:
+        ``{"verified": bool, "reason": None or why not}``.
+    """
+    from graphdist.ir.compare import structural_diff
+    from graphdist.passes.rebatch import RebatchPass
+
     try:
-        args, kwargs = _with_batch(example, larger)
-        again = function._trace(args, kwargs, count=False)[0]
-        rebatched = RebatchPass(larger)(traced.copy()).graph
+        args, kwargs = _with_batch(example, batch, plain=batch_args)
+        again = function._trace(args, kwargs, count=False, batch_args=batch_args)[0]
+        rebatched = RebatchPass(batch)(traced.copy()).graph
     except (GraphdistError, GraphError) as err:
-        return {"verified": False, "reason": f"at per-replica batch {larger}: {err}"}
+        return {"verified": False, "reason": f"at per-replica batch {batch}: {err}"}
     difference = structural_diff(rebatched, again)
     if difference is None:
         return {"verified": True, "reason": None}
     return {"verified": False, "reason": (
-        f"traced again at per-replica batch {larger}, the step differs from its re-batched graph ({difference}): "
+        f"traced again at per-replica batch {batch}, the step differs from its re-batched graph ({difference}): "
         "it computes something from the batch size (x.shape[0]) that is frozen into its graph, e.g. through int(), "
         "// or a numpy call on the shape")}
 
 
-def _with_batch(example: tuple[tuple, dict], batch: int) -> tuple[tuple, dict]:
-    """The example arguments with every per-replica component's first dimension set to ``batch``."""
+def _with_batch(example: tuple[tuple, dict], batch: int, *, plain: bool = False) -> tuple[tuple, dict]:
+    """The example arguments with every per-replica component's first dimension set to ``batch`` (and
+    every plain array argument's, with ``plain``).
+    """
     from graphdist.trace.tracer import TensorSpec
     from graphdist.trace.values import DistributedValues, PerReplica
 
@@ -190,6 +211,8 @@ def _with_batch(example: tuple[tuple, dict], batch: int) -> tuple[tuple, dict]:
         if isinstance(leaf, DistributedValues):
             return PerReplica(tuple(TensorSpec((batch, *c.shape[1:]), c.dtype, c.name) if isinstance(c, TensorSpec)
                                     and c.shape else c for c in leaf.values))
+        if plain and isinstance(leaf, TensorSpec) and leaf.shape:
+            return TensorSpec((batch, *leaf.shape[1:]), leaf.dtype, leaf.name)
         return leaf
 
     leaves, treedef = nest.flatten(example, is_leaf=lambda v: isinstance(v, DistributedValues))
