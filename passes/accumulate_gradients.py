@@ -159,21 +159,47 @@ class _Accumulator:
 
     # ------------------------------------------------------------ rewrite
     def run(self) -> None:
-        for node in list(self.graph.nodes):
+        region = [n for n in self.graph.nodes if id(n) in self.region]
+        for node in region:
+            self._refuse_unsupported(node)
+        before, after = self._split_rest()
+        for node in before:
+            self.nodes.append(node)
             if node.domain == GRAPHDIST_DOMAIN and node.op_type == "NumReplicas":
-                self.nodes.append(node)
                 self._count_micro_batches(node.outputs[0])
-            elif id(node) in self.region:
-                self._refuse_unsupported(node)
-                for m in range(self.k):
-                    self.nodes.append(self._copy(node, m))
-                node.detach_inputs()
-                node.graph = None
+        # One micro-batch after the other, so that a backend running the nodes in order can free each
+        # micro-batch's activations before the next one starts.
+        running: list[tuple[Value, str]] = []
+        for m in range(self.k):
+            self.nodes.extend(self._copy(node, m) for node in region)
+            if m == 0:
+                running = self._running_combinations(after)
             else:
-                self._read_combined(node)
-                self.nodes.append(node)
+                self._advance(running, m)
+        for node in region:
+            node.detach_inputs()
+            node.graph = None
+        for node in after:
+            self._read_combined(node)
+            self.nodes.append(node)
         self.graph.nodes = self.nodes
         self.graph.outputs = [self._merged(v, None) if id(v) in self.copies else v for v in self.graph.outputs]
+
+    def _split_rest(self) -> tuple[list[Node], list[Node]]:
+        """The nodes outside the micro region: those that do not depend on it (they run first) and those
+        that do (cross-replica ops and what follows them: they run after every micro-batch).
+        """
+        later = set(self.region)
+        before, after = [], []
+        for node in self.graph.nodes:
+            if id(node) in self.region:
+                continue
+            if any(v is not None and v.producer is not None and id(v.producer) in later for v in node.inputs):
+                later.add(id(node))
+                after.append(node)
+            else:
+                before.append(node)
+        return before, after
 
     def _refuse_unsupported(self, node: Node) -> None:
         if node.domain == GRAPHDIST_DOMAIN and node.op_type == "AssignVariable":
@@ -258,22 +284,23 @@ class _Accumulator:
                 self._refuse_unsupported(node)
             node.replace_input(index, self._merged(value, node))
 
-    def _merged(self, value: Value, reader: Node | None) -> Value:
-        """The micro-batches' copies of ``value`` combined for ``reader`` (see the module docstring)."""
+    def _merge_kind(self, value: Value, reader: Node | None) -> tuple[str, int]:
+        """How ``reader`` reads the micro-batches of ``value``: ``("Concat", axis)``, or ``("Add" | "Max" |
+        "Min", 0)`` (see the module docstring).
+        """
         copies = self.copies[id(value)]
         attrs = reader.attrs if reader is not None and reader.domain == GRAPHDIST_DOMAIN else {}
         op = reader.op_type if reader is not None and _is_boundary(reader) else None
         if op in ("ReplicaAllGather", "CrossReplicaGather"):
-            return self._once(value, ("concat", int(attrs.get("axis", 0))),
-                              lambda: self._join("Concat", copies, {"axis": int(attrs.get("axis", 0))}))
+            return "Concat", int(attrs.get("axis", 0))
         if op == "CrossReplicaReduce" and attrs.get("axis") is not None:
-            return self._concat_rows(value, copies)
+            return "Concat", 0
         if op in ("ReplicaAllReduce", "CrossReplicaReduce"):
             combine = _COMBINE.get(str(attrs.get("reduce_op", "SUM")).upper(), "Add")
             if combine != "Add":
-                return self._once(value, combine, lambda: self._join(combine, copies, {}))
+                return combine, 0
         if value.shape and copies[0].shape and copies[0].shape[0] != value.shape[0]:
-            return self._concat_rows(value, copies)
+            return "Concat", 0
         if copies[0].shape != value.shape:
             raise GraphError(f"accumulate_steps: %{value.name} has shape {value.shape} for the whole batch and "
                              f"{copies[0].shape} per micro-batch, not the batch as its first dimension; its "
@@ -281,15 +308,39 @@ class _Accumulator:
         if value.dtype == np.bool_:
             raise GraphError(f"accumulate_steps: %{value.name} is a boolean computed on each micro-batch; "
                              "booleans cannot be added over micro-batches (return or reduce a number instead)")
-        return self._once(value, "sum", lambda: self._chain("Add", copies))
+        return "Add", 0
 
-    def _concat_rows(self, value: Value, copies: list[Value]) -> Value:
-        return self._once(value, ("concat", 0), lambda: self._join("Concat", copies, {"axis": 0}))
+    def _merged(self, value: Value, reader: Node | None) -> Value:
+        """The micro-batches' copies of ``value`` combined for ``reader``."""
+        kind, axis = self._merge_kind(value, reader)
+        copies = self.copies[id(value)]
+        if kind == "Concat":
+            return self._once(value, (kind, axis), lambda: self._add("Concat", list(copies), copies[0].producer.meta,
+                                                                     {"axis": axis}))
+        return self._once(value, (kind, 0), lambda: self._chain(kind, copies))
 
-    def _join(self, op: str, copies: list[Value], attrs: dict[str, Any]) -> Value:
-        if op in ("Max", "Min"):
-            return self._chain(op, copies)
-        return self._add(op, list(copies), copies[0].producer.meta, attrs)
+    def _running_combinations(self, after: list[Node]) -> list[tuple[Value, str]]:
+        """The (value, Add | Max | Min) combinations read after the micro-batches: kept as running totals, one
+        step after each micro-batch, so each micro-batch's values can be freed before the next one runs.
+        """
+        wanted: dict[tuple[int, str], tuple[Value, str]] = {}
+        reads = [(v, node) for node in after for v in node.inputs if v is not None and id(v) in self.copies]
+        reads += [(v, None) for v in self.graph.outputs if id(v) in self.copies]
+        for value, reader in reads:
+            if reader is not None and reader.domain == GRAPHDIST_DOMAIN and reader.op_type == "AssignVariable":
+                continue  # refused when the update is rewired
+            kind, _ = self._merge_kind(value, reader)
+            if kind != "Concat":
+                wanted[(id(value), kind)] = (value, kind)
+        return list(wanted.values())
+
+    def _advance(self, running: list[tuple[Value, str]], m: int) -> None:
+        """Folds micro-batch ``m`` into the running combinations."""
+        for value, kind in running:
+            copies = self.copies[id(value)]
+            slot = (id(value), (kind, 0))
+            total = self.derived.get(slot, copies[0])
+            self.derived[slot] = self._add(kind, [total, copies[m]], copies[0].producer.meta)
 
     def _chain(self, op: str, copies: list[Value]) -> Value:
         total = copies[0]

@@ -54,15 +54,14 @@ def _expected() -> Graph:
     doubled = _op(graph, "Mul", [count, graph.add_initializer("k", np.int32(2))])
     replicas = _op(graph, "Cast", [doubled], {"to": 1})
     axis = graph.add_initializer("axis", np.array([0], np.int64))
-    ys = []
-    for m in range(2):
+    micro_batch = graph.add_initializer("micro_batch", np.float32(2))
+    ys, losses = [], []
+    for m in range(2):  # one micro-batch after the other
         rows = _op(graph, "Slice", [x, graph.add_initializer("start", np.array([2 * m], np.int64)),
                                     graph.add_initializer("stop", np.array([2 * m + 2], np.int64)), axis])
         ys.append(_op(graph, "Mul", [rows, w], micro=m))
-    totals = [_op(graph, "ReduceSum", [ys[m]], {"keepdims": 0}, micro=m) for m in range(2)]
-    micro_batch = graph.add_initializer("micro_batch", np.float32(2))
-    denominators = [_op(graph, "Mul", [replicas, micro_batch], micro=m) for m in range(2)]
-    losses = [_op(graph, "Div", [totals[m], denominators[m]], micro=m) for m in range(2)]
+        total = _op(graph, "ReduceSum", [ys[m]], {"keepdims": 0}, micro=m)
+        losses.append(_op(graph, "Div", [total, _op(graph, "Mul", [replicas, micro_batch], micro=m)], micro=m))
     reduced = _op(graph, "ReplicaAllReduce", [_op(graph, "Add", losses)], {"reduce_op": "SUM", "group_key": "g"},
                   domain=GRAPHDIST_DOMAIN)
     graph.outputs = [reduced, _op(graph, "Concat", ys, {"axis": 0})]
