@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import datetime
 import importlib.metadata
+import json
 import logging
 import os
 import platform
 import re
 import statistics
+import subprocess
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -28,6 +31,7 @@ __all__ = [
     "machine_markdown",
     "median",
     "replace_section",
+    "run_child",
     "time_interleaved",
     "update_section",
     "write_document",
@@ -141,6 +145,20 @@ def time_interleaved(variants: Mapping[str, Callable[[], Any]], rounds: int, cal
 def median(values: list[float]) -> float:
     """The median of ``values``."""
     return float(statistics.median(values))
+
+
+def run_child(module: str, arguments: list[str], timeout: float) -> dict[str, Any]:
+    """Runs ``python -m module *arguments`` in a fresh process (its own peak RSS, nothing cached) and
+    returns the JSON object it prints last.
+
+    Raises:
+        RuntimeError: The child failed (its stderr's tail in the message).
+    """
+    command = [sys.executable, "-m", module, *arguments]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"benchmark child {' '.join(command)} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _markers(name: str) -> tuple[str, str]:

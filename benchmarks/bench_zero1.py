@@ -23,14 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
-import sys
 import time
 from typing import Any
 
 import numpy as np
 
-from benchmarks import median, update_section
+from benchmarks import median, run_child, update_section
 
 __all__ = ["NAME", "GOAL", "SIZES", "run", "child", "markdown", "main"]
 
@@ -79,12 +77,9 @@ def child(zero: bool, sizes: tuple[int, ...], batch: int, steps: int) -> dict[st
 
 
 def _in_child(zero: bool, sizes: tuple[int, ...], batch: int, steps: int, timeout: float) -> dict[str, Any]:
-    command = [sys.executable, "-m", "benchmarks.bench_zero1", "--child", "zero" if zero else "plain",
-               "--sizes", ",".join(map(str, sizes)), "--batch", str(batch), "--steps", str(steps)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"benchmark child {' '.join(command)} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_child("benchmarks.bench_zero1", ["--child", "zero" if zero else "plain", "--sizes",
+                                                 ",".join(map(str, sizes)), "--batch", str(batch), "--steps",
+                                                 str(steps)], timeout)
 
 
 def run(sizes: tuple[int, ...] = SIZES, batch: int = BATCH, steps: int = 5, timeout: float = 900.0) -> dict[str, Any]:
