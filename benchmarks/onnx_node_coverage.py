@@ -174,14 +174,24 @@ def _fresh_cache() -> Iterator[str]:
                 os.environ["GRAPHDIST_CACHE_DIR"] = old
 
 
-def _quiet_logs() -> None:
-    """ORT's and TVM's own log lines would drown the progress lines."""
+@contextlib.contextmanager
+def _quiet_logs() -> Iterator[None]:
+    """ORT's and TVM's own log lines would drown the progress lines; the loggers' levels are put back
+    after (the smoke test runs this inside the test process, whose later tests read graphdist's warnings).
+    """
     with contextlib.suppress(ImportError):
         import onnxruntime
 
         onnxruntime.set_default_logger_severity(4)
-    for name in ("graphdist", "tvm"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    loggers = [logging.getLogger(name) for name in ("graphdist", "tvm")]
+    levels = [logger.level for logger in loggers]
+    for quiet in loggers:
+        quiet.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for quiet, level in zip(loggers, levels):
+            quiet.setLevel(level)
 
 
 def run(backends: Sequence[str] = ("ort", "tvm"), only: Sequence[str] | None = None, quick: bool = False,
@@ -205,14 +215,13 @@ def run(backends: Sequence[str] = ("ort", "tvm"), only: Sequence[str] | None = N
     import onnxruntime
 
     info = machine_info()
-    _quiet_logs()
     cases = node_cases(only)
     if quick:
         cases = cases[:40]
     results: dict[str, Any] = {"machine": info, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
                                "cases": len(cases), "backends": {}}
     outcome: dict[str, dict[str, tuple[bool, str]]] = defaultdict(dict)
-    with _fresh_cache(), warnings.catch_warnings():
+    with _fresh_cache(), warnings.catch_warnings(), _quiet_logs():
         warnings.simplefilter("ignore")
         for backend in (_ORT, *backends):
             start = time.perf_counter()
