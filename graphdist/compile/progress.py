@@ -2,9 +2,13 @@
 
 ``Plan.compile`` reports every segment it compiles (before and after, with the
 time it took) to the callbacks registered in the current context with
-:func:`on_segment_compile`; the CLI and Keras' progress bar use it to say what
-a long compile is doing. Callbacks run in the compiling thread and must be
-quick; an exception in one is logged, never raised into the compile.
+:func:`on_segment_compile`. :func:`announce_slow_compiles` is the listener
+the CLI (on stderr) and Keras' ``fit``/``evaluate``/``predict`` (on their
+progress display) use to say what a long compile is doing: a segment still
+compiling after ``after`` seconds is named (segment k of n, device,
+backend), and its time is said when it ends; quick compiles and cache hits
+say nothing. Callbacks run in the compiling thread and must be quick; an
+exception in one is logged, never raised into the compile.
 """
 
 from __future__ import annotations
@@ -12,10 +16,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-__all__ = ["SegmentCompile", "notify", "on_segment_compile"]
+__all__ = ["SLOW_SECONDS", "SegmentCompile", "announce_slow_compiles", "notify", "on_segment_compile"]
+
+#: A segment compiling longer than this is announced by :func:`announce_slow_compiles`.
+SLOW_SECONDS = 1.0
 
 logger = logging.getLogger(__name__)
 
@@ -70,3 +78,54 @@ def notify(event: SegmentCompile) -> None:
             callback(event)
         except Exception:  # noqa: BLE001 - progress display must never break a compile
             logger.warning("compile progress callback %r failed", callback, exc_info=True)
+
+
+class _SlowCompileAnnouncer:
+    """Starts a timer per segment; if it fires before the segment is done, says what is compiling."""
+
+    def __init__(self, say: Callable[[str], None], after: float) -> None:
+        self.say, self.after = say, after
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self._announced = False
+
+    def __call__(self, event: SegmentCompile) -> None:
+        with self._lock:
+            if event.seconds is None:
+                self._cancel()
+                self._announced = False
+                self._timer = threading.Timer(self.after, self._announce, args=(event,))
+                self._timer.daemon = True
+                self._timer.start()
+                return
+            self._cancel()
+            if self._announced:
+                self.say(f"compiled {event.describe()} in {event.seconds:.1f} s")
+
+    def _announce(self, event: SegmentCompile) -> None:
+        with self._lock:
+            self._announced = True
+            self.say(f"compiling {event.describe()}...")
+
+    def _cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+@contextlib.contextmanager
+def announce_slow_compiles(say: Callable[[str], None], after: float = SLOW_SECONDS) -> Iterator[None]:
+    """Within the block, every segment compile longer than ``after`` seconds is announced through ``say``
+    (``"compiling segment 2 of 3 (step.cpu1) on cpu:1 with tvm..."``, then ``"compiled ... in 9.1 s"``).
+
+    Args:
+        say: Receives each message (called from a timer thread or the compiling thread).
+        after: Seconds before a compile is announced.
+    """
+    announcer = _SlowCompileAnnouncer(say, after)
+    try:
+        with on_segment_compile(announcer):
+            yield
+    finally:
+        with announcer._lock:
+            announcer._cancel()

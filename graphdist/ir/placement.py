@@ -2,10 +2,10 @@
 
 A traced graph lists the variables it reads in ``graph.meta["variables"]`` as
 ``(input name, VariableSpec)`` pairs: plain data (name, dtype, shape,
-trainability), never the Python variable objects. A strategy's pipeline
-writes a :class:`PlacementSpec` into ``graph.meta["placement"]``
-(:class:`passes.annotate_placement.AnnotatePlacementPass`): for each variable,
-where its value lives. Passes read that spec (``PlaceVariablesPass`` for a
+trainability), never the Python variable objects. Before its pipeline runs,
+the strategy's decision is written into ``graph.meta["placement"]`` as a
+:class:`PlacementSpec` (``graphdist.compile.build.compile_traced``; a loaded
+plan's comes from its ``plan.json``): for each variable, where its value lives. Passes read that spec (``PlaceVariablesPass`` for a
 central copy, ``PlacePSVariablesPass`` for parameter-server shards), the
 renderer and the plan exporter show it, and a plan directory stores it as
 JSON, so a re-planned step gets a new spec without any Python object.

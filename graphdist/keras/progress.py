@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from graphdist.compile import progress as compile_progress
 from graphdist.errors import InvalidArgumentError
 
 __all__ = ["Progress", "format_logs", "wrap_logs"]
@@ -148,7 +149,9 @@ class Progress:
         if self.mode == "bar" and self._task is not None:
             self._bar.update(self._task, note=f"tracing and compiling {what}...")
         try:
-            yield
+            with compile_progress.announce_slow_compiles(lambda message: self._say_compiling(what, message),
+                                                         after=compile_progress.SLOW_SECONDS):
+                yield
         finally:
             if self.mode == "bar" and self._task is not None:
                 self._bar.update(self._task, note="")
@@ -156,6 +159,13 @@ class Progress:
         logger.info("compiled %s in %.2f s", what, seconds)
         if seconds >= SLOW_COMPILE_S:
             self._compile_notes.append(f"compiled {what} in {seconds:.1f} s")
+
+    def _say_compiling(self, what: str, message: str) -> None:
+        """A long segment compile of ``what``: on the bar's note on a terminal, a line of its own otherwise."""
+        if self.mode == "bar" and self._task is not None:
+            self._bar.update(self._task, note=f"{what}: {message}")
+        elif self.mode == "line":
+            self.console.print(f"{what}: {message}", markup=False)
 
     def quiet_child(self) -> Progress:
         """A display that shows nothing of its own but announces its compiles through this one (``fit``'s

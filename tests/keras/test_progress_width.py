@@ -12,6 +12,7 @@ import pytest
 import rich.console
 
 import graphdist as gd
+from graphdist.compile import progress as compile_progress
 from graphdist.keras import progress as progress_lib
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -70,8 +71,10 @@ def test_fit_line_form_at_80_columns_keeps_values_and_names_both_compiles(
     monkeypatch.setattr(progress_lib, "SLOW_COMPILE_S", 0.0)  # every compile is noted, however fast
     model = _model(gd.MirroredStrategy(["cpu:0", "cpu:1"]))
     history = model.fit(*_data(24, 0), batch_size=8, epochs=1, validation_data=_data(10, 1), verbose=2)
-    line = capsys.readouterr().out.strip()
-    assert line.count("\n") == 0  # one line per epoch, not cut at the console's 80 columns
+    *announcements, line = capsys.readouterr().out.strip().splitlines()
+    # one line per epoch, not cut at the console's 80 columns; before it, only the names of segments that
+    # took more than a second to compile (on a loaded machine)
+    assert all(re.match(r"the (train|test) step: compil", text) for text in announcements), announcements
     for name, values in history.history.items():
         assert f"{name}: {values[0]:.4f}" in line, (name, line)
     assert "compiled the train step in" in line and "compiled the test step in" in line
@@ -98,3 +101,27 @@ def test_fit_bar_at_80_columns_keeps_values_and_announces_the_validation_compile
     assert "…" not in text and max(len(line) for line in _lines(buffer.getvalue())) <= 80
     # The validation pass's display is silent but hands its compile notice to the epoch's bar.
     assert "bar:the train step" in announced and "bar:the test step" in announced
+
+
+@pytest.mark.parametrize("verbose", [2, 1])
+def test_evaluate_names_each_slow_segment_compile(verbose: int, capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A segment compiling past SLOW_SECONDS is named (k of n, device, backend): its own line off a terminal,
+    the bar's note on one."""
+    monkeypatch.setattr(compile_progress, "SLOW_SECONDS", 0.0)  # every segment counts as slow
+    console, buffer = _terminal()
+    notes: list[str] = []
+    if verbose == 1:
+        monkeypatch.setattr(rich.console, "Console", lambda **_: console)
+        original = progress_lib.Progress._say_compiling
+        monkeypatch.setattr(progress_lib.Progress, "_say_compiling",
+                            lambda self, what, message: (notes.append(f"{what}: {message}"),
+                                                         original(self, what, message)))
+    model = _model(gd.MirroredStrategy(["cpu:0", "cpu:1"]))
+    model.evaluate(*_data(16, 4), batch_size=8, verbose=verbose)
+    said = capsys.readouterr().out.splitlines() if verbose == 2 else notes
+    compiling = [line for line in said if "compiling segment" in line]
+    assert compiling and all(re.fullmatch(r"the test step: compiling segment \d+ of \d+ \(\S+\) on cpu:[01] "
+                                          r"with ort\.\.\.", line) for line in compiling), said
+    assert any(re.fullmatch(r"the test step: compiled segment \d+ of \d+ \(\S+\) on cpu:[01] with ort in "
+                            r"[0-9.]+ s", line) for line in said), said
