@@ -7,9 +7,9 @@ the same initial weights:
 
 * **OneDevice**: ``gd.OneDeviceStrategy("cpu:0")``, the whole batch;
 * **Mirrored, overlap off**: ``gd.MirroredStrategy(["cpu:0", "cpu:1"],
-  gd.NcclAllReduce(num_packs=4))`` traced with ``GRAPHDIST_OVERLAP=0``: one
+  gd.NcclAllReduce(num_packs=4))`` traced with ``GRAPHDIST_OVERLAP=0`` (the default): one
   forward+backward segment per device, the all-reduces after it;
-* **Mirrored, overlap on**: the same with the overlap cut (the default): the
+* **Mirrored, overlap on**: the same with the overlap cut (``GRAPHDIST_OVERLAP=1``): the
   backward pass cut at the 4 gradient buckets, bucket ``k``'s all-reduce
   running while the earlier layers' backward computes.
 

@@ -30,8 +30,11 @@ the transformer block (tested / benchmarked). A backend still optimises each
 segment alone: where its layout rewrites reach across a cut (ONNX Runtime's
 transpose optimiser around the ConvNet's NHWC transposes) a sum may be taken
 in another order, ~1 ulp (9e-10 on one bias of the ConvNet after a step).
-``PartitionPass(overlap=False)`` or ``GRAPHDIST_OVERLAP=0`` turns the cut
-off.
+The cut is off by default and turned on by ``PartitionPass(overlap=True)``
+or ``GRAPHDIST_OVERLAP=1``: on logical CPU devices, which split the host's
+cores between them, there is no idle core for a collective to overlap with,
+and the extra segments cost more than the communication wait they hide
+(measured: BENCHMARKS.md "Overlap of gradient all-reduces").
 
 Cases:
 * all nodes on one device without collectives: one segment named after the
@@ -63,18 +66,18 @@ _BUCKET = "bucket"
 
 
 def overlap_enabled() -> bool:
-    """Whether ``GRAPHDIST_OVERLAP`` leaves the overlap cut on (the default).
+    """Whether ``GRAPHDIST_OVERLAP`` turns the overlap cut on (off by default, see the module docstring).
 
     Raises:
         InvalidArgumentError: The variable holds something other than a boolean word.
     """
-    text = os.environ.get(OVERLAP_ENV, "1").strip().lower()
-    if text in ("1", "true", "on", "yes", ""):
+    text = os.environ.get(OVERLAP_ENV, "0").strip().lower()
+    if text in ("1", "true", "on", "yes"):
         return True
-    if text in ("0", "false", "off", "no"):
+    if text in ("0", "false", "off", "no", ""):
         return False
     raise InvalidArgumentError(f"{OVERLAP_ENV}={text!r} is not understood; set it to 1 (overlap gradient "
-                               "all-reduces with the backward pass, the default) or 0 (one segment per phase)")
+                               "all-reduces with the backward pass) or 0 (one segment per phase, the default)")
 
 
 def segment_name(device: str, phase: int | None = None, part: int | None = None) -> str:
@@ -179,7 +182,7 @@ class PartitionPass(PassBase):
 
     Args:
         overlap: Cut a device's phase at its gradient buckets (see the module
-            docstring). ``None``: on unless ``GRAPHDIST_OVERLAP=0``.
+            docstring). ``None``: as ``GRAPHDIST_OVERLAP`` says (off unless ``1``).
     """
 
     stage = "partitioned"

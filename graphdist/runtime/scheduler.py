@@ -231,9 +231,13 @@ class Scheduler:
                 for task in launch:
                     del remaining[id(task)]
                 # With collectives to run, every ready segment goes to the device threads first, so the
-                # collectives (run inline on this communication lane) overlap them. Otherwise the
-                # coordinating thread runs one ready segment itself (no hand-off to a worker and back).
-                inline_segment = segments.pop() if segments and not comms else None
+                # collectives (run inline on this communication lane) overlap them. A segment that is the
+                # only work there is runs on this coordinating thread (no hand-off to a worker and back);
+                # never while other segments run, or this thread could not hand their devices the next
+                # segment until its own ended (one device's chain of segments would run here while the
+                # other devices wait).
+                alone = len(segments) == 1 and not comms and not running
+                inline_segment = segments.pop() if alone else None
                 for task in segments:
                     running[pool.submit(self._run_segment, task.index, env, recorder)] = task
                 for task in comms:

@@ -159,3 +159,35 @@ def test_collective_runs_while_a_ready_segment_computes() -> None:
     c, d = scheduler.run({"x": np.ones(2)})
     np.testing.assert_array_equal(c, [3.0, 3.0])
     np.testing.assert_array_equal(d, [2.0, 2.0])
+
+
+def test_a_device_gets_its_next_segment_while_another_device_computes() -> None:
+    """Two devices, each a chain of segments: when cpu:0's first segment ends, its second starts while
+    cpu:1's long segment still runs (the coordinating thread once ran cpu:1's segment itself and handed
+    cpu:0 nothing until it ended: with the overlap cut, one device's chain ran while the other waited)."""
+    second_started = threading.Event()
+
+    class Exe:
+        def __init__(self, body):
+            self.body = body
+
+        def run(self, feeds):
+            return self.body(feeds)
+
+    def long_segment(feeds):
+        assert second_started.wait(10), "cpu:0's next segment did not start while cpu:1 computed"
+        return [feeds["x"] * 3]
+
+    def second(feeds):
+        second_started.set()
+        return [feeds["a"] + 1]
+
+    segments = [SimpleNamespace(name="a0", device="cpu:0", inputs=["x"], outputs=["a"]),
+                SimpleNamespace(name="b0", device="cpu:1", inputs=["x"], outputs=["b"]),
+                SimpleNamespace(name="a1", device="cpu:0", inputs=["a"], outputs=["c"])]
+    plan = SimpleNamespace(segments=segments, comms=[], constants={}, input_names=["x"],
+                           output_names=["b", "c"], devices=["cpu:0", "cpu:1"], graph=SimpleNamespace(name="fake"))
+    scheduler = Scheduler(plan, [Exe(lambda feeds: [feeds["x"] + 1]), Exe(long_segment), Exe(second)])
+    b, c = scheduler.run({"x": np.ones(2)})
+    np.testing.assert_array_equal(b, [3.0, 3.0])
+    np.testing.assert_array_equal(c, [3.0, 3.0])
