@@ -5,10 +5,11 @@ A traced graph lists the variables it reads in ``graph.meta["variables"]`` as
 trainability), never the Python variable objects. Before its pipeline runs,
 the strategy's decision is written into ``graph.meta["placement"]`` as a
 :class:`PlacementSpec` (``graphdist.compile.build.compile_traced``; a loaded
-plan's comes from its ``plan.json``): for each variable, where its value lives. Passes read that spec (``PlaceVariablesPass`` for a
-central copy, ``PlacePSVariablesPass`` for parameter-server shards), the
-renderer and the plan exporter show it, and a plan directory stores it as
-JSON, so a re-planned step gets a new spec without any Python object.
+plan's comes from its ``plan.json``): for each variable, where its value
+lives. Passes read that spec (``PlaceVariablesPass`` for a central copy,
+``PlacePSVariablesPass`` for parameter-server shards), the renderer and the
+plan exporter show it, and a plan directory stores it as JSON, so a
+re-planned step gets a new spec without any Python object.
 
 Kinds of placement:
 
