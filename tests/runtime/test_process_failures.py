@@ -140,6 +140,20 @@ def test_a_dead_ps_ends_the_job(jobs: list[Job]) -> None:
 
 
 @pytest.mark.slow
+def test_a_dead_chief_ends_a_parameter_server_job(jobs: list[Job]) -> None:
+    """Worker 0 is the chief (ParameterServerStrategy counts it so): losing it ends the job, unlike another
+    worker."""
+    job = start(jobs, "--workers", "2", "--ps", "1", "--", sys.executable, WORKER, "--mode", "ps", "--steps", "2000")
+    pids = job.ready_pids(2)
+    os.kill(pids["worker 0"], signal.SIGKILL)
+    status, seconds = job.wait(NOTICE_S)
+    assert status == 1 and seconds < NOTICE_S, job.output
+    assert "graphdist launch: error: 1 of 3 process(es) failed:\n  rank 0 (worker 0): killed by SIGKILL" in job.output
+    assert "(rank 0 (worker 0) killed by SIGKILL: the job cannot go on without its chief)" in job.output
+    assert "finished" not in job.output
+
+
+@pytest.mark.slow
 def test_a_lost_worker_lets_the_others_finish(jobs: list[Job]) -> None:
     job = start(jobs, "--workers", "2", "--ps", "1", "--", sys.executable, WORKER, "--mode", "ps", "--steps", "40")
     pids = job.ready_pids(2)
