@@ -129,20 +129,29 @@ class MultiWorkerMirroredStrategy(Strategy):
             default: ``GRAPHDIST_CONFIG`` / ``TF_CONFIG``, else the MPI ranks.
         devices: This worker's devices (default: the resolver's
             ``local_devices``, else every GPU, else ``["cpu:0"]``).
+        shard_optimizer_state: ZeRO-1 across the workers; not implemented yet
+            (``True`` raises). Within one process:
+            ``gd.MirroredStrategy(devices, cross_device_ops=gd.NcclAllReduce(shard_optimizer_state=True))``.
 
     Raises:
         ClusterConfigError: The cluster lists ps tasks (use
             ``ParameterServerStrategy``), this task is not a chief/worker, or
             the MPI job does not match the cluster.
         InvalidArgumentError: ``communication`` is unknown, or ``NCCL`` without GPUs.
-        NotImplementedError: ``NCCL`` with GPUs (no NCCL communicator yet).
+        NotImplementedError: ``NCCL`` with GPUs (no NCCL communicator yet), or ``shard_optimizer_state``.
     """
 
     _extended_cls = MultiWorkerExtended
 
     def __init__(self, communication: Any = CommunicationImplementation.AUTO,
                  cluster_resolver: ClusterResolver | None = None, devices: Sequence[Any] | None = None,
-                 communication_options: Any = None) -> None:
+                 communication_options: Any = None, shard_optimizer_state: bool = False) -> None:
+        if shard_optimizer_state:
+            raise NotImplementedError(
+                "MultiWorkerMirroredStrategy(shard_optimizer_state=True): ZeRO-1 across worker processes is not "
+                "implemented yet (each process would keep only its replicas' slices of the optimizer slots, and "
+                "checkpoints would gather them); shard within one process with gd.MirroredStrategy(devices, "
+                "cross_device_ops=gd.NcclAllReduce(shard_optimizer_state=True))")
         self._communication = _communication(communication, communication_options)
         resolver = cluster_resolver if cluster_resolver is not None else default_cluster_resolver()
         self._resolver = resolver

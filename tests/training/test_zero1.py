@@ -113,3 +113,8 @@ def test_shard_optimizer_state_must_be_a_bool() -> None:
     with pytest.raises(gd.errors.InvalidArgumentError, match="shard_optimizer_state must be True or False"):
         gd.NcclAllReduce(shard_optimizer_state="yes")
     assert "shard_optimizer_state=True" in repr(gd.NcclAllReduce(shard_optimizer_state=True))
+
+
+def test_zero1_across_workers_is_not_implemented_and_says_what_works() -> None:
+    with pytest.raises(NotImplementedError, match="ZeRO-1 across worker processes is not implemented yet"):
+        gd.MultiWorkerMirroredStrategy(shard_optimizer_state=True)
