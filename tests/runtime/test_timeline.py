@@ -123,18 +123,21 @@ def test_record_collects_steps() -> None:
     assert len(steps) == 2 and all(any(e.cat == "collective" for e in step) for step in steps)
 
 
+class _Exe:
+    """A compiled segment that runs ``body(feeds)``."""
+
+    def __init__(self, body):
+        self.body = body
+
+    def run(self, feeds):
+        return self.body(feeds)
+
+
 def test_collective_runs_while_a_ready_segment_computes() -> None:
     """A collective and a segment become ready together: the segment goes to a device thread and the
     collective runs meanwhile (each waits for the other to have started; run one after the other,
     the first would time out)."""
     segment_started, comm_started = threading.Event(), threading.Event()
-
-    class Exe:
-        def __init__(self, body):
-            self.body = body
-
-        def run(self, feeds):
-            return self.body(feeds)
 
     def first(feeds):
         return [feeds["x"] + 1, feeds["x"] * 2]
@@ -155,7 +158,7 @@ def test_collective_runs_while_a_ready_segment_computes() -> None:
     comms = [CommTask("c0", "TestOverlapOp", {}, ["b"], ["d"], ["cpu:0"])]
     plan = SimpleNamespace(segments=segments, comms=comms, constants={}, input_names=["x"],
                            output_names=["c", "d"], devices=["cpu:0"], graph=SimpleNamespace(name="fake"))
-    scheduler = Scheduler(plan, [Exe(first), Exe(later)])
+    scheduler = Scheduler(plan, [_Exe(first), _Exe(later)])
     c, d = scheduler.run({"x": np.ones(2)})
     np.testing.assert_array_equal(c, [3.0, 3.0])
     np.testing.assert_array_equal(d, [2.0, 2.0])
@@ -166,13 +169,6 @@ def test_a_device_gets_its_next_segment_while_another_device_computes() -> None:
     cpu:1's long segment still runs (the coordinating thread once ran cpu:1's segment itself and handed
     cpu:0 nothing until it ended: with the overlap cut, one device's chain ran while the other waited)."""
     second_started = threading.Event()
-
-    class Exe:
-        def __init__(self, body):
-            self.body = body
-
-        def run(self, feeds):
-            return self.body(feeds)
 
     def long_segment(feeds):
         assert second_started.wait(10), "cpu:0's next segment did not start while cpu:1 computed"
@@ -187,7 +183,7 @@ def test_a_device_gets_its_next_segment_while_another_device_computes() -> None:
                 SimpleNamespace(name="a1", device="cpu:0", inputs=["a"], outputs=["c"])]
     plan = SimpleNamespace(segments=segments, comms=[], constants={}, input_names=["x"],
                            output_names=["b", "c"], devices=["cpu:0", "cpu:1"], graph=SimpleNamespace(name="fake"))
-    scheduler = Scheduler(plan, [Exe(lambda feeds: [feeds["x"] + 1]), Exe(long_segment), Exe(second)])
+    scheduler = Scheduler(plan, [_Exe(lambda feeds: [feeds["x"] + 1]), _Exe(long_segment), _Exe(second)])
     b, c = scheduler.run({"x": np.ones(2)})
     np.testing.assert_array_equal(b, [3.0, 3.0])
     np.testing.assert_array_equal(c, [3.0, 3.0])
