@@ -350,7 +350,7 @@ class Function:
     # -------------------------------------------------------------- build
     def _build(self, key: Any, args: tuple, kwargs: dict) -> ConcreteFunction:
         traced, interface, variables, strategies, treedef = self._trace(args, kwargs)
-        strategy = self._pick_strategy(strategies)
+        strategy = _strategy_of_remote_variables(self._name, self._pick_strategy(strategies), variables)
         config = strategy.pipeline_config() if strategy is not None else PipelineConfig()
         batch_args = False
         if self._accumulate_steps > 1:
@@ -425,6 +425,27 @@ class Function:
 
     def __repr__(self) -> str:
         return f"<graphdist.Function {self._name} signatures={self.cached_signatures()}>"
+
+
+def _strategy_of_remote_variables(name: str, strategy: Any, variables: dict[str, Variable]) -> Any:
+    """The strategy a step must compile under when it touches variables that live outside this process:
+    theirs (only its passes pull and push them), where the step itself names none; a step that names another
+    one, or mixes the remote variables of two strategies, is refused (its updates would be lost).
+    """
+    owners = {id(v._strategy): v._strategy for v in variables.values() if v._lives_remotely}
+    if not owners:
+        return strategy
+    remote = ", ".join(sorted(v.name for v in variables.values() if v._lives_remotely)[:3])
+    if len(owners) > 1:
+        raise InvalidArgumentError(f"{name}: the step uses variables of {len(owners)} different parameter-server "
+                                   f"strategies ({remote}); a step runs under one strategy")
+    owner = next(iter(owners.values()))
+    if strategy is None or strategy is owner:
+        return owner
+    raise InvalidArgumentError(
+        f"{name}: variable(s) {remote} live on the parameter servers of {type(owner).__name__}, but the step runs "
+        f"under {type(strategy).__name__}, whose plan cannot pull or push them (the updates would be lost); run "
+        "the step under the variables' strategy (its scope, or its strategy.run)")
 
 
 def _placement(strategy: Any, traced: Graph, variables: dict[str, Variable]) -> PlacementSpec:

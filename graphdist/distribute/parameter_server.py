@@ -131,6 +131,7 @@ class PSVariable(Variable):
     """
 
     _ps_shards: list[Shard]
+    _lives_remotely = True
 
     @property
     def shards(self) -> list[Shard]:

@@ -74,6 +74,9 @@ class Variable:
 
     __array_priority__ = 1000
     _graphdist_variable = True  # lets traced tensors defer numpy dispatch to the variable
+    #: The value lives outside this process (on parameter servers): a step that reads or updates it must be
+    #: compiled by the strategy that created it (its passes pull and push), whatever scope is current.
+    _lives_remotely = False
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Variable:
         creator = context.current_strategy()

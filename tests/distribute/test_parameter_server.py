@@ -133,3 +133,15 @@ def test_two_workers_two_ps_with_sharded_variables_and_two_devices(tmp_path) -> 
         kernel = result["placement"]["mlp/dense_0/kernel"]
         assert [(ps, start, stop) for ps, _, start, stop in kernel] == [(0, 0, 32), (1, 32, 64)]
     assert max(r["global_step"] for r in results) == sum(r["steps"] for r in results)
+
+
+@pytest.mark.slow
+def test_a_step_outside_the_scope_updates_the_ps() -> None:
+    """A gd.function that updates a ps variable without strategy.run and outside strategy.scope() compiles
+    under the variable's strategy (its update once reached only the worker's cached copy, silently)."""
+    job = mpi_jobs.launch("--workers", "1", "--ps", "1", "--timeout", "60", "--", mpi_jobs.sys.executable,
+                          "tests/distribute/ps_outside_scope_worker.py")
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert "ps holds [2.0, 2.0, 2.0]" in job.stdout, job.stdout + job.stderr
+    assert "live on the parameter servers of ParameterServerStrategy, but the step runs under MirroredStrategy" \
+        in job.stdout, job.stdout + job.stderr
