@@ -63,6 +63,35 @@ def test_traced_graph_is_one_replica_under_any_strategy() -> None:
     assert {n.replica for n in rewritten.nodes} == {0, 1, 2, 3}
 
 
+def _objects(value, path: str = "meta"):
+    """Every leaf of a meta tree that is not plain data (numbers, strings, arrays, ir dataclasses), with its path."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _objects(item, f"{path}[{key!r}]")
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        for index, item in enumerate(value):
+            yield from _objects(item, f"{path}[{index}]")
+    elif not (value is None or isinstance(value, (str, bytes, int, float, bool, np.ndarray, np.generic, np.dtype))
+              or type(value).__module__.startswith(("graphdist.ir.", "graphdist.passes."))
+              or isinstance(value, type) and value.__module__ == "builtins"):  # a result tree's containers
+        yield path, type(value)
+
+
+def test_graphs_hold_placement_as_data_not_python_objects() -> None:
+    """The traced and rewritten graphs' meta (placement, variables, replication...) holds plain data and ir
+    records, never a gd.Variable or a strategy: what a plan stores and a re-plan rebuilds."""
+    for strategy, kind in ((gd.MirroredStrategy(["cpu:0", "cpu:1"]), "mirrored"),
+                           (gd.CentralStorageStrategy(["cpu:0", "cpu:1"], "cpu:0"), "central")):
+        concrete = _two_layer_step(strategy)
+        for stage in ("traced", "rewritten", "partitioned"):
+            graph = concrete.graph(stage)
+            assert list(_objects(graph.meta)) == [], stage
+            for node in graph.nodes:
+                assert list(_objects(node.meta, f"{node.name}.meta")) == [], stage
+        placement = concrete.graph("rewritten").meta["placement"]
+        assert {p.kind for p in placement.variables.values()} == {kind}
+
+
 def test_replicated_step_trains_like_one_device() -> None:
     strategies = [gd.OneDeviceStrategy("cpu:0"), gd.MirroredStrategy(["cpu:0", "cpu:1"]),
                   gd.CentralStorageStrategy(["cpu:0", "cpu:1"], "cpu:9")]
