@@ -121,8 +121,8 @@ class _Accumulator:
         batch = graph.meta.get("batch")
         if batch is None:
             raise GraphError(f"graph {graph.name!r} has no batch input to cut into micro-batches; accumulate_steps "
-                             "splits the per-replica arguments of the step (with one replica: its array arguments) "
-                             "along their first dimension")
+                             "splits the per-replica arguments of the step (with one replica per process: its array "
+                             "arguments) along their first dimension")
         if int(batch) % self.k:
             raise GraphError(f"accumulate_steps={self.k} cannot cut a per-replica batch of {int(batch)} rows into "
                              f"equal micro-batches; use a batch divisible by {self.k} (drop_remainder=True for a "

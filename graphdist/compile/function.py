@@ -355,8 +355,8 @@ class Function:
         batch_args = False
         if self._accumulate_steps > 1:
             config = config.replace(accumulate_steps=self._accumulate_steps)
-            batch_args = config.total_replicas == 1 and traced.meta.get("batch") is None
-            if batch_args:  # one replica: its array arguments are its batch (as a distributed dataset yields)
+            batch_args = config.replicas == 1 and traced.meta.get("batch") is None
+            if batch_args:  # one local replica: its array arguments are its batch (a distributed dataset's element)
                 traced, interface, variables, strategies, treedef = self._trace(args, kwargs, count=False,
                                                                                 batch_args=True)
             self._check_micro_batches(traced, args, kwargs, batch_args)
@@ -640,8 +640,8 @@ def function(fn: Callable[..., Any] | None = None, *, backend: str | None = None
             one update of the step, which equals the update of the whole
             batch (the loss scaled by the global batch, as
             ``gd.nn.compute_average_loss`` does). The batch is the per-replica
-            arguments (with one replica: every array argument); it must
-            divide evenly. See :mod:`graphdist.passes.accumulate_gradients`.
+            arguments (with one replica per process: every array argument);
+            it must divide evenly. See :mod:`graphdist.passes.accumulate_gradients`.
 
     Returns:
         A :class:`Function` (or a decorator making one when ``fn`` is None).

@@ -237,3 +237,15 @@ def test_collectives_span_every_replica_of_every_worker(tmp_path) -> None:
         assert result["first_elements"].tolist() == [rank, rank + 2]
         assert str(result["task_type"]) == ("chief" if rank == 0 else "worker")
         assert bool(result["chief"]) == (rank == 0)
+
+
+@pytest.mark.slow
+def test_gradient_accumulation_across_two_workers_equals_the_whole_batch() -> None:
+    """accumulate_steps=4 under MultiWorkerMirroredStrategy (one device per worker: its batch is a plain
+    array) trains like the whole batch on every worker."""
+    job = mpi_jobs.launch("--workers", "2", "--timeout", "60", "--", mpi_jobs.sys.executable,
+                          "tests/distribute/mw_accumulate_worker.py")
+    assert job.returncode == 0, job.stdout + job.stderr
+    for worker in (0, 1):
+        line = next(text for text in job.stdout.splitlines() if f"worker {worker} difference" in text)
+        assert float(line.rsplit(" ", 1)[1]) < 1e-5, job.stdout

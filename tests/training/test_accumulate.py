@@ -131,3 +131,28 @@ def test_accumulate_steps_must_be_a_positive_int(bad) -> None:
         gd.function(lambda x: x, accumulate_steps=bad)
     with pytest.raises(ValueError, match="accumulate_steps must be a positive int"):
         gd.function(accumulate_steps=bad)
+
+
+@pytest.mark.parametrize("cross_device_ops", [
+    gd.NcclAllReduce(shard_optimizer_state=True), gd.NcclAllReduce(num_packs=2),
+    gd.ReductionToOneDevice()], ids=["zero1", "buckets", "reduce_to_one"])
+def test_accumulation_composes_with_zero1_and_bucketing(cross_device_ops) -> None:
+    """The micro-batches are made before the replicas: the passes after them see an ordinary step."""
+    mlp = lambda: MLP((16, 8, 5), seed=0, trainable=True)  # noqa: E731
+    data = (X[:, :64], LABELS[:, :64])
+    _, weights, _ = _train(mlp, data, 2, 1)
+    strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"], cross_device_ops=cross_device_ops)
+    with strategy.scope():
+        model = mlp()
+        optimizer = gd.optimizers.Adam(0.01)
+    replica_step = model.make_train_step(optimizer)
+    train = gd.function(lambda x, y: strategy.reduce("SUM", strategy.run(replica_step, args=(x, y)), axis=None),
+                        accumulate_steps=4)
+    for x, labels in zip(*data):
+        batch = next(iter(strategy.experimental_distribute_dataset(gd.data.Dataset.from_tensors((x, labels)))))
+        train(*batch)
+    for got, want in zip([v.numpy() for v in model.trainable_variables], weights):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    ops = {n.op_type for n in train.get_concrete_function(*batch).graph("rewritten").nodes}
+    if cross_device_ops.shard_optimizer_state:
+        assert "ReduceScatter" in ops  # the accumulated gradients are still sharded
