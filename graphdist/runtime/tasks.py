@@ -16,7 +16,11 @@ import onnx
 
 from graphdist.ir.graph import Graph
 
-__all__ = ["Segment", "CommTask", "overlapping_segments"]
+__all__ = ["MICRO_BATCHES_KEY", "Segment", "CommTask", "overlapping_segments"]
+
+
+#: Segment model metadata: how many micro-batches the segment computes (``AccumulateGradientsPass``).
+MICRO_BATCHES_KEY = "graphdist.micro_batches"
 
 
 @dataclass
@@ -40,9 +44,15 @@ class Segment:
 
     @property
     def model(self) -> onnx.ModelProto:
-        """The segment lowered to ONNX (cached)."""
+        """The segment lowered to ONNX (cached); a segment of several micro-batches (gradient accumulation)
+        says how many in its metadata (:data:`MICRO_BATCHES_KEY`), for backends that plan memory.
+        """
         if self._model is None:
             self._model = self.graph.to_onnx()
+            micro = {n.meta["micro"] for n in self.graph.nodes if n.meta.get("micro") is not None}
+            if len(micro) > 1:
+                entry = self._model.metadata_props.add()
+                entry.key, entry.value = MICRO_BATCHES_KEY, str(len(micro))
         return self._model
 
 

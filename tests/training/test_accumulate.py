@@ -156,3 +156,18 @@ def test_accumulation_composes_with_zero1_and_bucketing(cross_device_ops) -> Non
     ops = {n.op_type for n in train.get_concrete_function(*batch).graph("rewritten").nodes}
     if cross_device_ops.shard_optimizer_state:
         assert "ReduceScatter" in ops  # the accumulated gradients are still sharded
+
+
+def test_micro_batched_segments_run_without_onnx_runtimes_memory_pattern() -> None:
+    """A segment of several micro-batches says so in its model's metadata, and its ONNX Runtime session
+    frees each micro-batch's tensors (no memory pattern, which would hold them all); others keep it."""
+    from graphdist.runtime.tasks import MICRO_BATCHES_KEY
+
+    _, _, accumulated = _train(lambda: MLP((16, 8, 5), seed=0, trainable=True), (X[:1], LABELS[:1]), 1, 4)
+    _, _, whole = _train(lambda: MLP((16, 8, 5), seed=0, trainable=True), (X[:1], LABELS[:1]), 1, 1)
+    for train, micro in ((accumulated, "4"), (whole, None)):
+        plan = train.get_concrete_function(X[0], LABELS[0]).plan
+        (segment,) = plan.segments
+        assert {p.key: p.value for p in segment.model.metadata_props}.get(MICRO_BATCHES_KEY) == micro
+        (executable,) = plan._scheduler._executables
+        assert executable.session.get_session_options().enable_mem_pattern is (micro is None)
