@@ -34,6 +34,7 @@ from graphdist.compile.build import compile_traced
 from graphdist.compile.export import step_files
 from graphdist.compile.load import load_files
 from graphdist.compile.loaded import LoadedPlan
+from graphdist.compile.pipeline import build_pipeline
 from graphdist.compile.step import StepRecord
 from graphdist.errors import GraphError, PlanError
 from graphdist.ir.graph import Graph
@@ -66,17 +67,18 @@ def replan(record: StepRecord, strategy: Any, *, backend: str | None = None, pla
     if not hasattr(strategy, "pipeline_config"):
         raise PlanError(f"replan: strategy must be a gd.Strategy (e.g. gd.MirroredStrategy(['cpu:0', 'cpu:1'])), "
                         f"got {type(strategy).__name__}")
-    config = strategy.pipeline_config()
+    config = strategy.pipeline_config().replace(accumulate_steps=record.accumulate_steps)
     graph = _rebatched(record, config.total_replicas, checker)
     _check_replica_count(record, config.total_replicas)
+    _check_accumulation(record, graph, config.replicas)
     interface = record.interface.for_replicas(config.replicas)
     placement = PlacementSpec({spec.uid: strategy._place_value(spec, record.values[name])
                                for name, spec in record.variables})
-    graphs, plan, resolved = compile_traced(graph, interface, strategy.pipeline(), placement,
+    graphs, plan, resolved = compile_traced(graph, interface, build_pipeline(config), placement,
                                             backend or config.backend or plan_backend)
     replanned = StepRecord(record.name, graphs["traced"], interface, record.argument_structure,
                            record.argument_details, record.output_structure, record.variables, record.values,
-                           config.total_replicas, record.rebatch)
+                           config.total_replicas, record.rebatch, record.accumulate_steps)
     files = step_files(plan, graphs, replanned, resolved, config)
     loaded = load_files(files, plan.backend_name, label=f"plan {record.name!r} re-planned for {config.strategy}")
     logger.info("re-planned %s for %s on %s: %d segment(s)", record.name, config.strategy,
@@ -119,6 +121,28 @@ def _rebatched(record: StepRecord, replicas: int, checker: Callable[[], dict[str
         return RebatchPass(wanted, replicas)(graph).graph
     except GraphError as err:
         raise PlanError(f"plan {record.name!r}: {err}") from None
+
+
+def _check_accumulation(record: StepRecord, graph: Graph, local_replicas: int) -> None:
+    """A step compiled with ``accumulate_steps=k`` keeps it: the new per-replica batch must divide by ``k``, and
+    a step whose plain array arguments were one replica's batch stays at one replica per process.
+    """
+    steps = record.accumulate_steps
+    if steps == 1:
+        return
+    batch = graph.meta.get("batch")
+    if batch is not None and int(batch) % steps:
+        raise PlanError(f"plan {record.name!r} accumulates gradients over {steps} micro-batches per replica, and a "
+                        f"per-replica batch of {int(batch)} rows does not divide into {steps}; pick a replica count "
+                        f"that leaves each replica a multiple of {steps} rows")
+    per_replica = graph.meta.get("per_replica_inputs", {})
+    plain_batches = [f.inputs[0] for f in record.interface.arguments if f.kind == "tensor" and f.inputs
+                     and f.inputs[0] in per_replica]
+    if plain_batches and local_replicas > 1:
+        raise PlanError(f"plan {record.name!r} took its batch as plain arrays (one replica per process, "
+                        f"accumulate_steps={steps}), so it can be re-planned only for one replica per process; "
+                        "export it from a step that takes per-replica values (a distributed dataset's elements) to "
+                        "re-plan it for more")
 
 
 def _check_replica_count(record: StepRecord, replicas: int) -> None:

@@ -46,6 +46,8 @@ class StepRecord:
         replicas_in_sync: The replica count the step was traced for.
         rebatch: ``{"verified": bool, "reason": str | None}``: whether the traced graph, given another
             per-replica batch size by ``RebatchPass``, equals the step traced at that size.
+        accumulate_steps: Micro-batches per replica and step (``gd.function(accumulate_steps=k)``); a
+            re-planned step keeps them.
     """
 
     name: str
@@ -58,6 +60,7 @@ class StepRecord:
     values: dict[str, np.ndarray]
     replicas_in_sync: int
     rebatch: dict[str, Any] = field(default_factory=lambda: {"verified": False, "reason": "not checked"})
+    accumulate_steps: int = 1
 
     def to_json(self) -> dict[str, Any]:
         """The ``traced`` section of ``plan.json`` (the graph itself is ``graphs/traced.onnx``)."""
@@ -74,6 +77,7 @@ class StepRecord:
             "reads_num_replicas": list(meta.get("reads_num_replicas", [])),
             "replicas_in_sync": self.replicas_in_sync,
             "rebatch": dict(self.rebatch),
+            "accumulate_steps": self.accumulate_steps,
         }
 
     @classmethod
@@ -107,9 +111,12 @@ class StepRecord:
                 by_name[name].meta["variable"] = spec
             details = [None if leaf.get("kind") in ("tensor", "per_replica") else dict(leaf)
                        for leaf in doc["arguments"]["leaves"]]
+            accumulate = section.get("accumulate_steps", 1)  # absent from plans exported before it existed
+            if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
+                raise ValueError(f"accumulate_steps must be a positive int, got {accumulate!r}")
             return cls(str(doc["name"]), graph, StepInterface.from_json(section["interface"]),
                        doc["arguments"]["structure"], details, doc["outputs"]["structure"], variables, values,
-                       int(section["replicas_in_sync"]), dict(section["rebatch"]))
+                       int(section["replicas_in_sync"]), dict(section["rebatch"]), accumulate)
         except (KeyError, TypeError, ValueError) as err:
             raise PlanError(f"plan {doc.get('name')!r}: plan.json's 'traced' section is malformed "
                             f"({type(err).__name__}: {err}); export the plan again") from None
@@ -140,7 +147,7 @@ def record_of_concrete(concrete: Any, check: bool = True) -> StepRecord:
     record = StepRecord(
         concrete.name, traced, concrete.interface, encode_treedef(treedef, "the step's arguments"), details,
         encode_treedef(concrete._output_treedef, "the step's result"), list(traced.meta.get("variables", [])),
-        values, concrete.config.total_replicas)
+        values, concrete.config.total_replicas, accumulate_steps=concrete.config.accumulate_steps)
     if check:
         record.rebatch = check_rebatch(concrete)
     return record

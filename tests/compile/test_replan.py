@@ -16,6 +16,7 @@ import pytest
 
 import graphdist as gd
 from graphdist.models.mlp import MLP
+from graphdist.runtime.tasks import MICRO_BATCHES_KEY
 from tests.distribute import mpi_jobs
 
 PLAN_V1 = Path(__file__).parent / "data" / "plan_v1_mlp"
@@ -276,3 +277,28 @@ def test_imported_model_inference_plan_replans_like_ort(tmp_path) -> None:
     loaded = gd.load_plan(plan_dir)
     for target in (gd.OneDeviceStrategy("cpu:0"), gd.MirroredStrategy(["cpu:0", "cpu:1", "cpu:2", "cpu:3"])):
         np.testing.assert_allclose(loaded.replan(target)(x), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_an_accumulating_plan_keeps_its_micro_batches_when_replanned(tmp_path) -> None:
+    """A Mirrored(2) step with accumulate_steps=2 (4 rows per micro-batch), exported and re-planned for one
+    device and for Mirrored(4): still 2 micro-batches per replica, training like one device; a replica count
+    that leaves a replica fewer rows than micro-batches is refused."""
+    strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"])
+    with strategy.scope():
+        model = MLP(SIZES, seed=0, trainable=True)
+        optimizer = gd.optimizers.Adam(0.05)
+    replica_step = model.make_train_step(optimizer, GLOBAL)
+    train = gd.function(lambda x, y: strategy.reduce("SUM", strategy.run(replica_step, args=(x, y)), axis=None),
+                        accumulate_steps=2)
+    concrete = train.get_concrete_function(_per_replica(X[:GLOBAL], 2), _per_replica(LABELS[:GLOBAL], 2))
+    loaded = gd.load_plan(concrete.export(tmp_path / "accumulating"))
+    expected = _variables_after(2)
+    for target in (gd.OneDeviceStrategy("cpu:0"), gd.MirroredStrategy([f"cpu:{i}" for i in range(4)])):
+        plan = loaded.replan(target)
+        marks = {p.value for s in plan.plan.segments for p in s.model.metadata_props if p.key == MICRO_BATCHES_KEY}
+        assert marks == {"2"}  # every replica's segment computes 2 micro-batches
+        for step in range(2):
+            plan(X[step * GLOBAL:(step + 1) * GLOBAL], LABELS[step * GLOBAL:(step + 1) * GLOBAL])
+        _check_weights(plan.variables, expected)
+    with pytest.raises(gd.PlanError, match="does not divide into 2"):
+        loaded.replan(gd.MirroredStrategy([f"cpu:{i}" for i in range(16)]))
