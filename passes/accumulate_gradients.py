@@ -171,7 +171,9 @@ class _Accumulator:
         # micro-batch's activations before the next one starts.
         running: list[tuple[Value, str]] = []
         for m in range(self.k):
-            self.nodes.extend(self._copy(node, m) for node in region)
+            for node in region:
+                copy = self._copy(node, m)  # appends the Slices of the batch inputs it reads first
+                self.nodes.append(copy)
             if m == 0:
                 running = self._running_combinations(after)
             else:
