@@ -21,6 +21,7 @@ import re
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,8 @@ __all__ = [
     "machine_info",
     "machine_markdown",
     "median",
+    "median_ms",
+    "peak_rss_bytes",
     "replace_section",
     "run_child",
     "time_interleaved",
@@ -145,6 +148,23 @@ def time_interleaved(variants: Mapping[str, Callable[[], Any]], rounds: int, cal
 def median(values: list[float]) -> float:
     """The median of ``values``."""
     return float(statistics.median(values))
+
+
+def median_ms(call: Callable[[], Any], steps: int) -> float:
+    """The median of ``steps`` timed calls of ``call``, in milliseconds."""
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return median(times) * 1e3
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory so far (``ru_maxrss``), in bytes."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def run_child(module: str, arguments: list[str], timeout: float) -> dict[str, Any]:

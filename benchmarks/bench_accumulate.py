@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
-import time
 from typing import Any
 
 import numpy as np
 
-from benchmarks import median, run_child, update_section
+from benchmarks import median_ms, peak_rss_bytes, run_child, update_section
 
 __all__ = ["NAME", "SIZES", "run", "child", "markdown", "main"]
 
@@ -59,13 +57,8 @@ def child(accumulate: int, rows: int, sizes: tuple[int, ...], steps: int) -> dic
     x = rng.standard_normal((rows, sizes[0])).astype(np.float32)
     labels = rng.integers(0, sizes[-1], rows)
     train(x, labels)  # compiles, and the first step
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        train(x, labels)
-        times.append(time.perf_counter() - start)
-    return {"accumulate": accumulate, "rows": rows, "step_ms": median(times) * 1e3,
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    return {"accumulate": accumulate, "rows": rows, "step_ms": median_ms(lambda: train(x, labels), steps),
+            "peak_rss_bytes": peak_rss_bytes(),
             "weights": [v.numpy().ravel()[:: max(1, v.numpy().size // 64)].tolist() for v in model.trainable_variables]}
 
 

@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
-import time
 from typing import Any
 
 import numpy as np
 
-from benchmarks import median, run_child, update_section
+from benchmarks import median_ms, peak_rss_bytes, run_child, update_section
 
 __all__ = ["NAME", "GOAL", "SIZES", "run", "child", "markdown", "main"]
 
@@ -63,16 +61,12 @@ def child(zero: bool, sizes: tuple[int, ...], batch: int, steps: int) -> dict[st
     dataset = gd.data.Dataset.from_tensors((x, labels))
     args = next(iter(strategy.experimental_distribute_dataset(dataset)))
     train(*args)  # compiles, and the first step
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        train(*args)
-        times.append(time.perf_counter() - start)
+    step_ms = median_ms(lambda: train(*args), steps)
     plan = train.get_concrete_function(*args).plan
     return {"zero": zero, "params": int(sum(np.prod(v.shape) for v in model.trainable_variables)),
             "state_bytes_per_replica": state_bytes_per_replica(plan.graph),
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "step_ms": median(times) * 1e3,
+            "peak_rss_bytes": peak_rss_bytes(),
+            "step_ms": step_ms,
             "checksum": float(sum(np.abs(v.numpy()).sum(dtype=np.float64) for v in model.trainable_variables))}
 
 
