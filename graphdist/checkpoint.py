@@ -145,7 +145,7 @@ class Checkpoint:
     def _serialize(self, metadata: dict[str, Any] | None = None) -> bytes:
         """The checkpoint file's bytes (``metadata``: JSON data stored in its manifest)."""
         variables, _, slots = self._variables()
-        arrays = {key: np.array(var._value, order="C", copy=True) for key, var in variables.items()}
+        arrays = {key: np.array(var._eager_value(), order="C", copy=True) for key, var in variables.items()}
         entries = {key: f"v{index}" for index, key in enumerate(arrays)}
         manifest = {
             "format": _FORMAT,
@@ -169,8 +169,22 @@ class Checkpoint:
                 archive.writestr(f"{entries[key]}.npy", entry.getvalue())
         return buffer.getvalue()
 
+    def _gather_sharded(self) -> None:
+        """Takes part in gathering the variables sharded across workers, as a save elsewhere does; writes nothing.
+
+        Under ``MultiWorkerMirroredStrategy(shard_optimizer_state=True)`` each worker stores a chunk of
+        every optimizer slot, and a save gathers them (a collective): a worker that does not write the
+        checkpoint calls this while the chief saves.
+        """
+        for variable in self._variables()[0].values():
+            if variable._worker_shard is not None:
+                variable._eager_value()
+
     def save(self, path: str | os.PathLike[str]) -> str:
         """Writes every variable to ``path`` atomically; returns the path.
+
+        Optimizer slots sharded across workers (ZeRO-1) are gathered first, a collective: every worker
+        saves (to a path of its own) or calls the non-chief side of Keras' callbacks, which take part.
 
         Raises:
             CheckpointError: ``path`` is a directory, or an existing file there is not a graphdist

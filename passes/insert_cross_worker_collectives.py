@@ -20,6 +20,8 @@ Cases:
 * a group with one local participant: its local collective becomes the
   identity in ``LowerCollectivesPass``; the cross-worker node remains;
 * nodes already followed by a cross-worker node: unchanged (idempotent);
+* cross-worker nodes another pass made (``CrossWorkerReduceScatter`` of
+  ZeRO-1): numbered with the others, every group in graph order;
 * a traced value whose type does not fit the worker count (the step was
   traced for another number of replicas in sync): ``GraphError``.
 """
@@ -37,6 +39,9 @@ __all__ = ["InsertCrossWorkerCollectivesPass"]
 
 
 _CROSS = {"AllReduce": "CrossWorkerAllReduce", "AllGather": "CrossWorkerAllGather"}
+#: Every cross-worker collective, also ``CrossWorkerReduceScatter`` (ZeRO-1 across workers,
+#: ``ShardOptimizerStatePass``), which this pass numbers with the others.
+_CROSS_WORKER_OPS = frozenset({*_CROSS.values(), "CrossWorkerReduceScatter"})
 
 
 class InsertCrossWorkerCollectivesPass(PassBase):
@@ -71,15 +76,13 @@ class InsertCrossWorkerCollectivesPass(PassBase):
                     modified = True
         if self.num_workers == 1:
             return PassResult(graph, modified)
-        sequence = sum(1 for n in graph.nodes if n.domain == GRAPHDIST_DOMAIN and n.op_type in _CROSS.values())
         for key, members in groups.items():
             if any(user.op_type in _CROSS.values() for m in members for user, _ in m.outputs[0].uses):
                 continue
             for node in members:
-                self._append_cross(graph, node, key, sequence)
-            sequence += 1
+                self._append_cross(graph, node, key, 0)
             modified = True
-        return PassResult(graph, modified)
+        return PassResult(graph, _number_cross_worker_groups(graph) or modified)
 
     def _append_cross(self, graph: Graph, node: Node, key: str, sequence: int) -> None:
         local = node.outputs[0]
@@ -114,6 +117,25 @@ class InsertCrossWorkerCollectivesPass(PassBase):
         cross.outputs.append(combined)
         graph.nodes.insert(graph.nodes.index(node) + 1, cross)
         cross.graph = graph
+
+
+def _number_cross_worker_groups(graph: Graph) -> bool:
+    """Numbers every cross-worker group (also those other passes made) in graph order; True if any changed.
+
+    The graph order is a topological order and the same in every worker, so issuing the groups by
+    number never waits on a later group and matches the other workers.
+    """
+    numbers: dict[str, int] = {}
+    changed = False
+    for node in graph.nodes:
+        if node.domain != GRAPHDIST_DOMAIN or node.op_type not in _CROSS_WORKER_OPS:
+            continue
+        sequence = numbers.setdefault(str(node.attrs.get("group_key", node.name)), len(numbers))
+        wanted = {"sequence": sequence, "name": f"step collective {sequence}"}
+        if any(node.attrs.get(k) != v for k, v in wanted.items()):
+            node.attrs.update(wanted)
+            changed = True
+    return changed
 
 
 def _static(shape: Any) -> tuple:

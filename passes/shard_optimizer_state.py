@@ -19,6 +19,14 @@ and ``graph.meta["placement"]`` places those slots ``"sharded"`` (each
 replica reads and updates only its slice; the write-back assembles the
 slices into the variable's value, a copy between devices of one process).
 
+Across workers (``num_workers`` > 1, one replica per worker, ``MultiWorkerMirroredStrategy(
+shard_optimizer_state=True)``): worker ``w`` is shard ``w``. Its gradient, flattened and padded, goes
+through a ``CrossWorkerReduceScatter`` (MPI); it updates elements ``[w * k, (w + 1) * k)``; the
+new weights are ``CrossWorkerAllGather``-ed; and each sharded slot's graph input and write-back
+become its ``k``-element chunk, so the process stores only that chunk
+(``sharded_state`` records ``workers`` and ``worker``; the compiled function converts the
+variable's storage, see :meth:`graphdist.trace.variables.Variable._shard_storage`).
+
 Cases:
 
 * a group whose update is elementwise (``_ELEMENTWISE``) over the summed
@@ -35,8 +43,12 @@ Cases:
 * a group that is not a gradient update (a loss reduction), whose summed
   value is read by more than one replica or by a non-elementwise op,
   reduced with another op than SUM, spans other workers
-  (``group_size`` above the local members), has a scalar, symbolic or
-  non-float value, or a single member: left unchanged (logged at DEBUG);
+  (``group_size`` above the local members) when ``num_workers`` is 1, has a
+  scalar, symbolic or non-float value, or a single member: left unchanged
+  (logged at DEBUG);
+* across workers: a group of several local members (more than one replica
+  per worker), or a slot whose value is read outside its update (it could
+  not be stored as a chunk): left unchanged (logged at DEBUG);
 * nothing to shard (also a second run): unchanged.
 """
 
@@ -75,7 +87,23 @@ class _Update:
 
 
 class ShardOptimizerStatePass(PassBase):
-    """Rewrites all-reduce + update into reduce-scatter -> sliced update -> all-gather (ZeRO-1)."""
+    """Rewrites all-reduce + update into reduce-scatter -> sliced update -> all-gather (ZeRO-1).
+
+    Args:
+        num_workers: Worker processes in sync (``1``: shard over this process's replicas).
+        worker: This worker's index (its shard across workers).
+        comm_group: The communicator of the cross-worker collectives
+            (see :func:`graphdist.runtime.comm.mpi.register_group`).
+    """
+
+    def __init__(self, num_workers: int = 1, worker: int = 0, comm_group: str = "") -> None:
+        self.workers = _Workers(int(num_workers), int(worker), str(comm_group))
+
+    def __repr__(self) -> str:
+        if self.workers.count == 1:
+            return f"{self.name}()"
+        return (f"{self.name}(num_workers={self.workers.count}, worker={self.workers.index}, "
+                f"comm_group={self.workers.group!r})")
 
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
         live = _live_nodes(graph)
@@ -87,19 +115,18 @@ class ShardOptimizerStatePass(PassBase):
             return PassResult(graph, modified=False)
         sharded: dict[str, dict[str, int]] = dict(graph.meta.get("sharded_state", {}))
         for update in updates:
-            sharded.update(_Rewrite(graph, update).apply())
+            sharded.update(_Rewrite(graph, update, self.workers, specs).apply())
         graph.topological_sort()  # the new nodes sit before the group's first member; some read later values
         graph.meta["sharded_state"] = sharded
         _place_sharded(graph, sharded, ctx)
         return PassResult(graph, modified=True)
 
-    @staticmethod
-    def _analyse(graph: Graph, members: list[Node], live: set[int], updated: dict[str, str],
+    def _analyse(self, graph: Graph, members: list[Node], live: set[int], updated: dict[str, str],
                  specs: dict[str, Any]) -> _Update | None:
         """The group's update when it can be sharded, else ``None`` (the reason logged)."""
         first = members[0]
         key = first.attrs.get("group_key")
-        reason = _group_problem(members)
+        reason = _group_problem(members, self.workers.count)
         if reason is None:
             readers = [m for m in members if any(id(n) in live for n, _ in m.outputs[0].uses)]
             reason = None if len(readers) == 1 else f"{len(readers)} replicas read the sum"
@@ -124,6 +151,8 @@ class ShardOptimizerStatePass(PassBase):
                     results.append((out, uid, bool(specs[uid][1].trainable)))
         if reason is None and not results:
             reason = "its sum updates no variable"
+        if reason is None and self.workers.count > 1:
+            reason = _slot_read_outside(graph, nodes, results, specs)
         if reason is not None:
             logger.debug("ShardOptimizerStatePass: group %s left unsharded: %s", key, reason)
             return None
@@ -155,21 +184,50 @@ def _gradient_groups(graph: Graph) -> dict[str, list[Node]]:
     return groups
 
 
-def _group_problem(members: list[Node]) -> str | None:
+@dataclass(frozen=True)
+class _Workers:
+    """The worker processes the shards are spread over (``count`` 1: this process's replicas)."""
+
+    count: int = 1
+    index: int = 0
+    group: str = ""
+
+
+def _group_problem(members: list[Node], num_workers: int = 1) -> str | None:
     """Why the group cannot be reduce-scattered here, or ``None``."""
     first = members[0]
     value = first.inputs[0]
     replicas = [m.meta.get("replica") for m in members]
-    if len(members) < 2:
+    size = int(first.attrs.get("group_size", len(members)))
+    if num_workers > 1:
+        if len(members) != 1:
+            return f"{len(members)} local replicas (across workers, ZeRO-1 shards one replica per worker)"
+        if size != num_workers:
+            return f"group_size {size} is not the {num_workers} workers"
+    elif len(members) < 2:
         return "a single participant"
-    if int(first.attrs.get("group_size", len(members))) != len(members):
+    elif size != len(members):
         return "it spans other workers"
-    if replicas != list(range(len(members))):
+    elif replicas != list(range(len(members))):
         return f"its members are replicas {replicas}, not 0..{len(members) - 1}"
     if str(first.attrs.get("reduce_op", "SUM")).upper() != "SUM":
         return f"reduce_op {first.attrs.get('reduce_op')}"
     if not value.shape or not value.is_static or np.dtype(value.dtype).kind != "f":
         return f"a {value.type_str()} value (scalars, symbolic shapes and non-floats stay whole)"
+    return None
+
+
+def _slot_read_outside(graph: Graph, nodes: list[Node], results: list[tuple[Value, str, bool]],
+                       specs: dict[str, Any]) -> str | None:
+    """Across workers a slot is stored as its chunk: why one cannot be (its input read elsewhere), or ``None``."""
+    inside = {id(n) for n in nodes}
+    inputs = {v.name: v for v in graph.inputs}
+    for _, uid, trainable in results:
+        value = inputs.get(specs[uid][0]) if not trainable else None
+        if value is None:
+            continue
+        if value in graph.outputs or any(id(n) not in inside for n, _ in value.uses):
+            return f"slot %{value.name} is read outside its update"
     return None
 
 
@@ -237,27 +295,38 @@ def _downstream(members: list[Node], live: set[int]) -> list[Node]:
 class _Rewrite:
     """Builds the sharded form of one :class:`_Update` and removes the old one."""
 
-    def __init__(self, graph: Graph, update: _Update) -> None:
-        self.graph, self.update = graph, update
-        self.count = len(update.members)
+    def __init__(self, graph: Graph, update: _Update, workers: _Workers = _Workers(),
+                 specs: dict[str, Any] | None = None) -> None:
+        self.graph, self.update, self.workers = graph, update, workers
+        self.across = workers.count > 1
+        self.count = workers.count if self.across else len(update.members)
         self.shape = tuple(update.owner.outputs[0].shape)
         self.size = int(np.prod(self.shape, dtype=np.int64))
         self.shard = -(-self.size // self.count)
         self.key = str(update.members[0].attrs.get("group_key"))
         self.last = update.owner.meta.get("replica", 0)
         self._slices: dict[tuple[int, int], Value] = {}
+        # Across workers each slot's input holds only this worker's chunk (already sliced and padded).
+        inputs = {v.name: v for v in graph.inputs}
+        self._chunks = {id(inputs[specs[uid][0]]): inputs[specs[uid][0]] for _, uid, trainable in update.results
+                        if self.across and not trainable and specs[uid][0] in inputs}
+
+    def _shard_of(self, replica: int) -> int:
+        return self.workers.index if self.across else replica
 
     def apply(self) -> dict[str, dict[str, int]]:
         """Rewrites the graph; returns ``uid -> layout`` of the sharded slots."""
         anchor = self.update.members[0]
         new_nodes: list[Node] = []
         outputs: dict[int, list[Value]] = {id(v): [] for v, _, _ in self.update.results}
+        for value in self._chunks.values():
+            value.shape = (self.shard,)
         for replica, member in enumerate(self.update.members):
             with _Collect(self.graph, new_nodes, replica):
                 gradient = self._scatter(member, replica)
                 mapping = {id(self.update.owner.outputs[0]): gradient}
                 for node in self.update.nodes:
-                    self._clone(node, mapping, replica)
+                    self._clone(node, mapping, self._shard_of(replica))
                 for value, _, _ in self.update.results:
                     outputs[id(value)].append(mapping[id(value)])
         sharded: dict[str, dict[str, int]] = {}
@@ -265,9 +334,13 @@ class _Rewrite:
             finals = {}
             for value, uid, trainable in self.update.results:
                 parts = outputs[id(value)]
-                finals[id(value)] = self._gather(parts, value) if trainable else self._concat(parts, value)
-                if not trainable:
+                if trainable:
+                    finals[id(value)] = self._gather(parts, value)
+                else:
+                    finals[id(value)] = parts[0] if self.across else self._concat(parts, value)
                     sharded[uid] = {"replicas": self.count, "shard": self.shard, "size": self.size}
+                    if self.across:
+                        sharded[uid].update(workers=self.count, worker=self.workers.index)
         for node in new_nodes:
             self.graph.insert_before(anchor, node)
         self._rewire(finals)
@@ -286,6 +359,13 @@ class _Rewrite:
 
     def _scatter(self, member: Node, replica: int) -> Value:
         flat = self._flat(member.inputs[0], "zero_grad")
+        if self.across:
+            attrs = {"reduce_op": "SUM", "num_workers": self.count, "group_key": f"{self.key}.scatter/workers",
+                     **({"comm_group": self.workers.group} if self.workers.group else {})}
+            node = self.graph.add_node("CrossWorkerReduceScatter", [flat], attrs, domain=GRAPHDIST_DOMAIN,
+                                       name="reduce_scatter")
+            node.meta["side_effect"] = True
+            return node.outputs[0]
         attrs = {k: v for k, v in member.attrs.items() if k not in ("algorithm", "root")}
         attrs.update(group_key=f"{self.key}.scatter", shard=replica)
         node = self.graph.add_node("ReduceScatter", [flat], attrs, domain=GRAPHDIST_DOMAIN, name="reduce_scatter")
@@ -295,6 +375,8 @@ class _Rewrite:
     def _slice(self, value: Value, replica: int) -> Value:
         """Elements ``[replica * shard, (replica + 1) * shard)`` of ``value`` flattened and padded."""
         key = (id(value), replica)
+        if id(value) in self._chunks:
+            return value
         if key not in self._slices:
             flat = self._flat(value, "zero_slice")
             start, stop = replica * self.shard, (replica + 1) * self.shard
@@ -320,6 +402,13 @@ class _Rewrite:
     def _gather(self, parts: list[Value], value: Value) -> Value:
         """All-gathers the new weight slices; replica ``last``'s copy, un-padded, is the new value."""
         gathered = None
+        if self.across:
+            attrs = {"axis": 0, "num_workers": self.count, "group_key": f"{self.key}.gather/workers",
+                     **({"comm_group": self.workers.group} if self.workers.group else {})}
+            node = self.graph.add_node("CrossWorkerAllGather", [parts[0]], attrs, domain=GRAPHDIST_DOMAIN,
+                                       name="all_gather")
+            node.meta["side_effect"] = True
+            return self._unflatten(node.outputs[0], value)
         for replica, part in enumerate(parts):
             node = self.graph.add_node("AllGather", [part], {"axis": 0, "group_key": f"{self.key}.gather",
                                                              "group_size": self.count},
@@ -348,8 +437,12 @@ class _Rewrite:
     def _rewire(self, finals: dict[int, Value]) -> None:
         names = {}
         for value, _, _ in self.update.results:
-            self.graph.replace_all_uses_with(value, finals[id(value)])
-            names[value.name] = finals[id(value)].name
+            final = finals[id(value)]
+            if tuple(final.shape) == tuple(value.shape):
+                self.graph.replace_all_uses_with(value, final)
+            else:  # across workers a slot's write-back is its chunk: only the graph output reads it
+                self.graph.outputs = [final if out is value else out for out in self.graph.outputs]
+            names[value.name] = final.name
         self.graph.meta["variable_updates"] = [(names.get(out, out), uid)
                                                for out, uid in self.graph.meta.get("variable_updates", [])]
 

@@ -42,7 +42,7 @@ from graphdist.trace import context
 from graphdist.trace.tensor import Tensor
 from graphdist.trace.tracer import TensorSpec, TraceContext, call_user_function, current_trace
 from graphdist.trace.values import DistributedValues, PerReplica, TracedPerReplica
-from graphdist.trace.variables import Variable, VariableLocks, read_variable
+from graphdist.trace.variables import Variable, VariableLocks, WorkerShard, read_variable
 
 __all__ = ["function", "Function", "ConcreteFunction", "DEFAULT_MAX_SIGNATURES"]
 
@@ -121,6 +121,37 @@ def signature_of(args: tuple, kwargs: dict) -> tuple[Any, list[Any]]:
     return key, arrays
 
 
+def _store_worker_shards(name: str, graph: Graph, by_uid: dict[str, Variable], strategy: Any) -> None:
+    """Makes each variable the plan shards across workers (ZeRO-1 slots) keep only this worker's chunk.
+
+    Raises:
+        InvalidArgumentError: The step reads whole a variable another step sharded across workers.
+    """
+    layouts = {uid: layout for uid, layout in graph.meta.get("sharded_state", {}).items()
+               if int(layout.get("workers", 1)) > 1}
+    for uid, variable in by_uid.items():
+        if variable._worker_shard is not None and uid not in layouts:
+            raise InvalidArgumentError(
+                f"{name}: variable {variable.name} is sharded across workers (ZeRO-1: each worker stores its chunk), "
+                "and this step reads it whole; read it eagerly (variable.numpy() on every worker gathers it) or "
+                "compile the step under the strategy that shards it")
+    if not layouts:
+        return
+    communicator = getattr(strategy, "communicator", None)
+    if communicator is None:
+        raise InvalidArgumentError(f"{name}: the plan shards optimizer state across workers, but its strategy "
+                                   f"{type(strategy).__name__} has no communicator between them")
+    for uid, layout in layouts.items():
+        variable = by_uid[uid]
+        gather = functools.partial(_gather_chunks, communicator, f"gather {variable.name}")
+        variable._shard_storage(WorkerShard(tuple(variable.shape), int(layout["workers"]), int(layout["worker"]),
+                                            int(layout["shard"]), gather))
+
+
+def _gather_chunks(communicator: Any, label: str, chunk: np.ndarray) -> np.ndarray:
+    return communicator.all_gather(chunk, 0, name=label)
+
+
 class ConcreteFunction:
     """One traced and compiled specialisation of a :class:`Function`.
 
@@ -154,6 +185,7 @@ class ConcreteFunction:
         self._locks = VariableLocks(variables.values())
         by_uid = {v.uid: v for v in variables.values()}
         self._updates = [(out, by_uid[uid]) for out, uid in rewritten.meta.get("variable_updates", [])]
+        _store_worker_shards(name, rewritten, by_uid, strategy)
         self._num_results = len(rewritten.outputs) - len(self._updates)
         if plan is not None:
             plan._owner = weakref.ref(self)  # plan.export() exports through this function

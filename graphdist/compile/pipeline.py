@@ -171,7 +171,9 @@ def build_pipeline(config: PipelineConfig) -> Pipeline:
     if config.accumulate_steps > 1:
         slots["accumulate"] = [AccumulateGradientsPass(config.accumulate_steps)]
     if config.shard_optimizer_state:
-        slots["shard_optimizer"] = [ShardOptimizerStatePass()]
+        workers = dict(config.multi_worker or {})
+        slots["shard_optimizer"] = [ShardOptimizerStatePass(
+            config.num_workers, config.replica_offset // max(config.replicas, 1), str(workers.get("comm_group", "")))]
     if config.parameter_servers:
         slots["parameter_servers"] = [PlacePSVariablesPass()]
     if config.parameter_device is not None:

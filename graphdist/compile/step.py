@@ -143,6 +143,12 @@ def record_of_concrete(concrete: Any, check: bool = True) -> StepRecord:
         else:
             details.append({"kind": "opaque", "type": sig[1].__name__ if tag == "const" else "object"})
     traced = concrete.graph("traced")
+    sharded = [v.name for _, v in concrete._variable_feeds if v._worker_shard is not None]
+    if sharded:
+        raise NotImplementedError(
+            f"{concrete.name}: exporting or re-planning a step whose optimizer state is sharded across workers "
+            f"(ZeRO-1: {', '.join(sharded[:3])}{', ...' if len(sharded) > 3 else ''}) is not implemented yet; save "
+            "a gd.Checkpoint on every worker (it gathers the chunks) and restore it into the step of another strategy")
     values = {name: np.array(v._value, order="C", copy=True) for name, v in concrete._variable_feeds}
     record = StepRecord(
         concrete.name, traced, concrete.interface, encode_treedef(treedef, "the step's arguments"), details,

@@ -129,8 +129,13 @@ class MultiWorkerMirroredStrategy(Strategy):
             default: ``GRAPHDIST_CONFIG`` / ``TF_CONFIG``, else the MPI ranks.
         devices: This worker's devices (default: the resolver's
             ``local_devices``, else every GPU, else ``["cpu:0"]``).
-        shard_optimizer_state: ZeRO-1 across the workers; not implemented yet
-            (``True`` raises). Within one process:
+        shard_optimizer_state: ZeRO-1 across the workers (one replica per
+            worker): each worker process keeps and updates only its
+            ``1/num_workers`` chunk of every optimizer slot (gradients
+            reduce-scattered, new weights all-gathered through MPI). Reading
+            a sharded slot eagerly (``numpy()``, ``gd.Checkpoint.save``)
+            gathers it, a collective: every worker must do it. With one
+            worker it shards over the local devices, like
             ``gd.MirroredStrategy(devices, cross_device_ops=gd.NcclAllReduce(shard_optimizer_state=True))``.
 
     Raises:
@@ -138,7 +143,8 @@ class MultiWorkerMirroredStrategy(Strategy):
             ``ParameterServerStrategy``), this task is not a chief/worker, or
             the MPI job does not match the cluster.
         InvalidArgumentError: ``communication`` is unknown, or ``NCCL`` without GPUs.
-        NotImplementedError: ``NCCL`` with GPUs (no NCCL communicator yet), or ``shard_optimizer_state``.
+        NotImplementedError: ``NCCL`` with GPUs (no NCCL communicator yet), or ``shard_optimizer_state``
+            with several devices per worker.
     """
 
     _extended_cls = MultiWorkerExtended
@@ -146,12 +152,7 @@ class MultiWorkerMirroredStrategy(Strategy):
     def __init__(self, communication: Any = CommunicationImplementation.AUTO,
                  cluster_resolver: ClusterResolver | None = None, devices: Sequence[Any] | None = None,
                  communication_options: Any = None, shard_optimizer_state: bool = False) -> None:
-        if shard_optimizer_state:
-            raise NotImplementedError(
-                "MultiWorkerMirroredStrategy(shard_optimizer_state=True): ZeRO-1 across worker processes is not "
-                "implemented yet (each process would keep only its replicas' slices of the optimizer slots, and "
-                "checkpoints would gather them); shard within one process with gd.MirroredStrategy(devices, "
-                "cross_device_ops=gd.NcclAllReduce(shard_optimizer_state=True))")
+        self._shard_optimizer_state = bool(shard_optimizer_state)
         self._communication = _communication(communication, communication_options)
         resolver = cluster_resolver if cluster_resolver is not None else default_cluster_resolver()
         self._resolver = resolver
@@ -173,6 +174,11 @@ class MultiWorkerMirroredStrategy(Strategy):
         self._is_chief = _is_chief(spec, task_type, resolver.task_id)
         if devices is None:
             devices = resolver.local_devices or [f"cuda:{i}" for i in range(num_gpus())] or ["cpu:0"]
+        if self._shard_optimizer_state and self._num_workers > 1 and len(list(devices)) > 1:
+            raise NotImplementedError(
+                f"MultiWorkerMirroredStrategy(shard_optimizer_state=True) with {len(list(devices))} devices per "
+                "worker: ZeRO-1 across workers shards over one replica per worker process; start one process "
+                "per device (graphdist launch --workers N) or pass devices=[one device]")
         super().__init__(devices)
         self._cross_device_ops = NcclAllReduce()
         self._group = f"multi_worker{next(_groups)}"
@@ -245,6 +251,7 @@ class MultiWorkerMirroredStrategy(Strategy):
                               replicas_in_sync=self.num_replicas_in_sync,
                               replica_offset=self._worker_index * len(self._devices),
                               collective_attrs=self._cross_device_ops.collective_attrs(),
+                              shard_optimizer_state=self._shard_optimizer_state,
                               multi_worker={"num_workers": self._num_workers, "comm_group": self._group,
                                             "algorithm": algorithm})
 

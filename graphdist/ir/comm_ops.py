@@ -12,8 +12,9 @@ runs them between the backends' segments, never a backend:
   ``shard``): the participants' rank-1 values reduced, and participant
   ``shard`` gets elements ``[shard * k, (shard + 1) * k)`` of the result
   (``k = len(x) / group_size``);
-* ``CrossWorkerAllReduce`` / ``CrossWorkerAllGather`` (``num_workers``,
-  ``sequence``, ``comm_group``): the same between worker processes, through MPI;
+* ``CrossWorkerAllReduce`` / ``CrossWorkerAllGather`` / ``CrossWorkerReduceScatter``
+  (``num_workers``, ``sequence``, ``comm_group``): the same between worker
+  processes, through MPI (worker ``w`` of a reduce-scatter gets chunk ``w``);
 * ``PSPull`` / ``PSPush`` (``ps``, ``key``, ``row_start``, ``row_stop``): read a
   variable shard from its parameter-server task, add an update to it;
 * ``Transfer(x) -> x``: copies a value to the node's device.
@@ -38,7 +39,8 @@ __all__ = ["COMMUNICATION_OPS", "RUNTIME_CHECK_OPS", "is_communication", "is_run
 #: graphdist ops run by a communicator; the only nodes that may read values placed on another device.
 COMMUNICATION_OPS = frozenset({"AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Send", "Recv", "Transfer",
                                # between processes (graphdist.runtime.comm.mpi, graphdist.runtime.ps_server)
-                               "CrossWorkerAllReduce", "CrossWorkerAllGather", "PSPull", "PSPush",
+                               "CrossWorkerAllReduce", "CrossWorkerAllGather", "CrossWorkerReduceScatter",
+                               "PSPull", "PSPush",
                                # run-time assertions the scheduler runs between segments (graphdist.ir.check_ops)
                                "AssertInRange"})
 
@@ -82,12 +84,12 @@ def _infer_shard(node: Node, _: int | None) -> TypeList:
 
 def _infer_scatter(node: Node, _: int | None) -> TypeList:
     x = _in(node, 0)
-    count = int(node.attrs.get("group_size", 1))
+    count = int(node.attrs.get("num_workers" if node.op_type.startswith("CrossWorker") else "group_size", 1))
     if x.rank != 1:
-        raise GraphError(f"ReduceScatter {node.name} takes a rank-1 value, got {x.type_str()}; flatten it first")
+        raise GraphError(f"{node.op_type} {node.name} takes a rank-1 value, got {x.type_str()}; flatten it first")
     size = x.shape[0]
     if isinstance(size, int) and size % count:
-        raise GraphError(f"ReduceScatter {node.name}: {size} elements do not split into {count} equal shards; "
+        raise GraphError(f"{node.op_type} {node.name}: {size} elements do not split into {count} equal shards; "
                          "pad the value to a multiple of the group size first")
     return [(x.dtype, (size // count if isinstance(size, int) else f"{size}/{count}",))]
 
@@ -150,6 +152,9 @@ def register_comm_ops() -> None:
     register_op(OpDef("CrossWorkerAllGather", GRAPHDIST_DOMAIN, gathered("num_workers"), reference=cross_worker,
                       doc="Concatenate a value over the workers along `axis` (worker order) through MPI.",
                       attrs={"axis": 0, "num_workers": 1}))
+    register_op(OpDef("CrossWorkerReduceScatter", GRAPHDIST_DOMAIN, _infer_scatter, reference=cross_worker,
+                      doc="Reduce rank-1 values over the workers through MPI; worker `w` gets chunk `w` of the result.",
+                      attrs={"reduce_op": "SUM", "num_workers": 1}))
     parameter_servers = _between_processes("PSPull/PSPush (parameter server processes)")
     register_op(OpDef("PSPull", GRAPHDIST_DOMAIN, _infer_shard, reference=parameter_servers,
                       doc="Fetch a variable shard (rows row_start:row_stop) from its ps task.",

@@ -168,6 +168,10 @@ class ModelCheckpoint(Callback):
             else:
                 self.best = float(current)
         if not is_chief(self.model.distribute_strategy):
+            if not self.save_weights_only:  # the chief's save gathers optimizer slots sharded across workers
+                optimizer = self.model.optimizer
+                Checkpoint(model=self.model, **({"optimizer": optimizer} if optimizer is not None else {})
+                           )._gather_sharded()
             return
         try:
             path = self.filepath.format(epoch=epoch + 1, **logs)
@@ -304,6 +308,7 @@ class BackupAndRestore(Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict[str, float] | None = None) -> None:
         if not is_chief(self.model.distribute_strategy):
+            self._checkpoint()._gather_sharded()  # the chief's save gathers slots sharded across workers
             return
         history = self.model.history.history if self.model.history is not None else {}
         state = {"epoch": epoch, "history": history, "shuffle_seed": self.model._shuffle_seed}

@@ -101,6 +101,7 @@ def save_model(model: Any, filepath: str | os.PathLike[str], overwrite: bool = T
     if dest.exists() and not overwrite:
         raise InvalidArgumentError(f"model.save: {dest} exists; pass overwrite=True to replace it")
     if not is_chief(model.distribute_strategy):
+        Checkpoint(**_trackables(model))._gather_sharded()  # the chief's save gathers slots sharded across workers
         return str(dest.resolve())
     saved_files = getattr(model, "_saved_files", None)  # models with files of their own (from_onnx: model.onnx)
     config = {

@@ -55,11 +55,11 @@ def register_comm_handler(op: str, handler: CommHandler) -> None:
 
 def _builtin_handler(op: str) -> CommHandler | None:
     """The runtime's own communicator for ``op`` (MPI between workers), imported on first use."""
-    if op in ("CrossWorkerAllReduce", "CrossWorkerAllGather"):
-        from graphdist.runtime.comm.mpi import run_comm_task
+    if op in ("CrossWorkerAllReduce", "CrossWorkerAllGather", "CrossWorkerReduceScatter"):
+        from graphdist.runtime.comm.mpi import CROSS_WORKER_OPS, run_comm_task
 
-        register_comm_handler("CrossWorkerAllReduce", run_comm_task)
-        register_comm_handler("CrossWorkerAllGather", run_comm_task)
+        for name in CROSS_WORKER_OPS:
+            register_comm_handler(name, run_comm_task)
         return run_comm_task
     return None
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import itertools
 import re
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,7 +29,7 @@ from graphdist.ir.graph import GRAPHDIST_DOMAIN
 from graphdist.runtime.buffers import aligned
 from graphdist.trace import context
 
-__all__ = ["Variable", "read_variable", "is_variable", "VariableLocks"]
+__all__ = ["Variable", "WorkerShard", "read_variable", "is_variable", "VariableLocks"]
 
 #: Where a variable lives when no strategy places it.
 DEFAULT_DEVICE = "cpu:0"
@@ -61,6 +63,43 @@ def _initial_array(initial_value: Any, dtype: Any) -> np.ndarray:
     return aligned(array)
 
 
+@dataclass(frozen=True)
+class WorkerShard:
+    """How a variable sharded across worker processes (ZeRO-1 optimizer slots) is stored in this one.
+
+    The value, flattened and zero-padded to ``chunk * workers`` elements, is
+    split into ``workers`` chunks; this process keeps chunk ``worker``.
+
+    Attributes:
+        shape: The variable's (logical) shape.
+        workers: Worker processes holding a chunk each.
+        worker: The chunk this process keeps.
+        chunk: Elements per chunk.
+        gather: All-gathers every worker's chunk (a collective: every worker must call it).
+    """
+
+    shape: tuple[int, ...]
+    workers: int
+    worker: int
+    chunk: int
+    gather: Callable[[np.ndarray], np.ndarray]
+
+    @property
+    def size(self) -> int:
+        """Elements of the whole value."""
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def local(self, value: np.ndarray) -> np.ndarray:
+        """This worker's chunk of the whole ``value`` (a copy)."""
+        flat = np.zeros(self.chunk * self.workers, value.dtype)
+        flat[: self.size] = np.asarray(value).reshape(-1)
+        return aligned(flat[self.worker * self.chunk:(self.worker + 1) * self.chunk].copy())
+
+    def whole(self, chunk: np.ndarray) -> np.ndarray:
+        """The whole value from every worker's chunk (collective)."""
+        return np.asarray(self.gather(np.ascontiguousarray(chunk))).reshape(-1)[: self.size].reshape(self.shape)
+
+
 class Variable:
     """A mutable tensor (like ``tf.Variable``).
 
@@ -77,6 +116,8 @@ class Variable:
     #: The value lives outside this process (on parameter servers): a step that reads or updates it must be
     #: compiled by the strategy that created it (its passes pull and push), whatever scope is current.
     _lives_remotely = False
+    #: Set when only this process's chunk of the value is stored here (ZeRO-1 across workers).
+    _worker_shard: WorkerShard | None = None
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Variable:
         creator = context.current_strategy()
@@ -113,7 +154,7 @@ class Variable:
     @property
     def shape(self) -> tuple[int, ...]:
         """Static shape."""
-        return self._value.shape
+        return self._worker_shard.shape if self._worker_shard is not None else self._value.shape
 
     @property
     def dtype(self) -> np.dtype:
@@ -123,7 +164,7 @@ class Variable:
     @property
     def ndim(self) -> int:
         """Number of dimensions."""
-        return self._value.ndim
+        return len(self.shape)
 
     @property
     def device(self) -> str | None:
@@ -131,9 +172,45 @@ class Variable:
         return self._device
 
     def numpy(self) -> np.ndarray:
-        """A copy of the current value (a numpy scalar for rank 0)."""
-        value = self._value.copy()
+        """A copy of the current value (a numpy scalar for rank 0).
+
+        A variable sharded across workers (ZeRO-1 optimizer slots) is gathered from every worker: a
+        collective, so every worker must read it (the communicator's timeout ends a lone reader).
+        """
+        value = self._eager_value().copy()
         return value[()] if value.ndim == 0 else value
+
+    def _eager_value(self) -> np.ndarray:
+        """The whole current value (gathered from the workers when only a chunk is stored here)."""
+        shard = self._worker_shard
+        return self._value if shard is None else shard.whole(self._value)
+
+    def _shard_storage(self, shard: WorkerShard) -> None:
+        """Keeps only ``shard``'s chunk of the value in this process (ZeRO-1 across workers)."""
+        with self._lock:
+            current = self._worker_shard
+            if current is not None:
+                if (current.workers, current.worker, current.chunk) != (shard.workers, shard.worker, shard.chunk):
+                    raise InvalidArgumentError(
+                        f"variable {self.name} is stored as chunk {current.worker} of {current.workers}, and a step "
+                        f"wants chunk {shard.worker} of {shard.workers}; every step that updates it must shard it "
+                        "the same way (the same strategy)")
+                return
+            if tuple(shard.shape) != tuple(self._value.shape):
+                raise InvalidArgumentError(f"variable {self.name} has shape {self._value.shape}, the shard layout "
+                                           f"says {shard.shape}")
+            self._value = shard.local(self._value)
+            self._worker_shard = shard
+
+    def _stored(self, array: np.ndarray) -> np.ndarray:
+        """``array`` (the whole value, or this worker's chunk when sharded) as this process stores it."""
+        shard = self._worker_shard
+        if shard is None or array.shape == (shard.chunk,) != tuple(shard.shape):
+            return array
+        if array.shape != tuple(shard.shape):
+            raise InvalidArgumentError(f"update of {self.name} has shape {array.shape}, expected {shard.shape} "
+                                       f"(or this worker's chunk of {shard.chunk} elements)")
+        return shard.local(array)
 
     def value(self) -> Any:
         """The current value (traced read inside a trace)."""
@@ -160,7 +237,7 @@ class Variable:
             value = np.asarray(self._checked(value, "assign"))
             # Replace rather than write in place: an earlier array may be shared with a step's result.
             with self._lock:
-                self._value = aligned(value.astype(self.dtype, copy=True))
+                self._value = self._stored(aligned(value.astype(self.dtype, copy=True)))
             return self if read_value else None
         return _assign_traced(ctx, self, self._checked(value, "assign"))
 
@@ -193,6 +270,7 @@ class Variable:
         if not (type(array) is np.ndarray and array.dtype == self._value.dtype and array.flags.c_contiguous
                 and array.flags.writeable):
             array = aligned(np.array(array, dtype=self._value.dtype, order="C", copy=True))
+        array = self._stored(array)
         if array.shape != self._value.shape:
             raise InvalidArgumentError(f"update of {self.name} has shape {array.shape}, expected {self.shape}")
         self._value = array
@@ -203,7 +281,8 @@ class Variable:
 
         if current_trace() is not None:
             return np.asarray(read_variable(self), dtype=dtype)  # raises the tracer's clear error
-        return self._value if dtype is None else self._value.astype(dtype)
+        value = self._eager_value()
+        return value if dtype is None else value.astype(dtype)
 
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
         inputs = tuple(read_variable(x) if isinstance(x, Variable) else x for x in inputs)
@@ -226,6 +305,10 @@ class Variable:
         return read_variable(self)[key]
 
     def __repr__(self) -> str:
+        shard = self._worker_shard
+        if shard is not None:  # printing must not start a collective
+            return (f"<gd.Variable '{self.name}' shape={self.shape} dtype={self.dtype.name}, sharded over "
+                    f"{shard.workers} workers (this one keeps chunk {shard.worker} of {shard.chunk} elements)>")
         value = str(self._value[()]) if self.ndim == 0 else np.array2string(self._value, separator=", ")
         return f"<gd.Variable '{self.name}' shape={self.shape} dtype={self.dtype.name}, numpy={value}>"
 
@@ -235,7 +318,9 @@ class Variable:
         return bool(read_variable(self))
 
     def __len__(self) -> int:
-        return len(self._value)
+        if not self.shape:
+            raise TypeError("len() of a 0-d variable")
+        return self.shape[0]
 
 
 def _binary(ufunc: np.ufunc, reverse: bool = False) -> Any:
@@ -307,7 +392,7 @@ def read_variable(variable: Variable) -> Any:
 
     ctx = current_trace()
     if ctx is None:
-        return variable._value
+        return variable._eager_value()
     state = _state(ctx, variable)
     region = _region_key(ctx)
     candidates = [state.cross] if region is None else [state.replicas.get(region), state.cross]

@@ -249,3 +249,29 @@ def test_gradient_accumulation_across_two_workers_equals_the_whole_batch() -> No
     for worker in (0, 1):
         line = next(text for text in job.stdout.splitlines() if f"worker {worker} difference" in text)
         assert float(line.rsplit(" ", 1)[1]) < 1e-5, job.stdout
+
+
+@pytest.mark.slow
+def test_zero1_across_two_workers_trains_like_unsharded_and_checkpoints_whole(tmp_path) -> None:
+    """MultiWorkerMirroredStrategy(shard_optimizer_state=True) on 2 processes: 5 Adam steps give the
+    unsharded weights and moments; each process stores only its chunk of every slot (about half); a
+    checkpoint saved by every worker gathers the chunks, restores into a OneDevice optimizer, trains there,
+    and restores back into the sharded strategy, which resumes like the uninterrupted run."""
+    job = mpi_jobs.launch("--workers", "2", "--timeout", "120", "--", mpi_jobs.sys.executable,
+                          "tests/distribute/mw_zero1_worker.py", str(tmp_path))
+    assert job.returncode == 0, job.stdout + job.stderr
+    for worker in (0, 1):
+        line = next(text for text in job.stdout.splitlines() if f"worker {worker} ok" in text).split()
+        numbers = dict(zip(line[3::2], line[4::2]))
+        assert float(numbers["trained"]) < 1e-6 and float(numbers["resumed"]) < 1e-5, line
+        assert int(numbers["scatters"]) == 4 and int(numbers["slots"]) == 8, line  # m and v of 4 variables
+        # Adam's m and v of 16x7, 7, 7x5, 5 float32 elements, each padded to an even count, halved.
+        whole = 2 * 4 * (112 + 7 + 35 + 5)
+        assert int(numbers["whole"]) == whole and int(numbers["stored"]) == 2 * 4 * (56 + 4 + 18 + 3), line
+
+
+def test_zero1_across_workers_needs_one_device_per_worker(monkeypatch) -> None:
+    config = {"cluster": {"worker": ["localhost:1", "localhost:2"]}, "task": {"type": "worker", "index": 0}}
+    monkeypatch.setenv("GRAPHDIST_CONFIG", __import__("json").dumps(config))
+    with pytest.raises(NotImplementedError, match="one replica per worker process"):
+        gd.MultiWorkerMirroredStrategy(devices=["cpu:0", "cpu:1"], shard_optimizer_state=True)

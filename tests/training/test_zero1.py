@@ -115,6 +115,10 @@ def test_shard_optimizer_state_must_be_a_bool() -> None:
     assert "shard_optimizer_state=True" in repr(gd.NcclAllReduce(shard_optimizer_state=True))
 
 
-def test_zero1_across_workers_is_not_implemented_and_says_what_works() -> None:
-    with pytest.raises(NotImplementedError, match="ZeRO-1 across worker processes is not implemented yet"):
-        gd.MultiWorkerMirroredStrategy(shard_optimizer_state=True)
+def test_multi_worker_zero1_with_one_worker_shards_over_its_devices() -> None:
+    """One worker (no cluster): MultiWorkerMirroredStrategy(shard_optimizer_state=True) shards like Mirrored."""
+    plain = _trained(_strategy(2, zero=False))
+    sharded = _trained(gd.MultiWorkerMirroredStrategy(devices=_devices(2), shard_optimizer_state=True))
+    _assert_close(sharded.state(), plain.state())
+    plan = sharded.train.get_concrete_function(*sharded.batch(0)).plan
+    assert "sharded 1/2 on each of" in plan.summary()

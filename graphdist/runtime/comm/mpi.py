@@ -33,7 +33,9 @@ Guarantees:
 The communicator of the whole job is :func:`default_communicator`; the
 scheduler reaches it through :func:`run_comm_task` for plan communication
 tasks whose op is ``CrossWorkerAllReduce`` / ``CrossWorkerAllGather``
-(inserted by :class:`graphdist.passes.insert_cross_worker_collectives.InsertCrossWorkerCollectivesPass`).
+(inserted by :class:`graphdist.passes.insert_cross_worker_collectives.InsertCrossWorkerCollectivesPass`)
+or ``CrossWorkerReduceScatter`` (ZeRO-1 across workers, inserted by
+:class:`graphdist.passes.shard_optimizer_state.ShardOptimizerStatePass`).
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-CROSS_WORKER_OPS = ("CrossWorkerAllReduce", "CrossWorkerAllGather")
+CROSS_WORKER_OPS = ("CrossWorkerAllReduce", "CrossWorkerAllGather", "CrossWorkerReduceScatter")
 """Plan communication ops executed by this module."""
 
 _PING, _PONG = 1, 2
@@ -481,6 +483,8 @@ def run_comm_task(op: str, attrs: dict[str, Any], buffers: Sequence[np.ndarray])
                                          algorithm=str(attrs.get("algorithm", "auto")))
     elif op == "CrossWorkerAllGather":
         result = communicator.all_gather(buffers[0], int(attrs.get("axis", 0)), name=name)
+    elif op == "CrossWorkerReduceScatter":
+        result = communicator.reduce_scatter(buffers[0], attrs.get("reduce_op", "SUM"), name=name)
     else:
         raise InvalidArgumentError(f"the MPI communicator does not run {op!r}")
     result.flags.writeable = False  # shared by the local participants, like the local communicator's results
