@@ -133,3 +133,73 @@ def test_a_reduction_that_updates_no_variable_is_left_alone() -> None:
     result = ShardOptimizerStatePass()(graph, CTX)
     assert not result.modified
     assert_structural_equal(result.graph, snapshot, meta_keys=META)
+
+
+def _before_one_replica_per_worker() -> Graph:
+    """This worker's one replica (of 2 workers): its gradient all-reduced over the workers, a momentum update."""
+    graph = Graph("before_workers")
+    grad = graph.add_input("g0", np.float32, SHAPE)
+    w, m = graph.add_input("w", np.float32, SHAPE), graph.add_input("m", np.float32, SHAPE)
+    mu, lr = graph.add_initializer("mu", np.float32(0.9)), graph.add_initializer("lr", np.float32(0.1))
+    total = _op(graph, "AllReduce", [grad], {"reduce_op": "SUM", "group_key": "g", "group_size": 2}, replica=0,
+                domain=GRAPHDIST_DOMAIN, side_effect=True)
+    new_m = _op(graph, "Add", [_op(graph, "Mul", [mu, m], replica=0), total], replica=0)
+    new_w = _op(graph, "Sub", [w, _op(graph, "Mul", [lr, new_m], replica=0)], replica=0)
+    graph.outputs = [new_w, new_m]
+    graph.meta["variables"] = [("w", VariableSpec("w1", "w", "<f4", SHAPE, True, "MirroredVariable")),
+                               ("m", VariableSpec("m1", "m", "<f4", SHAPE, False, "MirroredVariable"))]
+    graph.meta["variable_updates"] = [(new_w.name, "w1"), (new_m.name, "m1")]
+    return graph
+
+
+def _expected_worker_one() -> Graph:
+    """Worker 1 reduce-scatters through MPI, updates elements [2, 4) (one of them padding), stores m's chunk."""
+    graph = Graph("expected_workers")
+    grad = graph.add_input("g0", np.float32, SHAPE)
+    w, m = graph.add_input("w", np.float32, SHAPE), graph.add_input("m", np.float32, (2,))  # m: the chunk
+    mu, lr = graph.add_initializer("mu", np.float32(0.9)), graph.add_initializer("lr", np.float32(0.1))
+
+    def padded(value: Value) -> Value:
+        flat = _op(graph, "Reshape", [value, graph.add_initializer("flat", np.array([-1]))], replica=0)
+        return _op(graph, "Concat", [flat, graph.add_initializer("pad", np.zeros(1, np.float32))], {"axis": 0},
+                   replica=0)
+
+    scattered = _op(graph, "CrossWorkerReduceScatter", [padded(grad)],
+                    {"reduce_op": "SUM", "num_workers": 2, "group_key": "g.scatter/workers", "comm_group": "mw"},
+                    replica=0, domain=GRAPHDIST_DOMAIN, side_effect=True)
+    new_m = _op(graph, "Add", [_op(graph, "Mul", [mu, m], replica=0), scattered], replica=0)
+    step = _op(graph, "Mul", [lr, new_m], replica=0)
+    bounds = [graph.add_initializer(n, np.array([b])) for n, b in (("s", 2), ("e", 4), ("a", 0))]
+    new_w = _op(graph, "Sub", [_op(graph, "Slice", [padded(w), *bounds], replica=0), step], replica=0)
+    gathered = _op(graph, "CrossWorkerAllGather", [new_w],
+                   {"axis": 0, "num_workers": 2, "group_key": "g.gather/workers", "comm_group": "mw"},
+                   replica=0, domain=GRAPHDIST_DOMAIN, side_effect=True)
+    bounds = [graph.add_initializer(n, np.array([b])) for n, b in (("s", 0), ("e", 3), ("a", 0))]
+    whole = _op(graph, "Slice", [gathered, *bounds], replica=0)
+    graph.outputs = [_op(graph, "Reshape", [whole, graph.add_initializer("shape", np.array(SHAPE))], replica=0),
+                     new_m]
+    return graph
+
+
+def test_across_workers_each_worker_updates_and_stores_its_chunk() -> None:
+    shard = ShardOptimizerStatePass(num_workers=2, worker=1, comm_group="mw")
+    result = shard(_before_one_replica_per_worker(), PassContext(devices=("cpu:0",)))
+    assert result.modified
+    verify(result.graph)
+    assert_structural_equal(result.graph, _expected_worker_one(), meta_keys=META)
+    assert result.graph.meta["sharded_state"] == {"m1": {"replicas": 2, "shard": 2, "size": 3, "workers": 2,
+                                                         "worker": 1}}
+    snapshot = result.graph.copy()
+    again = shard(result.graph, PassContext(devices=("cpu:0",)))
+    assert not again.modified
+    assert_structural_equal(again.graph, snapshot, meta_keys=META)
+
+
+def test_across_workers_a_slot_read_outside_its_update_stays_whole() -> None:
+    graph = _before_one_replica_per_worker()
+    m = next(v for v in graph.inputs if v.name == "m")
+    graph.outputs.append(_op(graph, "Identity", [m], replica=0))  # the step also returns the old slot value
+    snapshot = graph.copy()
+    result = ShardOptimizerStatePass(num_workers=2, worker=0)(graph, PassContext(devices=("cpu:0",)))
+    assert not result.modified
+    assert_structural_equal(result.graph, snapshot, meta_keys=META)
