@@ -5,7 +5,9 @@ and compares weights and Adam moments with the unsharded strategy on the same gl
 that this process stores only its chunk of every slot; saves a checkpoint on every worker after 2
 steps, restores it on the chief into a OneDevice optimizer, trains one step there and saves again;
 every worker restores that into a sharded optimizer, trains the last 2 steps and compares with the
-5-step run. Prints ``worker W ok ...`` with the numbers (the test reads them).
+5-step run. Prints ``worker W ok ...`` with the numbers (the test reads them). Then Keras ``fit`` under the
+sharded strategy with ``ModelCheckpoint`` and ``BackupAndRestore``, whose chief-only saves gather the slots
+with the other worker taking part (``worker W keras ...``).
 """
 
 from __future__ import annotations
@@ -92,5 +94,21 @@ def main(directory: Path) -> None:
           f"stored {stored} whole {whole}", flush=True)
 
 
+def keras_fit(directory: Path) -> None:
+    strategy = gd.MultiWorkerMirroredStrategy(shard_optimizer_state=True)
+    with strategy.scope():
+        model = gd.keras.Sequential([gd.keras.layers.Dense(5, activation="relu", input_shape=(8,)),
+                                     gd.keras.layers.Dense(3)])
+        model.compile(optimizer=gd.keras.optimizers.Adam(0.01),
+                      loss=gd.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    callbacks = [gd.keras.callbacks.ModelCheckpoint(str(directory / "keras_{epoch}")),
+                 gd.keras.callbacks.BackupAndRestore(str(directory / "backup"))]
+    model.fit(RNG.standard_normal((64, 8)).astype(np.float32), RNG.integers(0, 3, 64), batch_size=16, epochs=2,
+              callbacks=callbacks, verbose=0)
+    sharded = sum(v._worker_shard is not None for v in model.optimizer.variables())
+    print(f"worker {strategy.cluster_resolver.task_id} keras sharded {sharded}", flush=True)
+
+
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
+    keras_fit(Path(sys.argv[1]))

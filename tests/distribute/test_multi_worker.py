@@ -256,7 +256,8 @@ def test_zero1_across_two_workers_trains_like_unsharded_and_checkpoints_whole(tm
     """MultiWorkerMirroredStrategy(shard_optimizer_state=True) on 2 processes: 5 Adam steps give the
     unsharded weights and moments; each process stores only its chunk of every slot (about half); a
     checkpoint saved by every worker gathers the chunks, restores into a OneDevice optimizer, trains there,
-    and restores back into the sharded strategy, which resumes like the uninterrupted run."""
+    and restores back into the sharded strategy, which resumes like the uninterrupted run; Keras fit with
+    ModelCheckpoint and BackupAndRestore under it completes (the chief's saves gather with the other's help)."""
     job = mpi_jobs.launch("--workers", "2", "--timeout", "120", "--", mpi_jobs.sys.executable,
                           "tests/distribute/mw_zero1_worker.py", str(tmp_path))
     assert job.returncode == 0, job.stdout + job.stderr
@@ -268,6 +269,9 @@ def test_zero1_across_two_workers_trains_like_unsharded_and_checkpoints_whole(tm
         # Adam's m and v of 16x7, 7, 7x5, 5 float32 elements, each padded to an even count, halved.
         whole = 2 * 4 * (112 + 7 + 35 + 5)
         assert int(numbers["whole"]) == whole and int(numbers["stored"]) == 2 * 4 * (56 + 4 + 18 + 3), line
+        # Keras: the chief's ModelCheckpoint/BackupAndRestore saves gather the slots; the other worker takes part.
+        assert f"worker {worker} keras sharded 8" in job.stdout, job.stdout  # m and v of 2 kernels and 2 biases
+    assert (tmp_path / "keras_2").is_dir() and not (tmp_path / "backup").exists()
 
 
 def test_zero1_across_workers_needs_one_device_per_worker(monkeypatch) -> None:
