@@ -20,6 +20,7 @@ slot                   passes                                               fill
 ``parameter_servers``  ``PlacePSVariablesPass``                             ``parameter_servers``
 ``collectives``        ``InsertCollectivesPass``                            always
 ``shard_optimizer``    ``ShardOptimizerStatePass``                          ``shard_optimizer_state``
+``balance_updates``    ``BalanceVariableUpdatesPass``                       ``replicas`` > 1, variables local
 ``central_storage``    ``PlaceVariablesPass``                               ``parameter_device``
 ``cross_worker``       ``InsertCrossWorkerCollectivesPass``                 ``multi_worker``
 ``lower_collectives``  ``LowerCollectivesPass``                             always
@@ -28,6 +29,9 @@ slot                   passes                                               fill
 ``cleanup``            ``FoldConstantsPass``, ``EliminateDeadNodesPass``    always
 ``devices``            ``AssignDevicesPass``                                always
 =====================  ==================================================  ============================
+
+"Variables local": no ``parameter_device`` and no ``parameter_servers`` (there the updates run where the
+variables live).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from typing import Any
 from graphdist.passes.accumulate_gradients import AccumulateGradientsPass
 from graphdist.passes.assign_devices import AssignDevicesPass
 from graphdist.passes.autodiff import AutodiffPass
+from graphdist.passes.balance_variable_updates import BalanceVariableUpdatesPass
 from graphdist.passes.base import PassBase
 from graphdist.passes.bucket_collectives import BucketCollectivesPass
 from graphdist.passes.eliminate_dead_nodes import EliminateDeadNodesPass
@@ -58,8 +63,8 @@ from graphdist.passes.shard_optimizer_state import ShardOptimizerStatePass
 __all__ = ["SLOTS", "PipelineConfig", "Pipeline", "build_pipeline"]
 
 SLOTS = ("accumulate", "differentiate", "replicate", "variable_updates", "parameter_servers", "collectives",
-         "shard_optimizer", "central_storage", "cross_worker", "lower_collectives", "bucketing", "logical_devices",
-         "cleanup", "devices")
+         "shard_optimizer", "balance_updates", "central_storage", "cross_worker", "lower_collectives", "bucketing",
+         "logical_devices", "cleanup", "devices")
 
 
 @dataclass(frozen=True)
@@ -174,6 +179,8 @@ def build_pipeline(config: PipelineConfig) -> Pipeline:
         workers = dict(config.multi_worker or {})
         slots["shard_optimizer"] = [ShardOptimizerStatePass(
             config.num_workers, config.replica_offset // max(config.replicas, 1), str(workers.get("comm_group", "")))]
+    if config.replicas > 1 and config.parameter_device is None and not config.parameter_servers:
+        slots["balance_updates"] = [BalanceVariableUpdatesPass()]
     if config.parameter_servers:
         slots["parameter_servers"] = [PlacePSVariablesPass()]
     if config.parameter_device is not None:

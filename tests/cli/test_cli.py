@@ -198,7 +198,7 @@ def test_inspect_plan_stage() -> None:
     result = graphdist("inspect", MLP_STEP, *MIRRORED, "--stage", "plan")
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert out.startswith("Plan 'mlp_train_step': 3 segment(s) on cpu:0, cpu:1")
+    assert out.startswith("Plan 'mlp_train_step': 4 segment(s) on cpu:0, cpu:1")
     for title in ("devices:", "segments (execution order):", "communication:", "variables (5, 9,648 B):"):
         assert f"\n{title}\n" in out, title
     assert "per step: 5 task(s), 19,288 B into collectives" in out
@@ -377,7 +377,7 @@ def test_export_and_run_the_mirrored_training_step(tmp_path: Path) -> None:
                        str(inputs))
     assert result.returncode == 0, result.stderr
     assert "exported mlp_train_step (graphdist.models.mlp:make_step under MirroredStrategy" in result.stdout
-    assert ("3 segment(s) on cpu:0, cpu:1, 5 communication task(s) and 2 run-time check(s), 5 variable(s)"
+    assert ("4 segment(s) on cpu:0, cpu:1, 5 communication task(s) and 2 run-time check(s), 5 variable(s)"
             in result.stdout)
     assert f"graphdist run {plan_dir} --inputs {inputs}" in result.stdout
     assert (plan_dir / "plan.json").is_file()

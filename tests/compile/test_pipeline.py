@@ -76,7 +76,7 @@ def test_mirrored_with_nccl_packs() -> None:
         devices=("cpu:0", "cpu:1"), collective_attrs={"algorithm": "ring"}, bucketing={"num_packs": 2},
         strategy="MirroredStrategy")
     pipeline = strategy.pipeline()
-    assert _filled(pipeline) == _with_extra("bucketing")
+    assert _filled(pipeline) == _with_extra("balance_updates", "bucketing")
     replicate = _only(pipeline, "replicate")
     assert (replicate.replicas, replicate.offset, replicate.replicas_in_sync) == (2, 0, 2)
     bucketing = _only(pipeline, "bucketing")
@@ -89,7 +89,8 @@ def test_mirrored_with_hierarchical_copy() -> None:
     config = gd.MirroredStrategy(TWO, cross_device_ops=gd.HierarchicalCopyAllReduce()).pipeline_config()
     assert config.collective_attrs == {"algorithm": "hierarchical_copy"} and config.bucketing is None
     pipeline = build_pipeline(config)
-    assert _filled(pipeline) == ALWAYS
+    assert _filled(pipeline) == _with_extra("balance_updates")
+    assert type(_only(pipeline, "balance_updates")).__name__ == "BalanceVariableUpdatesPass"
     assert _only(pipeline, "lower_collectives").collective_attrs == {"algorithm": "hierarchical_copy"}
 
 
@@ -117,7 +118,7 @@ def test_multi_worker_without_a_cluster_is_one_worker(no_cluster) -> None:
         strategy="MultiWorkerMirroredStrategy")
     assert group.startswith("multi_worker") and (config.num_workers, config.total_replicas) == (1, 2)
     pipeline = strategy.pipeline()
-    assert _filled(pipeline) == _with_extra("cross_worker")
+    assert _filled(pipeline) == _with_extra("balance_updates", "cross_worker")
     cross = _only(pipeline, "cross_worker")
     assert (cross.num_workers, cross.comm_group, cross.algorithm) == (1, group, "auto")
 
@@ -150,7 +151,7 @@ def test_tpu_adds_logical_devices(shape, cores) -> None:
     assert config.devices == tuple(c[0] for c in cores) and config.backend == "tvm"
     assert config.logical_cores == tuple(tuple(c) for c in cores) and config.collective_attrs == {"algorithm": "ring"}
     pipeline = build_pipeline(config)
-    assert _filled(pipeline) == _with_extra("logical_devices")
+    assert _filled(pipeline) == _with_extra("logical_devices", *(("balance_updates",) if len(cores) > 1 else ()))
     shard, place = pipeline.slots["logical_devices"]
     assert (type(shard).__name__, type(place).__name__) == ("ShardLogicalDevicesPass", "PlaceLogicalDevicesPass")
     assert shard.cores == cores and place.cores == cores
@@ -166,7 +167,7 @@ def test_with_slot_replaces_one_slot_and_refuses_unknown_names() -> None:
     assert len(trimmed) == len(original) - 1
     first = original.with_slot("differentiate", FoldConstantsPass())  # inserted last, still run first
     assert isinstance(first[0], FoldConstantsPass)
-    emptied = original.with_slot("bucketing")
+    emptied = original.with_slot("balance_updates")
     assert _filled(emptied) == ALWAYS
     with pytest.raises(KeyError, match="unknown pipeline slot 'optimize'"):
         original.with_slot("optimize", FoldConstantsPass())

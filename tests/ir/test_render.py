@@ -100,7 +100,7 @@ def test_central_storage_summary_shows_transfers_and_placement(central: gd.Concr
 def test_plan_summary_tables(mirrored: gd.ConcreteFunction) -> None:
     plan = mirrored.plan
     text = plan.summary()
-    assert text.splitlines()[0] == "Plan 'mlp_train_step': 3 segment(s) on cpu:0, cpu:1  backend=ort"
+    assert text.splitlines()[0] == "Plan 'mlp_train_step': 4 segment(s) on cpu:0, cpu:1  backend=ort"
     devices = section(text, "devices:")
     assert [line.split()[0] for line in devices[2:]] == ["cpu:0", "cpu:1"]
     assert "cpu1.p0, cpu1.p1" in devices[3]
