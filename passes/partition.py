@@ -58,7 +58,7 @@ from graphdist.passes.base import PassBase, PassContext, PassResult
 
 __all__ = ["PartitionPass", "segment_name", "overlap_enabled", "OVERLAP_ENV"]
 
-#: Environment variable that turns the overlap cut off (``0``, ``false``, ``off``, ``no``).
+#: Environment variable that turns the overlap cut on (``1``, ``true``, ``on``, ``yes``; off by default).
 OVERLAP_ENV = "GRAPHDIST_OVERLAP"
 
 #: Meta key BucketCollectivesPass sets on the collectives it decided on (a bucket each).
