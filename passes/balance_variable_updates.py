@@ -33,13 +33,15 @@ Cases:
   that some replica has no copy of: stays where it is (today's behaviour:
   the last replica), and so does the rest of its unit;
 * ZeRO-1 (``ShardOptimizerStatePass`` ran before): its updates read the
-  ``ReduceScatter`` / ``AllGather`` groups, so they stay; they are already
-  spread, so their bytes count ``1/N`` on every replica;
+  ``ReduceScatter`` / ``AllGather`` groups (or their ``CrossWorker``
+  forms), so they stay; they are already spread, so their bytes count
+  ``1/N`` on every replica;
 * an ``AllReduce`` group spanning other workers (``group_size`` above its
   local members, MultiWorkerMirrored): ``InsertCrossWorkerCollectivesPass``
   later makes every local member's readers read the member's cross-worker
-  result, the same on every replica, so the update is balanced within the
-  process like a local one;
+  result, which combines the same local sum with the same values of the
+  other workers on every local replica, so the update is balanced within
+  the process like a local one;
 * the optimizer's ``iterations`` counter (the variable plus a constant): a
   unit of its own, of 8 bytes;
 * scalars shared by several updates (a learning-rate schedule, Adam's bias
@@ -53,7 +55,8 @@ Cases:
   ``Identity`` ``LowerVariableUpdatesPass`` adds for a value the step also
   returns): unchanged;
 * a second run: every unit already is where the balance puts it, since the
-  balance does not depend on where the units are: unchanged.
+  balance does not depend on where the units are (an ``Identity`` this pass
+  added is looked through): unchanged.
 """
 
 from __future__ import annotations
