@@ -25,8 +25,11 @@ multi-worker-demo: $(STAMP)
 	$(VENV)/bin/graphdist launch --workers 2 -- $(PY) examples/digits_multi_worker.py
 	$(VENV)/bin/graphdist launch --workers 2 --ps 1 -- $(PY) examples/digits_parameter_server.py
 
+# The in-process tests on 2 pytest-xdist workers, then the multi-process ones (marked slow: their
+# processes and timeouts want the cores to themselves) one at a time.
 test: $(STAMP) graphviz
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 -m "not slow"
+	$(PY) -m pytest -q -m slow
 
 # Graphviz's `dot` renders graph pictures (a system package, not on PyPI). Installed with apt-get
 # when missing and possible (root or passwordless sudo); otherwise the picture tests are skipped.
