@@ -63,10 +63,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
+from graphdist.ir.compare import same_attr
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
 from graphdist.passes.base import PassBase, PassContext, PassResult
 
@@ -247,15 +247,7 @@ def _same_node(candidate: Node, node: Node, inputs: list[Value | None]) -> bool:
             and len(candidate.outputs) == len(node.outputs) and len(candidate.inputs) == len(inputs)
             and all(a is b for a, b in zip(candidate.inputs, inputs))
             and candidate.attrs.keys() == node.attrs.keys()
-            and all(_same_attr(candidate.attrs[k], node.attrs[k]) for k in node.attrs))
-
-
-def _same_attr(a: Any, b: Any) -> bool:
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return np.array_equal(np.asarray(a), np.asarray(b))
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same_attr(x, y) for x, y in zip(a, b))
-    return bool(a == b)
+            and all(same_attr(candidate.attrs[k], node.attrs[k]) for k in node.attrs))
 
 
 def _units(updates: list[_Update]) -> list[list[_Update]]:

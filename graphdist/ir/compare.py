@@ -22,7 +22,7 @@ import numpy as np
 from graphdist.errors import GraphError
 from graphdist.ir.graph import Graph, Node, Value
 
-__all__ = ["structural_diff", "assert_structural_equal"]
+__all__ = ["structural_diff", "assert_structural_equal", "same_attr"]
 
 #: Attributes that name things (groups, variables) rather than say what is computed.
 _NAME_ATTRS = frozenset({"group_key", "name", "variable"})
@@ -92,7 +92,7 @@ class _Matcher:
             if name in _NAME_ATTRS:
                 if self.keys.setdefault(value, other) != other or self.reverse_keys.setdefault(other, value) != value:
                     return f"{name} {value!r} vs {other!r} do not correspond one to one"
-            elif not _same_attr(value, other):
+            elif not same_attr(value, other):
                 return f"attribute {name}: {value!r} vs {other!r}"
         return None
 
@@ -121,11 +121,12 @@ class _Matcher:
         return None
 
 
-def _same_attr(a: Any, b: Any) -> bool:
+def same_attr(a: Any, b: Any) -> bool:
+    """Whether two node attribute values are equal (arrays by value, lists element by element)."""
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return np.array_equal(np.asarray(a), np.asarray(b))
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same_attr(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(same_attr(x, y) for x, y in zip(a, b))
     return bool(a == b)
 
 
