@@ -20,8 +20,9 @@ Cases:
 * a group with one local participant: its local collective becomes the
   identity in ``LowerCollectivesPass``; the cross-worker node remains;
 * nodes already followed by a cross-worker node: unchanged (idempotent);
-* cross-worker nodes another pass made (``CrossWorkerReduceScatter`` of
-  ZeRO-1): numbered with the others, every group in graph order;
+* cross-worker nodes another pass made (ZeRO-1's ``CrossWorkerReduceScatter``
+  and ``CrossWorkerAllGather``): numbered with the others, every group in
+  graph order; a local group reading their results is not extended again;
 * a traced value whose type does not fit the worker count (the step was
   traced for another number of replicas in sync): ``GraphError``.
 """
@@ -79,6 +80,8 @@ class InsertCrossWorkerCollectivesPass(PassBase):
         for key, members in groups.items():
             if any(user.op_type in _CROSS.values() for m in members for user, _ in m.outputs[0].uses):
                 continue
+            if any(_crossed(m.inputs[0]) for m in members):
+                continue  # it gathers values already combined across the workers (ZeRO-1's weight shards)
             for node in members:
                 self._append_cross(graph, node, key, 0)
             modified = True
@@ -117,6 +120,11 @@ class InsertCrossWorkerCollectivesPass(PassBase):
         cross.outputs.append(combined)
         graph.nodes.insert(graph.nodes.index(node) + 1, cross)
         cross.graph = graph
+
+
+def _crossed(value: Value | None) -> bool:
+    producer = value.producer if value is not None else None
+    return producer is not None and producer.domain == GRAPHDIST_DOMAIN and producer.op_type in _CROSS_WORKER_OPS
 
 
 def _number_cross_worker_groups(graph: Graph) -> bool:

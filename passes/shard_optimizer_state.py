@@ -19,13 +19,17 @@ and ``graph.meta["placement"]`` places those slots ``"sharded"`` (each
 replica reads and updates only its slice; the write-back assembles the
 slices into the variable's value, a copy between devices of one process).
 
-Across workers (``num_workers`` > 1, one replica per worker, ``MultiWorkerMirroredStrategy(
-shard_optimizer_state=True)``): worker ``w`` is shard ``w``. Its gradient, flattened and padded, goes
-through a ``CrossWorkerReduceScatter`` (MPI); it updates elements ``[w * k, (w + 1) * k)``; the
-new weights are ``CrossWorkerAllGather``-ed; and each sharded slot's graph input and write-back
-become its ``k``-element chunk, so the process stores only that chunk
-(``sharded_state`` records ``workers`` and ``worker``; the compiled function converts the
-variable's storage, see :meth:`graphdist.trace.variables.Variable._shard_storage`).
+Across workers (``num_workers`` W > 1 with L local replicas each,
+``MultiWorkerMirroredStrategy(shard_optimizer_state=True)``): N = W * L shards, and local replica
+``r`` of worker ``w`` updates shard ``r * W + w``. The flattened, padded gradient is
+reduce-scattered over the local replicas (replica ``r`` gets part ``r`` of the local sum, ``W * k``
+elements; skipped when L is 1), then each part through a ``CrossWorkerReduceScatter`` (MPI, one call
+per local replica): shard ``r * W + w``. The new weight shards go the other way
+(``CrossWorkerAllGather`` per local replica, then a local ``AllGather``). Each sharded slot's graph
+input and write-back become this worker's L shards (``L * k`` elements, local replica order), so
+the process stores only those (``sharded_state`` records ``workers``, ``worker`` and ``local``; the
+compiled function converts the variable's storage, see
+:meth:`graphdist.trace.variables.Variable._shard_storage`).
 
 Cases:
 
@@ -46,8 +50,7 @@ Cases:
   (``group_size`` above the local members) when ``num_workers`` is 1, has a
   scalar, symbolic or non-float value, or a single member: left unchanged
   (logged at DEBUG);
-* across workers: a group of several local members (more than one replica
-  per worker), or a slot whose value is read outside its update (it could
+* across workers: a slot whose value is read outside its update (it could
   not be stored as a chunk): left unchanged (logged at DEBUG);
 * nothing to shard (also a second run): unchanged.
 """
@@ -151,12 +154,16 @@ class ShardOptimizerStatePass(PassBase):
                     results.append((out, uid, bool(specs[uid][1].trainable)))
         if reason is None and not results:
             reason = "its sum updates no variable"
+        dead = _downstream(members, live) if reason is None else []
         if reason is None and self.workers.count > 1:
-            reason = _slot_read_outside(graph, nodes, results, specs)
+            slots = _slot_inputs(graph, results, specs)
+            reason = _slot_read_outside(graph, slots, nodes, live)
+            # Other replicas' dead copies of slot arithmetic (b1 * m) read the slot whole: removed with the update.
+            known = {id(n) for n in dead}
+            dead += [n for n in _dead_readers(slots, live) if id(n) not in known]
         if reason is not None:
             logger.debug("ShardOptimizerStatePass: group %s left unsharded: %s", key, reason)
             return None
-        dead = _downstream(members, live)
         return _Update(members, owner, nodes, results, dead)
 
 
@@ -200,10 +207,10 @@ def _group_problem(members: list[Node], num_workers: int = 1) -> str | None:
     replicas = [m.meta.get("replica") for m in members]
     size = int(first.attrs.get("group_size", len(members)))
     if num_workers > 1:
-        if len(members) != 1:
-            return f"{len(members)} local replicas (across workers, ZeRO-1 shards one replica per worker)"
-        if size != num_workers:
-            return f"group_size {size} is not the {num_workers} workers"
+        if size != num_workers * len(members):
+            return f"group_size {size} is not {num_workers} workers x {len(members)} local replicas"
+        if replicas != list(range(len(members))):
+            return f"its members are replicas {replicas}, not 0..{len(members) - 1}"
     elif len(members) < 2:
         return "a single participant"
     elif size != len(members):
@@ -217,18 +224,33 @@ def _group_problem(members: list[Node], num_workers: int = 1) -> str | None:
     return None
 
 
-def _slot_read_outside(graph: Graph, nodes: list[Node], results: list[tuple[Value, str, bool]],
-                       specs: dict[str, Any]) -> str | None:
-    """Across workers a slot is stored as its chunk: why one cannot be (its input read elsewhere), or ``None``."""
-    inside = {id(n) for n in nodes}
+def _slot_inputs(graph: Graph, results: list[tuple[Value, str, bool]], specs: dict[str, Any]) -> list[Value]:
+    """The graph inputs of the slots (non-trainable variables) an update writes."""
     inputs = {v.name: v for v in graph.inputs}
-    for _, uid, trainable in results:
-        value = inputs.get(specs[uid][0]) if not trainable else None
-        if value is None:
-            continue
-        if value in graph.outputs or any(id(n) not in inside for n, _ in value.uses):
+    return [inputs[specs[uid][0]] for _, uid, trainable in results if not trainable and specs[uid][0] in inputs]
+
+
+def _slot_read_outside(graph: Graph, slots: list[Value], nodes: list[Node], live: set[int]) -> str | None:
+    """Across workers a slot is stored as its chunk: why one cannot be (a live node outside the update
+    reads it, or the step returns it), or ``None``.
+    """
+    inside = {id(n) for n in nodes}
+    for value in slots:
+        if value in graph.outputs or any(id(n) not in inside and id(n) in live for n, _ in value.uses):
             return f"slot %{value.name} is read outside its update"
     return None
+
+
+def _dead_readers(values: list[Value], live: set[int]) -> list[Node]:
+    """Dead nodes reading ``values``, and the dead nodes they feed."""
+    seen: dict[int, Node] = {}
+    stack = [n for v in values for n, _ in v.uses if id(n) not in live]
+    while stack:
+        node = stack.pop()
+        if id(node) not in seen and id(node) not in live:
+            seen[id(node)] = node
+            stack.extend(n for out in node.outputs for n, _ in out.uses)
+    return list(seen.values())
 
 
 def _closure(start: Value, live: set[int], shape: tuple) -> tuple[list[Node], str | None]:
@@ -299,20 +321,29 @@ class _Rewrite:
                  specs: dict[str, Any] | None = None) -> None:
         self.graph, self.update, self.workers = graph, update, workers
         self.across = workers.count > 1
-        self.count = workers.count if self.across else len(update.members)
+        self.local = len(update.members)
+        self.count = workers.count * self.local if self.across else self.local
         self.shape = tuple(update.owner.outputs[0].shape)
         self.size = int(np.prod(self.shape, dtype=np.int64))
         self.shard = -(-self.size // self.count)
         self.key = str(update.members[0].attrs.get("group_key"))
         self.last = update.owner.meta.get("replica", 0)
         self._slices: dict[tuple[int, int], Value] = {}
-        # Across workers each slot's input holds only this worker's chunk (already sliced and padded).
+        # Across workers each slot's input holds only this worker's shards (already sliced and padded).
         inputs = {v.name: v for v in graph.inputs}
         self._chunks = {id(inputs[specs[uid][0]]): inputs[specs[uid][0]] for _, uid, trainable in update.results
                         if self.across and not trainable and specs[uid][0] in inputs}
 
     def _shard_of(self, replica: int) -> int:
-        return self.workers.index if self.across else replica
+        """The shard local replica ``replica`` updates: across workers ``replica * workers + worker``, so that a
+        local reduce-scatter followed by one across the workers hands it exactly that shard.
+        """
+        return replica * self.workers.count + self.workers.index if self.across else replica
+
+    def _cross_attrs(self, kind: str) -> dict[str, Any]:
+        # per_participant: every local participant's buffer is its own (one MPI call each, in replica order).
+        return {"num_workers": self.workers.count, "group_key": f"{self.key}.{kind}/workers", "per_participant": 1,
+                **({"comm_group": self.workers.group} if self.workers.group else {})}
 
     def apply(self) -> dict[str, dict[str, int]]:
         """Rewrites the graph; returns ``uid -> layout`` of the sharded slots."""
@@ -320,13 +351,13 @@ class _Rewrite:
         new_nodes: list[Node] = []
         outputs: dict[int, list[Value]] = {id(v): [] for v, _, _ in self.update.results}
         for value in self._chunks.values():
-            value.shape = (self.shard,)
+            value.shape = (self.local * self.shard,)
         for replica, member in enumerate(self.update.members):
             with _Collect(self.graph, new_nodes, replica):
                 gradient = self._scatter(member, replica)
                 mapping = {id(self.update.owner.outputs[0]): gradient}
                 for node in self.update.nodes:
-                    self._clone(node, mapping, self._shard_of(replica))
+                    self._clone(node, mapping, replica)
                 for value, _, _ in self.update.results:
                     outputs[id(value)].append(mapping[id(value)])
         sharded: dict[str, dict[str, int]] = {}
@@ -336,11 +367,15 @@ class _Rewrite:
                 parts = outputs[id(value)]
                 if trainable:
                     finals[id(value)] = self._gather(parts, value)
+                elif self.across:  # this worker's shards, in local replica order: the slot's stored chunk
+                    finals[id(value)] = parts[0] if len(parts) == 1 else self.graph.add_node(
+                        "Concat", parts, {"axis": 0}, name="zero_state").outputs[0]
                 else:
-                    finals[id(value)] = parts[0] if self.across else self._concat(parts, value)
+                    finals[id(value)] = self._concat(parts, value)
+                if not trainable:
                     sharded[uid] = {"replicas": self.count, "shard": self.shard, "size": self.size}
                     if self.across:
-                        sharded[uid].update(workers=self.count, worker=self.workers.index)
+                        sharded[uid].update(workers=self.workers.count, worker=self.workers.index, local=self.local)
         for node in new_nodes:
             self.graph.insert_before(anchor, node)
         self._rewire(finals)
@@ -359,27 +394,33 @@ class _Rewrite:
 
     def _scatter(self, member: Node, replica: int) -> Value:
         flat = self._flat(member.inputs[0], "zero_grad")
-        if self.across:
-            attrs = {"reduce_op": "SUM", "num_workers": self.count, "group_key": f"{self.key}.scatter/workers",
-                     **({"comm_group": self.workers.group} if self.workers.group else {})}
-            node = self.graph.add_node("CrossWorkerReduceScatter", [flat], attrs, domain=GRAPHDIST_DOMAIN,
-                                       name="reduce_scatter")
-            node.meta["side_effect"] = True
-            return node.outputs[0]
+        if self.across and self.local == 1:
+            return self._cross(flat, "CrossWorkerReduceScatter", "scatter", {"reduce_op": "SUM"}, replica)
         attrs = {k: v for k, v in member.attrs.items() if k not in ("algorithm", "root")}
-        attrs.update(group_key=f"{self.key}.scatter", shard=replica)
+        attrs.update(group_key=f"{self.key}.scatter", group_size=self.local, shard=replica)
         node = self.graph.add_node("ReduceScatter", [flat], attrs, domain=GRAPHDIST_DOMAIN, name="reduce_scatter")
         node.meta["side_effect"] = True
+        if self.across:  # the local sum's part `replica` (workers * shard elements), then across the workers
+            return self._cross(node.outputs[0], "CrossWorkerReduceScatter", "scatter", {"reduce_op": "SUM"}, replica)
+        return node.outputs[0]
+
+    def _cross(self, value: Value, op_type: str, kind: str, extra: dict[str, Any], replica: int) -> Value:
+        node = self.graph.add_node(op_type, [value], {**extra, **self._cross_attrs(kind)}, domain=GRAPHDIST_DOMAIN,
+                                   name=kind.replace("scatter", "reduce_scatter").replace("gather", "all_gather"))
+        node.meta.update(replica=replica, side_effect=True)
         return node.outputs[0]
 
     def _slice(self, value: Value, replica: int) -> Value:
-        """Elements ``[replica * shard, (replica + 1) * shard)`` of ``value`` flattened and padded."""
+        """Local replica ``replica``'s shard of ``value`` flattened and padded (of a stored chunk: its part)."""
         key = (id(value), replica)
-        if id(value) in self._chunks:
+        if id(value) in self._chunks and self.local == 1:
             return value
         if key not in self._slices:
-            flat = self._flat(value, "zero_slice")
-            start, stop = replica * self.shard, (replica + 1) * self.shard
+            if id(value) in self._chunks:
+                flat, index = value, replica
+            else:
+                flat, index = self._flat(value, "zero_slice"), self._shard_of(replica)
+            start, stop = index * self.shard, (index + 1) * self.shard
             self._slices[key] = self.graph.add_node(
                 "Slice", [flat, self._const("starts", [start]), self._const("ends", [stop]),
                           self._const("axes", [0])], name="zero_slice").outputs[0]
@@ -390,7 +431,7 @@ class _Rewrite:
         for value in node.inputs:
             if value is None or id(value) in mapping:
                 inputs.append(None if value is None else mapping[id(value)])
-            elif tuple(value.shape) == self.shape:
+            elif tuple(value.shape) == self.shape or id(value) in self._chunks:
                 inputs.append(self._slice(value, replica))
             else:
                 inputs.append(value)  # a scalar (learning rate, betas): the same on every slice
@@ -400,18 +441,20 @@ class _Rewrite:
             mapping[id(out)] = new
 
     def _gather(self, parts: list[Value], value: Value) -> Value:
-        """All-gathers the new weight slices; replica ``last``'s copy, un-padded, is the new value."""
-        gathered = None
+        """All-gathers the new weight slices; replica ``last``'s copy, un-padded, is the new value.
+
+        Across workers each local replica first gathers its shard from the workers (the contiguous
+        elements ``[r * workers * shard, (r + 1) * workers * shard)``), then the local replicas gather those.
+        """
         if self.across:
-            attrs = {"axis": 0, "num_workers": self.count, "group_key": f"{self.key}.gather/workers",
-                     **({"comm_group": self.workers.group} if self.workers.group else {})}
-            node = self.graph.add_node("CrossWorkerAllGather", [parts[0]], attrs, domain=GRAPHDIST_DOMAIN,
-                                       name="all_gather")
-            node.meta["side_effect"] = True
-            return self._unflatten(node.outputs[0], value)
+            parts = [self._cross(part, "CrossWorkerAllGather", "gather", {"axis": 0}, replica)
+                     for replica, part in enumerate(parts)]
+            if self.local == 1:
+                return self._unflatten(parts[0], value)
+        gathered = None
         for replica, part in enumerate(parts):
             node = self.graph.add_node("AllGather", [part], {"axis": 0, "group_key": f"{self.key}.gather",
-                                                             "group_size": self.count},
+                                                             "group_size": self.local},
                                        domain=GRAPHDIST_DOMAIN, name="all_gather")
             node.meta.update(replica=replica, side_effect=True)
             if replica == self.last:

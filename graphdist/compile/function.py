@@ -145,7 +145,7 @@ def _store_worker_shards(name: str, graph: Graph, by_uid: dict[str, Variable], s
         variable = by_uid[uid]
         gather = functools.partial(_gather_chunks, communicator, f"gather {variable.name}")
         variable._shard_storage(WorkerShard(tuple(variable.shape), int(layout["workers"]), int(layout["worker"]),
-                                            int(layout["shard"]), gather))
+                                            int(layout["shard"]), gather, int(layout.get("local", 1))))
 
 
 def _gather_chunks(communicator: Any, label: str, chunk: np.ndarray) -> np.ndarray:

@@ -129,10 +129,11 @@ class MultiWorkerMirroredStrategy(Strategy):
             default: ``GRAPHDIST_CONFIG`` / ``TF_CONFIG``, else the MPI ranks.
         devices: This worker's devices (default: the resolver's
             ``local_devices``, else every GPU, else ``["cpu:0"]``).
-        shard_optimizer_state: ZeRO-1 across the workers (one replica per
-            worker): each worker process keeps and updates only its
-            ``1/num_workers`` chunk of every optimizer slot (gradients
-            reduce-scattered, new weights all-gathered through MPI). Reading
+        shard_optimizer_state: ZeRO-1 across the workers: each replica
+            updates ``1/num_replicas_in_sync`` of every variable and each
+            worker process keeps only its replicas' shards of every optimizer
+            slot (gradients reduce-scattered, new weights all-gathered,
+            locally and through MPI). Reading
             a sharded slot eagerly (``numpy()``, ``gd.Checkpoint.save``)
             gathers it, a collective: every worker must do it. With one
             worker it shards over the local devices, like
@@ -143,8 +144,7 @@ class MultiWorkerMirroredStrategy(Strategy):
             ``ParameterServerStrategy``), this task is not a chief/worker, or
             the MPI job does not match the cluster.
         InvalidArgumentError: ``communication`` is unknown, or ``NCCL`` without GPUs.
-        NotImplementedError: ``NCCL`` with GPUs (no NCCL communicator yet), or ``shard_optimizer_state``
-            with several devices per worker.
+        NotImplementedError: ``NCCL`` with GPUs (no NCCL communicator yet).
     """
 
     _extended_cls = MultiWorkerExtended
@@ -174,11 +174,6 @@ class MultiWorkerMirroredStrategy(Strategy):
         self._is_chief = _is_chief(spec, task_type, resolver.task_id)
         if devices is None:
             devices = resolver.local_devices or [f"cuda:{i}" for i in range(num_gpus())] or ["cpu:0"]
-        if self._shard_optimizer_state and self._num_workers > 1 and len(list(devices)) > 1:
-            raise NotImplementedError(
-                f"MultiWorkerMirroredStrategy(shard_optimizer_state=True) with {len(list(devices))} devices per "
-                "worker: ZeRO-1 across workers shards over one replica per worker process; start one process "
-                "per device (graphdist launch --workers N) or pass devices=[one device]")
         super().__init__(devices)
         self._cross_device_ops = NcclAllReduce()
         self._group = f"multi_worker{next(_groups)}"

@@ -67,15 +67,18 @@ def _initial_array(initial_value: Any, dtype: Any) -> np.ndarray:
 class WorkerShard:
     """How a variable sharded across worker processes (ZeRO-1 optimizer slots) is stored in this one.
 
-    The value, flattened and zero-padded to ``chunk * workers`` elements, is
-    split into ``workers`` chunks; this process keeps chunk ``worker``.
+    The value, flattened and zero-padded to ``chunk * local * workers``
+    elements, is split into that many shards; local replica ``r`` of worker
+    ``w`` owns shard ``r * workers + w``, and this process stores its
+    ``local`` shards one after the other.
 
     Attributes:
         shape: The variable's (logical) shape.
-        workers: Worker processes holding a chunk each.
-        worker: The chunk this process keeps.
-        chunk: Elements per chunk.
-        gather: All-gathers every worker's chunk (a collective: every worker must call it).
+        workers: Worker processes.
+        worker: This process's index among them.
+        chunk: Elements per shard.
+        gather: All-gathers every worker's stored shards (a collective: every worker must call it).
+        local: Replicas (shards) per worker.
     """
 
     shape: tuple[int, ...]
@@ -83,21 +86,30 @@ class WorkerShard:
     worker: int
     chunk: int
     gather: Callable[[np.ndarray], np.ndarray]
+    local: int = 1
 
     @property
     def size(self) -> int:
         """Elements of the whole value."""
         return int(np.prod(self.shape, dtype=np.int64))
 
-    def local(self, value: np.ndarray) -> np.ndarray:
-        """This worker's chunk of the whole ``value`` (a copy)."""
-        flat = np.zeros(self.chunk * self.workers, value.dtype)
-        flat[: self.size] = np.asarray(value).reshape(-1)
-        return aligned(flat[self.worker * self.chunk:(self.worker + 1) * self.chunk].copy())
+    @property
+    def stored(self) -> int:
+        """Elements this process stores."""
+        return self.chunk * self.local
 
-    def whole(self, chunk: np.ndarray) -> np.ndarray:
-        """The whole value from every worker's chunk (collective)."""
-        return np.asarray(self.gather(np.ascontiguousarray(chunk))).reshape(-1)[: self.size].reshape(self.shape)
+    def local_part(self, value: np.ndarray) -> np.ndarray:
+        """This worker's shards of the whole ``value`` (a copy)."""
+        flat = np.zeros(self.chunk * self.local * self.workers, value.dtype)
+        flat[: self.size] = np.asarray(value).reshape(-1)
+        shards = flat.reshape(self.local, self.workers, self.chunk)[:, self.worker, :]
+        return aligned(np.ascontiguousarray(shards).reshape(-1))
+
+    def whole(self, stored: np.ndarray) -> np.ndarray:
+        """The whole value from every worker's stored shards (collective)."""
+        gathered = np.asarray(self.gather(np.ascontiguousarray(stored)))
+        flat = gathered.reshape(self.workers, self.local, self.chunk).transpose(1, 0, 2).reshape(-1)
+        return flat[: self.size].reshape(self.shape)
 
 
 class Variable:
@@ -190,27 +202,29 @@ class Variable:
         with self._lock:
             current = self._worker_shard
             if current is not None:
-                if (current.workers, current.worker, current.chunk) != (shard.workers, shard.worker, shard.chunk):
+                layout = (shard.workers, shard.worker, shard.chunk, shard.local)
+                if (current.workers, current.worker, current.chunk, current.local) != layout:
                     raise InvalidArgumentError(
-                        f"variable {self.name} is stored as chunk {current.worker} of {current.workers}, and a step "
-                        f"wants chunk {shard.worker} of {shard.workers}; every step that updates it must shard it "
-                        "the same way (the same strategy)")
+                        f"variable {self.name} is stored as worker {current.worker}'s shards of {current.workers} "
+                        f"workers x {current.local} replicas, and a step wants worker {shard.worker}'s of "
+                        f"{shard.workers} x {shard.local}; every step that updates it must shard it the same way "
+                        "(the same strategy)")
                 return
             if tuple(shard.shape) != tuple(self._value.shape):
                 raise InvalidArgumentError(f"variable {self.name} has shape {self._value.shape}, the shard layout "
                                            f"says {shard.shape}")
-            self._value = shard.local(self._value)
+            self._value = shard.local_part(self._value)
             self._worker_shard = shard
 
     def _stored(self, array: np.ndarray) -> np.ndarray:
         """``array`` (the whole value, or this worker's chunk when sharded) as this process stores it."""
         shard = self._worker_shard
-        if shard is None or array.shape == (shard.chunk,) != tuple(shard.shape):
+        if shard is None or array.shape == (shard.stored,) != tuple(shard.shape):
             return array
         if array.shape != tuple(shard.shape):
             raise InvalidArgumentError(f"update of {self.name} has shape {array.shape}, expected {shard.shape} "
-                                       f"(or this worker's chunk of {shard.chunk} elements)")
-        return shard.local(array)
+                                       f"(or this worker's {shard.stored} elements)")
+        return shard.local_part(array)
 
     def value(self) -> Any:
         """The current value (traced read inside a trace)."""
@@ -308,7 +322,7 @@ class Variable:
         shard = self._worker_shard
         if shard is not None:  # printing must not start a collective
             return (f"<gd.Variable '{self.name}' shape={self.shape} dtype={self.dtype.name}, sharded over "
-                    f"{shard.workers} workers (this one keeps chunk {shard.worker} of {shard.chunk} elements)>")
+                    f"{shard.workers} workers (this one keeps {shard.stored} elements)>")
         value = str(self._value[()]) if self.ndim == 0 else np.array2string(self._value, separator=", ")
         return f"<gd.Variable '{self.name}' shape={self.shape} dtype={self.dtype.name}, numpy={value}>"
 

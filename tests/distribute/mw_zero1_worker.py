@@ -1,8 +1,9 @@
-"""One worker of the ZeRO-1-across-workers test (run by ``graphdist launch --workers 2 -- python THIS DIR``).
+"""One worker of the ZeRO-1-across-workers test (``graphdist launch --workers 2 [--devices-per-worker 2] --
+python THIS DIR``).
 
 Under ``MultiWorkerMirroredStrategy(shard_optimizer_state=True)`` it trains an MLP with Adam for 5 steps
 and compares weights and Adam moments with the unsharded strategy on the same global batches; checks
-that this process stores only its chunk of every slot; saves a checkpoint on every worker after 2
+that this process stores only its shards of every slot; saves a checkpoint on every worker after 2
 steps, restores it on the chief into a OneDevice optimizer, trains one step there and saves again;
 every worker restores that into a sharded optimizer, trains the last 2 steps and compares with the
 5-step run. Prints ``worker W ok ...`` with the numbers (the test reads them). Then Keras ``fit`` under the

@@ -165,14 +165,16 @@ def _expected_worker_one() -> Graph:
                    replica=0)
 
     scattered = _op(graph, "CrossWorkerReduceScatter", [padded(grad)],
-                    {"reduce_op": "SUM", "num_workers": 2, "group_key": "g.scatter/workers", "comm_group": "mw"},
+                    {"reduce_op": "SUM", "num_workers": 2, "group_key": "g.scatter/workers", "comm_group": "mw",
+                     "per_participant": 1},
                     replica=0, domain=GRAPHDIST_DOMAIN, side_effect=True)
     new_m = _op(graph, "Add", [_op(graph, "Mul", [mu, m], replica=0), scattered], replica=0)
     step = _op(graph, "Mul", [lr, new_m], replica=0)
     bounds = [graph.add_initializer(n, np.array([b])) for n, b in (("s", 2), ("e", 4), ("a", 0))]
     new_w = _op(graph, "Sub", [_op(graph, "Slice", [padded(w), *bounds], replica=0), step], replica=0)
     gathered = _op(graph, "CrossWorkerAllGather", [new_w],
-                   {"axis": 0, "num_workers": 2, "group_key": "g.gather/workers", "comm_group": "mw"},
+                   {"axis": 0, "num_workers": 2, "group_key": "g.gather/workers", "comm_group": "mw",
+                    "per_participant": 1},
                    replica=0, domain=GRAPHDIST_DOMAIN, side_effect=True)
     bounds = [graph.add_initializer(n, np.array([b])) for n, b in (("s", 0), ("e", 3), ("a", 0))]
     whole = _op(graph, "Slice", [gathered, *bounds], replica=0)
@@ -188,7 +190,7 @@ def test_across_workers_each_worker_updates_and_stores_its_chunk() -> None:
     verify(result.graph)
     assert_structural_equal(result.graph, _expected_worker_one(), meta_keys=META)
     assert result.graph.meta["sharded_state"] == {"m1": {"replicas": 2, "shard": 2, "size": 3, "workers": 2,
-                                                         "worker": 1}}
+                                                         "worker": 1, "local": 1}}
     snapshot = result.graph.copy()
     again = shard(result.graph, PassContext(devices=("cpu:0",)))
     assert not again.modified
@@ -203,3 +205,30 @@ def test_across_workers_a_slot_read_outside_its_update_stays_whole() -> None:
     result = ShardOptimizerStatePass(num_workers=2, worker=0)(graph, PassContext(devices=("cpu:0",)))
     assert not result.modified
     assert_structural_equal(result.graph, snapshot, meta_keys=META)
+
+
+def test_across_workers_with_two_local_replicas_scatters_locally_then_across() -> None:
+    """Worker 0 of 2, 2 local replicas (group_size 4): 4 shards of 1 element (3 + 1 padding); local replica r
+    updates shard 2r (r * workers + worker), so m's input and write-back hold shards 0 and 2."""
+    graph = _before()
+    for node in graph.find_nodes("AllReduce", GRAPHDIST_DOMAIN):
+        node.attrs["group_size"] = 4
+    result = ShardOptimizerStatePass(num_workers=2, worker=0)(graph, CTX)
+    assert result.modified
+    verify(result.graph)
+    ops = [n.op_type for n in result.graph.nodes if n.domain == GRAPHDIST_DOMAIN]
+    assert sorted(ops) == ["AllGather"] * 2 + ["CrossWorkerAllGather"] * 2 + ["CrossWorkerReduceScatter"] * 2 + [
+        "ReduceScatter"] * 2
+    local = result.graph.find_nodes("ReduceScatter", GRAPHDIST_DOMAIN)
+    assert [(n.attrs["group_size"], n.attrs["shard"]) for n in local] == [(2, 0), (2, 1)]
+    assert all(n.attrs["per_participant"] for n in result.graph.find_nodes("CrossWorkerReduceScatter",
+                                                                           GRAPHDIST_DOMAIN))
+    m = next(v for v in result.graph.inputs if v.name == "m")
+    assert m.shape == (2,) and result.graph.outputs[1].shape == (2,)
+    w_starts = sorted(int(n.inputs[1].const_value[0]) for n in result.graph.nodes
+                      if n.op_type == "Slice" and n.inputs[0].producer is not None
+                      and n.inputs[0].producer.inputs[0].producer is not None
+                      and n.inputs[0].producer.inputs[0].producer.inputs[0].name == "w")
+    assert w_starts == [0, 2]  # shards 0 and 2 of w's 4 one-element shards
+    assert result.graph.meta["sharded_state"]["m1"] == {"replicas": 4, "shard": 1, "size": 3, "workers": 2,
+                                                        "worker": 0, "local": 2}

@@ -472,12 +472,17 @@ def run_comm_task(op: str, attrs: dict[str, Any], buffers: Sequence[np.ndarray])
 
     The local participants hold equal values (their local group was reduced
     first), so the first one goes over MPI and every participant gets the
-    result.
+    result; with ``attrs["per_participant"]`` (ZeRO-1's shards) each
+    participant's buffer is its own and goes over MPI in turn, in
+    participant order (the same on every worker).
     """
     group = attrs.get("comm_group")
     factory = _task_communicators.get(group) if group else None
     communicator = factory() if factory is not None else default_communicator()
     name = str(attrs.get("name", ""))
+    if attrs.get("per_participant") and len(buffers) > 1:
+        single = dict(attrs, per_participant=0)
+        return [run_comm_task(op, single, [buffer])[0] for buffer in buffers]
     if op == "CrossWorkerAllReduce":
         result = communicator.all_reduce(buffers[0], attrs.get("reduce_op", "SUM"), name=name,
                                          algorithm=str(attrs.get("algorithm", "auto")))
