@@ -304,14 +304,7 @@ def _add_feeders(nodes: dict[int, Node], shape: tuple) -> None:
 
 def _downstream(members: list[Node], live: set[int]) -> list[Node]:
     """Dead nodes fed (transitively) by the members' results: the other replicas' unused updates."""
-    seen: dict[int, Node] = {}
-    stack = [n for m in members for n, _ in m.outputs[0].uses if id(n) not in live]
-    while stack:
-        node = stack.pop()
-        if id(node) not in seen and id(node) not in live:
-            seen[id(node)] = node
-            stack.extend(n for out in node.outputs for n, _ in out.uses)
-    return list(seen.values())
+    return _dead_readers([m.outputs[0] for m in members], live)
 
 
 class _Rewrite:
