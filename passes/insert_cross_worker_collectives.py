@@ -32,6 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 from graphdist.errors import GraphError
+from graphdist.ir.comm_ops import CROSS_WORKER_OPS
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
 from graphdist.ir.ops import get_opdef
 from graphdist.passes.base import PassBase, PassContext, PassResult
@@ -40,9 +41,6 @@ __all__ = ["InsertCrossWorkerCollectivesPass"]
 
 
 _CROSS = {"AllReduce": "CrossWorkerAllReduce", "AllGather": "CrossWorkerAllGather"}
-#: Every cross-worker collective, also ``CrossWorkerReduceScatter`` (ZeRO-1 across workers,
-#: ``ShardOptimizerStatePass``), which this pass numbers with the others.
-_CROSS_WORKER_OPS = frozenset({*_CROSS.values(), "CrossWorkerReduceScatter"})
 
 
 class InsertCrossWorkerCollectivesPass(PassBase):
@@ -83,15 +81,14 @@ class InsertCrossWorkerCollectivesPass(PassBase):
             if any(_crossed(m.inputs[0]) for m in members):
                 continue  # it gathers values already combined across the workers (ZeRO-1's weight shards)
             for node in members:
-                self._append_cross(graph, node, key, 0)
+                self._append_cross(graph, node, key)
             modified = True
         return PassResult(graph, _number_cross_worker_groups(graph) or modified)
 
-    def _append_cross(self, graph: Graph, node: Node, key: str, sequence: int) -> None:
+    def _append_cross(self, graph: Graph, node: Node, key: str) -> None:
         local = node.outputs[0]
         attrs: dict[str, Any] = {"num_workers": self.num_workers, "group_key": f"{key}/workers",
-                                 "group_size": int(node.attrs.get("group_size", 1)), "sequence": sequence,
-                                 "name": f"step collective {sequence}"}
+                                 "group_size": int(node.attrs.get("group_size", 1))}  # numbered below
         if node.op_type == "AllReduce":
             attrs["reduce_op"] = node.attrs.get("reduce_op", "SUM")
             attrs["algorithm"] = self.algorithm
@@ -124,7 +121,7 @@ class InsertCrossWorkerCollectivesPass(PassBase):
 
 def _crossed(value: Value | None) -> bool:
     producer = value.producer if value is not None else None
-    return producer is not None and producer.domain == GRAPHDIST_DOMAIN and producer.op_type in _CROSS_WORKER_OPS
+    return producer is not None and producer.domain == GRAPHDIST_DOMAIN and producer.op_type in CROSS_WORKER_OPS
 
 
 def _number_cross_worker_groups(graph: Graph) -> bool:
@@ -136,7 +133,7 @@ def _number_cross_worker_groups(graph: Graph) -> bool:
     numbers: dict[str, int] = {}
     changed = False
     for node in graph.nodes:
-        if node.domain != GRAPHDIST_DOMAIN or node.op_type not in _CROSS_WORKER_OPS:
+        if node.domain != GRAPHDIST_DOMAIN or node.op_type not in CROSS_WORKER_OPS:
             continue
         sequence = numbers.setdefault(str(node.attrs.get("group_key", node.name)), len(numbers))
         wanted = {"sequence": sequence, "name": f"step collective {sequence}"}

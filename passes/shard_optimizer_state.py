@@ -323,9 +323,8 @@ class _Rewrite:
         self.last = update.owner.meta.get("replica", 0)
         self._slices: dict[tuple[int, int], Value] = {}
         # Across workers each slot's input holds only this worker's shards (already sliced and padded).
-        inputs = {v.name: v for v in graph.inputs}
-        self._chunks = {id(inputs[specs[uid][0]]): inputs[specs[uid][0]] for _, uid, trainable in update.results
-                        if self.across and not trainable and specs[uid][0] in inputs}
+        slots = _slot_inputs(graph, update.results, specs or {}) if self.across else []
+        self._chunks = {id(value): value for value in slots}
 
     def _shard_of(self, replica: int) -> int:
         """The shard local replica ``replica`` updates: across workers ``replica * workers + worker``, so that a

@@ -34,7 +34,8 @@ from graphdist.errors import GraphError
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Node
 from graphdist.ir.ops import OpDef, TypeList, _in, _unary, normalize_axis, register_op
 
-__all__ = ["COMMUNICATION_OPS", "RUNTIME_CHECK_OPS", "is_communication", "is_runtime_check", "register_comm_ops"]
+__all__ = ["COMMUNICATION_OPS", "CROSS_WORKER_OPS", "RUNTIME_CHECK_OPS", "is_communication", "is_runtime_check",
+           "register_comm_ops"]
 
 #: graphdist ops run by a communicator; the only nodes that may read values placed on another device.
 COMMUNICATION_OPS = frozenset({"AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Send", "Recv", "Transfer",
@@ -43,6 +44,9 @@ COMMUNICATION_OPS = frozenset({"AllReduce", "AllGather", "ReduceScatter", "Broad
                                "PSPull", "PSPush",
                                # run-time assertions the scheduler runs between segments (graphdist.ir.check_ops)
                                "AssertInRange"})
+
+#: The collectives between worker processes (run through MPI by ``graphdist.runtime.comm.mpi``).
+CROSS_WORKER_OPS = ("CrossWorkerAllReduce", "CrossWorkerAllGather", "CrossWorkerReduceScatter")
 
 #: The tasks of :data:`COMMUNICATION_OPS` that check values instead of moving them: scheduled like
 #: communication (between segments), but summaries list them apart from the collectives.

@@ -36,6 +36,7 @@ import numpy as np
 from graphdist import stats
 from graphdist.errors import PlanError
 from graphdist.ir.check_ops import in_range, range_error
+from graphdist.ir.comm_ops import CROSS_WORKER_OPS
 from graphdist.runtime import timeline
 from graphdist.runtime.comm import local
 from graphdist.runtime.tasks import CommTask, Segment, overlapping_segments
@@ -55,8 +56,8 @@ def register_comm_handler(op: str, handler: CommHandler) -> None:
 
 def _builtin_handler(op: str) -> CommHandler | None:
     """The runtime's own communicator for ``op`` (MPI between workers), imported on first use."""
-    if op in ("CrossWorkerAllReduce", "CrossWorkerAllGather", "CrossWorkerReduceScatter"):
-        from graphdist.runtime.comm.mpi import CROSS_WORKER_OPS, run_comm_task
+    if op in CROSS_WORKER_OPS:
+        from graphdist.runtime.comm.mpi import run_comm_task
 
         for name in CROSS_WORKER_OPS:
             register_comm_handler(name, run_comm_task)

@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from graphdist.errors import CollectiveTimeoutError, GraphdistError, InvalidArgumentError
+from graphdist.ir import comm_ops
 
 __all__ = [
     "MPICommunicator",
@@ -68,7 +69,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-CROSS_WORKER_OPS = ("CrossWorkerAllReduce", "CrossWorkerAllGather", "CrossWorkerReduceScatter")
+CROSS_WORKER_OPS = comm_ops.CROSS_WORKER_OPS
 """Plan communication ops executed by this module."""
 
 _PING, _PONG = 1, 2
