@@ -43,6 +43,7 @@ from graphdist.distribute import (
     has_strategy,
     in_cross_replica_context,
 )
+from graphdist.distribute import experimental as _distribute_experimental  # noqa: F401  (gd.distribute.experimental)
 from graphdist.distribute.input import InputContext
 from graphdist.distribute.multi_worker import (
     CollectiveCommunication,

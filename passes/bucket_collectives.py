@@ -1,22 +1,42 @@
 """BucketCollectivesPass: fuse small all-reduces into packs (gradient bucketing).
 
-Invariant established: the multi-participant ``graphdist.AllReduce`` groups
-that the packing rule below puts together are each replaced by one packed
-group. On every participant the pack is, in ONNX ops placed on that
-participant's device and replica::
+Invariant established: the all-reduce groups that the packing rule below
+puts together are each replaced by one packed group. A group is a *chain*
+of collectives on each participant (device and replica):
+
+* a multi-participant ``graphdist.AllReduce`` (devices of one process);
+* under ``MultiWorkerMirroredStrategy`` with several local devices, that
+  ``AllReduce`` followed by the ``graphdist.CrossWorkerAllReduce`` that
+  ``InsertCrossWorkerCollectivesPass`` appended (local devices first, then
+  the workers through MPI);
+* with one local device, the ``CrossWorkerAllReduce`` alone (the local
+  all-reduce of one participant was lowered to the identity).
+
+On every participant the pack is, in ONNX ops placed on that participant's
+device and replica::
 
     Reshape(g_i, [-1]) ... -> Concat(axis=0) -> AllReduce (group_key "bucketN")
+        [-> CrossWorkerAllReduce (group_key "bucketN/workers")]
         -> Split(axis=0, sizes) -> Reshape(piece_i, shape(g_i)) ...
 
-and every reader of a member's result reads its slice of the packed result
-(rewired with ``Graph.replace_all_uses_with``). Sum, mean, max and min are
-elementwise, so reducing the packed buffer equals reducing each member. Every
-group the pass considered carries ``meta["bucket"]`` (its pack's key, or its
-own group key when it stayed alone), so a second run changes nothing.
+(with one local device only the ``CrossWorkerAllReduce``), so a pack is one
+local all-reduce and one MPI all-reduce, and every reader of a member's
+result reads its slice of the packed result (rewired with
+``Graph.replace_all_uses_with``). Sum, mean, max and min are elementwise,
+so reducing the packed buffer equals reducing each member. Every
+collective of a group the pass considered carries ``meta["bucket"]`` (its
+pack's key, or its own group key when it stayed alone), so a second run
+changes nothing and ``PartitionPass`` can cut the backward pass at the
+packs. When packs were built and the graph has collectives between
+workers, they are numbered again (``attrs["sequence"]``) in the new graph
+order, which is the same on every worker: every worker issues the MPI calls
+in the same order, the first-ready pack first.
 
-Which groups may share a pack (one *class*): same attributes apart from the
-group key (``reduce_op``, ``group_size``, ``algorithm``, ``root``), same
-dtype, same participants (device and replica of each member) and the same
+Which groups may share a pack (one *class*): the same chain of ops with the
+same attributes apart from the names (``group_key``, and ``sequence`` and
+``name`` of a cross-worker link): ``reduce_op``, ``group_size``,
+``algorithm``, ``root``, ``num_workers``, ``comm_group``; same dtype,
+same participants (device and replica of each member) and the same
 *input phase*: the number of communication steps on the longest path to the
 members' inputs, i.e. the phase PartitionPass gives them. Packing within one
 phase leaves every other node's phase unchanged and cannot create a cycle:
@@ -50,9 +70,15 @@ communication tasks, in readiness order.
 
 Cases:
 * bucketing off (``num_packs=0`` or ``bytes_per_pack=0``): unchanged;
-* group of one participant, not lowered yet (no ``algorithm``), with a
+* local group of one participant, not lowered yet (no ``algorithm``), with a
   symbolic or empty shape, with members of different shapes, or reading a
   value placed on another device than the member: left alone (not marked);
+* local group whose result is read by anything but one cross-worker group
+  (members followed by different cross-worker groups, or some members
+  only): left alone (not marked);
+* cross-worker all-reduce groups (one local participant, or after a local
+  group): packed with their chain as above; cross-worker gathers and
+  reduce-scatters (ZeRO-1) are not packed but numbered with the others;
 * class of one group, or a pack of one group: left alone (marked);
 * groups marked by an earlier run (``meta["bucket"]``): skipped, so the pass
   is idempotent; ``modified`` is true only when a pack was built;
@@ -67,14 +93,19 @@ from typing import Any
 import numpy as np
 
 from graphdist.errors import InvalidArgumentError
-from graphdist.ir.comm_ops import is_communication
+from graphdist.ir.comm_ops import CROSS_WORKER_OPS, is_communication
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
 from graphdist.passes.base import PassBase, PassContext, PassResult
+from graphdist.passes.insert_cross_worker_collectives import number_cross_worker_groups
 
 __all__ = ["BucketCollectivesPass", "pack_groups"]
 
 #: Meta key marking the AllReduce nodes the pass has decided on.
 BUCKET = "bucket"
+
+_LOCAL, _CROSS = "AllReduce", "CrossWorkerAllReduce"
+#: Attributes that name a collective (or number it) rather than say what it computes.
+_NAMING = frozenset({"group_key", "sequence", "name"})
 
 
 def pack_groups(sizes: list[int], *, num_packs: int | None = None,
@@ -123,7 +154,7 @@ class _Group:
     """One AllReduce group the pass may pack."""
 
     key: str
-    members: list[Node]  # one per participant, by replica
+    members: list[list[Node]]  # one chain of collectives per participant, by replica; the first reads the value
     nbytes: int
     ready: int  # graph position of the latest producer of a member input (-1: graph inputs only)
     first: int  # graph position of the first member
@@ -154,41 +185,80 @@ def _device_of(node: Node, devices: tuple[str, ...]) -> str | None:
     return devices[replica] if replica is not None and replica < len(devices) else None
 
 
+def _attrs_key(node: Node) -> tuple:
+    """The node's attributes apart from the names (what must agree within a group and a pack)."""
+    return tuple(sorted((k, repr(v)) for k, v in node.attrs.items() if k not in _NAMING))
+
+
+def _chains(op_type: str, nodes: list[Node], groups: dict[tuple[str, str], list[Node]],
+            step_outputs: set[int]) -> list[list[Node]] | None:
+    """Each participant's chain of collectives for the group ``nodes`` (sorted by replica), or ``None``.
+
+    ``step_outputs``: ids of the graph's output values (a local result the step returns cannot become the
+    slice of a pack's cross-worker result).
+    """
+    if "algorithm" not in nodes[0].attrs or int(nodes[0].attrs.get("group_size", 1)) != len(nodes):
+        return None
+    replicas = [_replica_of(n) for n in nodes]
+    if None in replicas or len(set(replicas)) != len(nodes):
+        return None
+    members = sorted(nodes, key=_replica_of)
+    if op_type == _CROSS:
+        if any(_is_local_reduce(n.inputs[0].producer) for n in members):
+            return None  # the second link of a local group's chain
+        return [[n] for n in members]
+    if len(nodes) < 2:
+        return None
+    followers = [[user for user, _ in n.outputs[0].uses] for n in members]
+    crossing = [f for users in followers for f in users
+                if f.domain == GRAPHDIST_DOMAIN and f.op_type in CROSS_WORKER_OPS]
+    if not crossing:
+        return [[n] for n in members]
+    if any(len(users) != 1 for users in followers) or len(crossing) != len(members) or any(
+            f.op_type != _CROSS for f in crossing) or any(id(n.outputs[0]) in step_outputs for n in members):
+        return None
+    keys = {str(f.attrs.get("group_key") or f.name) for f in crossing}
+    if len(keys) != 1 or len(groups.get((_CROSS, keys.pop()), [])) != len(members):
+        return None
+    return [[n, users[0]] for n, users in zip(members, followers)]
+
+
+def _is_local_reduce(node: Node | None) -> bool:
+    return node is not None and node.domain == GRAPHDIST_DOMAIN and node.op_type == _LOCAL
+
+
 def _candidates(graph: Graph, devices: tuple[str, ...]) -> list[_Group]:
-    """Lowered multi-participant AllReduce groups not decided on before, in graph order."""
+    """Lowered all-reduce groups (local, local then cross-worker, or cross-worker) not decided on before,
+    in graph order.
+    """
     position = {id(n): i for i, n in enumerate(graph.nodes)}
     phases = _available_phases(graph)
-    by_key: dict[str, list[Node]] = {}
+    step_outputs = {id(v) for v in graph.outputs}
+    by_key: dict[tuple[str, str], list[Node]] = {}
     for node in graph.nodes:
-        if node.domain == GRAPHDIST_DOMAIN and node.op_type == "AllReduce":
-            by_key.setdefault(node.attrs.get("group_key") or node.name, []).append(node)
+        if node.domain == GRAPHDIST_DOMAIN and node.op_type in (_LOCAL, _CROSS):
+            by_key.setdefault((node.op_type, str(node.attrs.get("group_key") or node.name)), []).append(node)
     groups = []
-    for key, nodes in by_key.items():
-        if any(BUCKET in n.meta for n in nodes) or "algorithm" not in nodes[0].attrs:
+    for (op_type, key), nodes in by_key.items():
+        chains = _chains(op_type, nodes, by_key, step_outputs)
+        if chains is None or any(BUCKET in n.meta for chain in chains for n in chain):
             continue
-        replicas = [_replica_of(n) for n in nodes]
-        if len(nodes) < 2 or None in replicas or len(set(replicas)) != len(nodes):
-            continue
-        if int(nodes[0].attrs.get("group_size", 1)) != len(nodes):
-            continue
-        members = sorted(nodes, key=_replica_of)
-        values = [n.inputs[0] for n in members]
+        values = [chain[0].inputs[0] for chain in chains]
         first = values[0]
         if (not first.is_static or not first.nbytes or any(v.shape != first.shape or v.dtype != first.dtype
                                                            for v in values)):
             continue
         if any(v.producer is not None and v.producer.device is not None
-               and v.producer.device != _device_of(n, devices) for v, n in zip(values, members)):
+               and v.producer.device != _device_of(chain[0], devices) for v, chain in zip(values, chains)):
             continue  # the Concat would need a transfer first: keep reading across devices directly
-        attrs = tuple(sorted((k, repr(v)) for k, v in members[0].attrs.items() if k != "group_key"))
-        if any(tuple(sorted((k, repr(v)) for k, v in n.attrs.items() if k != "group_key")) != attrs
-               for n in members):
+        links = tuple((n.op_type, _attrs_key(n)) for n in chains[0])
+        if any(tuple((n.op_type, _attrs_key(n)) for n in chain) != links for chain in chains):
             continue
-        participants = tuple((n.device, _replica_of(n)) for n in members)
+        participants = tuple((chain[0].device, _replica_of(chain[0])) for chain in chains)
         input_phase = max(phases[id(v.producer)] if v.producer is not None else 0 for v in values)
         ready = max(position[id(v.producer)] if v.producer is not None else -1 for v in values)
-        groups.append(_Group(key, members, int(first.nbytes), ready, position[id(members[0])],
-                             (attrs, first.dtype.str, participants, input_phase)))
+        groups.append(_Group(key, chains, int(first.nbytes), ready, position[id(chains[0][0])],
+                             (links, first.dtype.str, participants, input_phase)))
     return groups
 
 
@@ -261,8 +331,9 @@ class BucketCollectivesPass(PassBase):
             return PassResult(graph, False)
         packs, alone = self._packs(_candidates(graph, tuple(ctx.devices)))
         for group in alone:
-            for node in group.members:
-                node.meta[BUCKET] = group.key
+            for chain in group.members:
+                for node in chain:
+                    node.meta[BUCKET] = group.key
         if not packs:
             return PassResult(graph, False)
         position = {id(n): i for i, n in enumerate(graph.nodes)}
@@ -271,32 +342,49 @@ class BucketCollectivesPass(PassBase):
         shapes: dict[tuple, Value] = {(-1,): graph.add_initializer("bucket_flat_shape", np.array([-1], np.int64))}
         counter = 0
         for pack in packs:
-            while f"bucket{counter}" in taken:
+            while f"bucket{counter}" in taken or f"bucket{counter}/workers" in taken:
                 counter += 1
             key = f"bucket{counter}"
-            taken.add(key)
+            taken.update((key, f"{key}/workers"))  # the pack's local and cross-worker links
             sizes = graph.add_initializer(f"{key}_sizes", np.array(
-                [int(np.prod(g.members[0].inputs[0].shape, dtype=np.int64)) for g in pack], np.int64))
+                [int(np.prod(g.members[0][0].inputs[0].shape, dtype=np.int64)) for g in pack], np.int64))
             for participant in range(len(pack[0].members)):
-                members = [g.members[participant] for g in pack]
-                created = self._build(graph, members, key, [g.key for g in pack], shapes, sizes)
-                producers = [position[id(m.inputs[0].producer)] for m in members if m.inputs[0].producer is not None]
-                anchor = (max(producers), 1) if producers else (min(position[id(m)] for m in members), -1)
+                chains = [g.members[participant] for g in pack]
+                created = self._build(graph, chains, key, [g.key for g in pack], shapes, sizes)
+                inputs = [chain[0].inputs[0] for chain in chains]
+                producers = [position[id(v.producer)] for v in inputs if v.producer is not None]
+                anchor = (max(producers), 1) if producers else (min(position[id(c[0])] for c in chains), -1)
                 for node in created:
                     placement[id(node)] = (*anchor, len(placement))
-                for member in members:
-                    graph.remove_node(member)
+                for chain in chains:
+                    for node in reversed(chain):
+                        graph.remove_node(node)
         order = {id(n): (position[id(n)], 0, 0) for n in graph.nodes if id(n) in position}
         order.update(placement)
         graph.nodes.sort(key=lambda n: order[id(n)])
         graph.topological_sort()  # readers of a member that preceded the pack's anchor move after it
+        if any(n.domain == GRAPHDIST_DOMAIN and n.op_type in CROSS_WORKER_OPS for n in graph.nodes):
+            number_cross_worker_groups(graph)  # every worker issues the MPI calls in the new graph order
         return PassResult(graph, True)
 
     @staticmethod
-    def _build(graph: Graph, members: list[Node], key: str, member_keys: list[str], shapes: dict[tuple, Value],
+    def _build(graph: Graph, chains: list[list[Node]], key: str, member_keys: list[str], shapes: dict[tuple, Value],
                sizes: Value) -> list[Node]:
-        """One participant's Reshape/Concat/AllReduce/Split/Reshape chain; rewires the members' readers."""
-        template = members[0]
+        """One participant's Reshape/Concat/collectives/Split/Reshape chain; rewires the members' readers.
+
+        Args:
+            graph: The graph to add to.
+            chains: The participant's chain of collectives of each group in the pack, in pack order.
+            key: The pack's key (``group_key`` of its local all-reduce; ``key + "/workers"`` of its
+                cross-worker one).
+            member_keys: Group keys of the packed groups (``meta["bucket_members"]``).
+            shapes: Shape initializers made so far, by dims (shared by every pack).
+            sizes: The pack's Split sizes.
+
+        Returns:
+            The nodes added, in order.
+        """
+        template = chains[0][0]
         created: list[Node] = []
 
         def add(op_type: str, inputs: list[Any], attrs: dict[str, Any] | None = None, **kwargs: Any) -> Node:
@@ -311,19 +399,21 @@ class BucketCollectivesPass(PassBase):
             return shapes[dims]
 
         pieces = []
-        for member in members:
-            value = member.inputs[0]
+        for chain in chains:
+            value = chain[0].inputs[0]
             pieces.append(value if value.rank == 1 else
                           add("Reshape", [value, shape_of((-1,))], name=f"{key}_flatten").outputs[0])
         packed = add("Concat", pieces, {"axis": 0}, name=f"{key}_concat").outputs[0]
-        attrs = dict(template.attrs)
-        attrs["group_key"] = key
-        reduce = add("AllReduce", [packed], attrs, domain=GRAPHDIST_DOMAIN, name=f"{key}_allreduce")
-        reduce.meta["side_effect"] = True  # every participant of a collective must run
-        reduce.meta["bucket_members"] = list(member_keys)
-        split = add("Split", [reduce.outputs[0], sizes], {"axis": 0}, num_outputs=len(members), name=f"{key}_split")
-        for member, piece in zip(members, split.outputs):
-            out = member.outputs[0]
+        for link in chains[0]:
+            attrs = {k: v for k, v in link.attrs.items() if k not in ("sequence", "name")}  # numbered after packing
+            attrs["group_key"] = key if link.op_type == _LOCAL else f"{key}/workers"
+            reduce = add(link.op_type, [packed], attrs, domain=GRAPHDIST_DOMAIN, name=f"{key}_{link.op_type.lower()}")
+            reduce.meta["side_effect"] = True  # every participant of a collective must run
+            reduce.meta["bucket_members"] = list(member_keys)
+            packed = reduce.outputs[0]
+        split = add("Split", [packed, sizes], {"axis": 0}, num_outputs=len(chains), name=f"{key}_split")
+        for chain, piece in zip(chains, split.outputs):
+            out = chain[-1].outputs[0]
             if out.rank != 1:
                 piece = add("Reshape", [piece, shape_of(out.shape)], name=f"{key}_unflatten").outputs[0]
             graph.replace_all_uses_with(out, piece)

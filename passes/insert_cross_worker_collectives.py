@@ -37,7 +37,7 @@ from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
 from graphdist.ir.ops import get_opdef
 from graphdist.passes.base import PassBase, PassContext, PassResult
 
-__all__ = ["InsertCrossWorkerCollectivesPass"]
+__all__ = ["InsertCrossWorkerCollectivesPass", "number_cross_worker_groups"]
 
 
 _CROSS = {"AllReduce": "CrossWorkerAllReduce", "AllGather": "CrossWorkerAllGather"}
@@ -83,7 +83,7 @@ class InsertCrossWorkerCollectivesPass(PassBase):
             for node in members:
                 self._append_cross(graph, node, key)
             modified = True
-        return PassResult(graph, _number_cross_worker_groups(graph) or modified)
+        return PassResult(graph, number_cross_worker_groups(graph) or modified)
 
     def _append_cross(self, graph: Graph, node: Node, key: str) -> None:
         local = node.outputs[0]
@@ -124,11 +124,12 @@ def _crossed(value: Value | None) -> bool:
     return producer is not None and producer.domain == GRAPHDIST_DOMAIN and producer.op_type in CROSS_WORKER_OPS
 
 
-def _number_cross_worker_groups(graph: Graph) -> bool:
+def number_cross_worker_groups(graph: Graph) -> bool:
     """Numbers every cross-worker group (also those other passes made) in graph order; True if any changed.
 
     The graph order is a topological order and the same in every worker, so issuing the groups by
-    number never waits on a later group and matches the other workers.
+    number never waits on a later group and matches the other workers. ``BucketCollectivesPass``
+    numbers them again after packing the gradients' groups.
     """
     numbers: dict[str, int] = {}
     changed = False

@@ -63,7 +63,8 @@ from graphdist.runtime.devices import num_gpus
 from graphdist.runtime.launch_status import launch_dir
 from graphdist.trace.values import DistributedValues, ValueContext, regroup
 
-__all__ = ["MultiWorkerMirroredStrategy", "CommunicationImplementation", "CollectiveCommunication"]
+__all__ = ["MultiWorkerMirroredStrategy", "CommunicationImplementation", "CollectiveCommunication",
+           "CommunicationOptions"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +86,59 @@ class CommunicationImplementation(enum.Enum):
 
 
 CollectiveCommunication = CommunicationImplementation
+
+
+class CommunicationOptions:
+    """How the collectives between workers run, like ``tf.distribute.experimental.CommunicationOptions``.
+
+    Given to ``gd.MultiWorkerMirroredStrategy(communication_options=...)``.
+
+    Args:
+        bytes_per_pack: Gradient bucketing across workers: the gradients'
+            all-reduces are packed (concatenated, reduced as one buffer, split
+            again) into packs of at most this many bytes each, in the order the
+            backward pass produces the gradients, so each pack is one MPI
+            all-reduce (:class:`graphdist.passes.bucket_collectives.BucketCollectivesPass`).
+            With ``GRAPHDIST_OVERLAP=1`` each device's backward pass is also cut
+            at the packs, so a pack's MPI all-reduce runs while the earlier
+            layers' backward pass computes. ``0`` (the default): one all-reduce
+            per gradient. (TensorFlow reads ``0`` as "decide automatically" and
+            packs everything into one pack; here it means no packing, as
+            ``gd.NcclAllReduce(bytes_per_pack=0)`` does.)
+        timeout_seconds: Seconds a collective between workers may wait before
+            it fails with ``gd.CollectiveTimeoutError`` naming the ranks it waited
+            for; ``None`` (the default): ``GRAPHDIST_COLLECTIVE_TIMEOUT``, else 300.
+        implementation: A :class:`CommunicationImplementation` (or its name),
+            default ``AUTO``.
+
+    Raises:
+        InvalidArgumentError: ``bytes_per_pack`` is not a non-negative int,
+            ``timeout_seconds`` is not a positive number, or ``implementation``
+            is unknown.
+    """
+
+    def __init__(self, bytes_per_pack: int = 0, timeout_seconds: float | None = None,
+                 implementation: Any = CommunicationImplementation.AUTO) -> None:
+        if (isinstance(bytes_per_pack, (bool, np.bool_)) or not isinstance(bytes_per_pack, (int, np.integer))
+                or bytes_per_pack < 0):
+            raise InvalidArgumentError(f"CommunicationOptions: bytes_per_pack must be a non-negative int (bytes per "
+                                       f"gradient pack; 0 turns packing off), got {bytes_per_pack!r}")
+        if timeout_seconds is not None and (
+                isinstance(timeout_seconds, (bool, np.bool_)) or not isinstance(timeout_seconds, (int, float))
+                or not np.isfinite(timeout_seconds) or timeout_seconds <= 0):
+            raise InvalidArgumentError(f"CommunicationOptions: timeout_seconds must be a positive number of seconds "
+                                       f"or None, got {timeout_seconds!r}")
+        self.bytes_per_pack = int(bytes_per_pack)
+        self.timeout_seconds = None if timeout_seconds is None else float(timeout_seconds)
+        self.implementation = _implementation(implementation, "CommunicationOptions: implementation")
+
+    def bucketing(self) -> dict[str, int] | None:
+        """Arguments of ``BucketCollectivesPass`` (``None``: no packing)."""
+        return {"bytes_per_pack": self.bytes_per_pack} if self.bytes_per_pack else None
+
+    def __repr__(self) -> str:
+        return (f"CommunicationOptions(bytes_per_pack={self.bytes_per_pack}, timeout_seconds={self.timeout_seconds}, "
+                f"implementation={self.implementation.name})")
 
 
 class MultiWorkerExtended(StrategyExtended):
@@ -125,6 +179,12 @@ class MultiWorkerMirroredStrategy(Strategy):
 
     Args:
         communication: A :class:`CommunicationImplementation` (or its name).
+        communication_options: A :class:`CommunicationOptions`:
+            ``bytes_per_pack`` packs the gradients' all-reduces into buckets,
+            one MPI all-reduce each (overlapping the backward pass with
+            ``GRAPHDIST_OVERLAP=1``), ``timeout_seconds`` bounds every wait
+            between workers, ``implementation`` is ``communication``'s
+            alternative spelling (TensorFlow's).
         cluster_resolver: Where the cluster and this worker's role come from;
             default: ``GRAPHDIST_CONFIG`` / ``TF_CONFIG``, else the MPI ranks.
         devices: This worker's devices (default: the resolver's
@@ -143,7 +203,9 @@ class MultiWorkerMirroredStrategy(Strategy):
         ClusterConfigError: The cluster lists ps tasks (use
             ``ParameterServerStrategy``), this task is not a chief/worker, or
             the MPI job does not match the cluster.
-        InvalidArgumentError: ``communication`` is unknown, or ``NCCL`` without GPUs.
+        InvalidArgumentError: ``communication`` is unknown, or ``NCCL`` without GPUs;
+            ``communication_options`` is not a :class:`CommunicationOptions`, or
+            names another implementation than ``communication``.
         NotImplementedError: ``NCCL`` with GPUs (no NCCL communicator yet).
     """
 
@@ -151,9 +213,11 @@ class MultiWorkerMirroredStrategy(Strategy):
 
     def __init__(self, communication: Any = CommunicationImplementation.AUTO,
                  cluster_resolver: ClusterResolver | None = None, devices: Sequence[Any] | None = None,
-                 communication_options: Any = None, shard_optimizer_state: bool = False) -> None:
+                 communication_options: CommunicationOptions | None = None,
+                 shard_optimizer_state: bool = False) -> None:
         self._shard_optimizer_state = bool(shard_optimizer_state)
         self._communication = _communication(communication, communication_options)
+        self._options = communication_options if communication_options is not None else CommunicationOptions()
         resolver = cluster_resolver if cluster_resolver is not None else default_cluster_resolver()
         self._resolver = resolver
         spec = resolver.cluster_spec()
@@ -197,7 +261,7 @@ class MultiWorkerMirroredStrategy(Strategy):
                 f"{self._resolver.task_id} (rank {self._worker_index}: chief first, then workers by index); "
                 "give each process the config of its own rank (graphdist launch does)")
         names = [_rank_name(spec, r) for r in range(size)]
-        communicator = MPICommunicator(comm, rank_names=names)
+        communicator = MPICommunicator(comm, rank_names=names, timeout=self._options.timeout_seconds)
         register_group(self._group, lambda: communicator)
         _abort_job_on_uncaught_exception(comm)
         return communicator
@@ -240,12 +304,15 @@ class MultiWorkerMirroredStrategy(Strategy):
 
     # ------------------------------------------------------------- pipeline
     def pipeline_config(self) -> PipelineConfig:
-        """The synchronous pipeline with global replica ids and cross-worker collectives."""
+        """The synchronous pipeline with global replica ids and cross-worker collectives (gradient packs
+        across the workers with ``communication_options.bytes_per_pack``).
+        """
         algorithm = "ring" if self._communication is CommunicationImplementation.RING else "auto"
         return PipelineConfig(devices=self.extended.worker_devices, strategy=type(self).__name__,
                               replicas_in_sync=self.num_replicas_in_sync,
                               replica_offset=self._worker_index * len(self._devices),
                               collective_attrs=self._cross_device_ops.collective_attrs(),
+                              bucketing=self._options.bucketing(),
                               shard_optimizer_state=self._shard_optimizer_state,
                               multi_worker={"num_workers": self._num_workers, "comm_group": self._group,
                                             "algorithm": algorithm})
@@ -374,16 +441,32 @@ def _wait_until_output_is_read(limit_s: float = 5.0) -> None:
         time.sleep(0.01)
 
 
+def _implementation(value: Any, label: str) -> CommunicationImplementation:
+    """``value`` (an enum member or its name) as a :class:`CommunicationImplementation`."""
+    found = value
+    if isinstance(value, str):
+        found = CommunicationImplementation.__members__.get(value.upper())
+    if not isinstance(found, CommunicationImplementation):
+        raise InvalidArgumentError(f"{label} must be gd.CommunicationImplementation.AUTO, RING or NCCL, got {value!r}")
+    return found
+
+
 def _communication(communication: Any, options: Any) -> CommunicationImplementation:
-    implementation = getattr(options, "implementation", None) or communication
-    if isinstance(implementation, str):
-        try:
-            implementation = CommunicationImplementation[implementation.upper()]
-        except KeyError:
-            implementation = None
-    if not isinstance(implementation, CommunicationImplementation):
-        raise InvalidArgumentError(f"communication must be gd.CommunicationImplementation.AUTO, RING or NCCL, got "
-                                   f"{communication!r}")
+    """The implementation ``communication`` and ``communication_options`` ask for (both may name one)."""
+    implementation = _implementation(communication, "communication")
+    if options is not None:
+        if not isinstance(options, CommunicationOptions):
+            raise InvalidArgumentError(
+                f"communication_options must be a gd.experimental.CommunicationOptions, got "
+                f"{type(options).__name__} {options!r}; e.g. "
+                "gd.experimental.CommunicationOptions(bytes_per_pack=4 << 20)")
+        chosen = options.implementation
+        if chosen is not CommunicationImplementation.AUTO:
+            if implementation not in (CommunicationImplementation.AUTO, chosen):
+                raise InvalidArgumentError(
+                    f"communication={implementation.name} and communication_options.implementation={chosen.name} "
+                    "disagree; give the implementation in one of them")
+            implementation = chosen
     if implementation is CommunicationImplementation.NCCL:
         if num_gpus() == 0:
             raise InvalidArgumentError("communication=NCCL needs GPUs, and this machine has none; use "

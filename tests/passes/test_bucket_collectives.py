@@ -1,6 +1,9 @@
 """BucketCollectivesPass: before vs expected structure, honest ``modified``, a second
 run changes nothing, numerics unchanged (reference backend with all-reduces as one
-participant, and the partitioned plan with the local communicator), packing rule."""
+participant, and the partitioned plan with the local communicator), packing rule;
+between workers: local all-reduce + CrossWorkerAllReduce chains (and the cross-worker
+all-reduce alone, one device per worker) packed into one MPI call per pack, numbered
+again in readiness order."""
 
 from __future__ import annotations
 
@@ -11,12 +14,13 @@ import graphdist as gd
 from graphdist.backends import default_cache, get_backend
 from graphdist.compile.pipeline import PipelineConfig, build_pipeline
 from graphdist.compile.plan import Plan
-from graphdist.ir import Graph, verify
+from graphdist.ir import Graph, assert_structural_equal, verify
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Node, Value
 from graphdist.passes.assign_devices import AssignDevicesPass
 from graphdist.passes.base import PassContext, PassManager
 from graphdist.passes.bucket_collectives import BucketCollectivesPass, pack_groups
 from graphdist.passes.eliminate_dead_nodes import EliminateDeadNodesPass
+from graphdist.passes.insert_cross_worker_collectives import InsertCrossWorkerCollectivesPass
 from graphdist.passes.lower_collectives import LowerCollectivesPass
 from graphdist.passes.partition import PartitionPass
 from graphdist.runtime.devices import parse_device
@@ -283,3 +287,128 @@ def test_pipeline_runs_the_pass_only_when_asked() -> None:
     (bucket,) = [p for p in gd.MirroredStrategy(["cpu:0"], gd.NcclAllReduce(num_packs=3)).pipeline()
                  if p.name == "BucketCollectivesPass"]
     assert bucket.num_packs == 3 and bucket.bytes_per_pack is None
+
+
+# ------------------------------------------------------------------ between workers (MultiWorkerMirroredStrategy)
+CROSS = "graphdist.CrossWorkerAllReduce"
+WORKERS = 2
+
+
+def _cross_graph(local: int) -> Graph:
+    """``_graph`` as MultiWorkerMirroredStrategy's pipeline leaves it for 2 workers of ``local`` devices: every
+    all-reduce followed by a CrossWorkerAllReduce (InsertCrossWorkerCollectivesPass), then lowered (with one
+    local device the local all-reduce is the identity and only the cross-worker one remains)."""
+    graph = _graph(replicas=local, lower=False)
+    ctx = PassContext(devices=DEVICES[:local])
+    return PassManager([InsertCrossWorkerCollectivesPass(WORKERS, "workers"), LowerCollectivesPass()]).run(
+        graph, ctx).graph
+
+
+def _cross_attrs(reduce_op: str, local: int, sequence: int) -> dict:
+    return {"num_workers": WORKERS, "group_key": f"k{sequence}/workers", "group_size": local, "reduce_op": reduce_op,
+            "algorithm": "auto", "comm_group": "workers", "sequence": sequence, "name": f"step collective {sequence}"}
+
+
+def _expected_one_pack(local: int) -> Graph:
+    """Hand-built: per replica the gradients, then Reshape/Concat -> [AllReduce] -> CrossWorkerAllReduce ->
+    Split/Reshape in readiness order (grad3, grad2, grad1, grad0), then the readers."""
+    graph = Graph("expected")
+    flat = graph.add_initializer("flat", np.array([-1], np.int64))
+    sizes = graph.add_initializer("sizes", np.array([4, 1, 3, 6], np.int64))
+    for replica in range(local):
+        inputs = [graph.add_input(f"x{i}_r{replica}", dtype, shape) for i, (shape, dtype, _) in enumerate(SPECS)]
+        grads = {}
+        for i in reversed(range(len(SPECS))):
+            grads[i] = _placed(graph.add_node("Mul", [inputs[i], graph.add_initializer("two", np.array(
+                2, SPECS[i][1]))]), replica).outputs[0]
+        pieces = [grads[i] if len(SPECS[i][0]) == 1 else
+                  _placed(graph.add_node("Reshape", [grads[i], flat]), replica).outputs[0] for i in (3, 2, 1, 0)]
+        packed = _placed(graph.add_node("Concat", pieces, {"axis": 0}), replica).outputs[0]
+        if local > 1:
+            packed = _placed(graph.add_node("AllReduce", [packed], {"reduce_op": "SUM", "group_size": local,
+                                                                    "group_key": "b", "algorithm": "ring"},
+                                            domain=GRAPHDIST_DOMAIN), replica).outputs[0]
+        packed = _placed(graph.add_node("CrossWorkerAllReduce", [packed], _cross_attrs("SUM", local, 0),
+                                        domain=GRAPHDIST_DOMAIN), replica).outputs[0]
+        split = _placed(graph.add_node("Split", [packed, sizes], {"axis": 0}, num_outputs=4), replica)
+        reduced = {}
+        for i, piece in zip((3, 2, 1, 0), split.outputs):
+            shape = SPECS[i][0]
+            reduced[i] = piece if len(shape) == 1 else _placed(graph.add_node("Reshape", [piece, graph.add_initializer(
+                "shape", np.array(shape, np.int64).reshape(-1))]), replica).outputs[0]
+        for i in range(len(SPECS)):
+            one = graph.add_initializer("one", np.array(1, SPECS[i][1]))
+            graph.outputs.append(_placed(graph.add_node("Add", [reduced[i], one]), replica).outputs[0])
+    return graph
+
+
+def _simulated_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cross-worker all-reduces run as if the other worker held the same values (no MPI in unit tests)."""
+    from graphdist.runtime import scheduler
+
+    def handler(op: str, attrs: dict, buffers: list[np.ndarray]) -> list[np.ndarray]:
+        assert attrs["reduce_op"] == "SUM"
+        return [buffers[0] * np.asarray(attrs["num_workers"], buffers[0].dtype)] * len(buffers)
+
+    monkeypatch.setitem(scheduler._COMM_HANDLERS, "CrossWorkerAllReduce", handler)
+
+
+@pytest.mark.parametrize("local", [1, 2], ids=["one_device_per_worker", "two_devices_per_worker"])
+def test_cross_worker_chain_is_packed_into_one_mpi_call(local: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    _simulated_workers(monkeypatch)
+    graph = _cross_graph(local)
+    ctx = PassContext(devices=DEVICES[:local])
+    assert _ops(graph).count(CROSS) == 4 * local and _ops(graph).count(AR) == (4 * local if local > 1 else 0)
+    feeds = _feeds(graph)
+    partition = [EliminateDeadNodesPass(), AssignDevicesPass(), PartitionPass()]
+    before = Plan.from_graph(PassManager(partition).run(graph.copy(), ctx).graph).compile(get_backend("reference"))
+    result = BucketCollectivesPass(num_packs=1)(graph.copy(), ctx)
+    assert result.modified
+    verify(result.graph)
+    assert_structural_equal(result.graph, _expected_one_pack(local), meta_keys=("replica",))
+    for node in result.graph.nodes:
+        if node.qualified_op in (AR, CROSS):
+            assert node.meta["bucket"] == "bucket0" and node.meta["side_effect"]
+            assert node.meta["bucket_members"] == [f"all_reduce0.{i}{'' if local > 1 else '/workers'}"
+                                                   for i in (3, 2, 1, 0)]
+    after = Plan.from_graph(PassManager(partition).run(result.graph.copy(), ctx).graph).compile(
+        get_backend("reference"))
+    assert [c.op for c in after.comms] == (["AllReduce"] if local > 1 else []) + ["CrossWorkerAllReduce"]
+    expected = before.run(feeds)
+    for got, want in zip(after.run(feeds), expected):
+        np.testing.assert_array_equal(got, want)
+    local_sum = sum(feeds[f"x0_r{r}"] * 2 for r in range(local))  # then the same from the other worker
+    np.testing.assert_allclose(expected[0], local_sum * WORKERS + 1, rtol=1e-6)
+    again = BucketCollectivesPass(num_packs=1)(result.graph, ctx)
+    assert not again.modified and _ops(again.graph) == _ops(result.graph)
+
+
+def test_cross_worker_groups_are_numbered_again_in_readiness_order() -> None:
+    """grad0 (produced last) was the first cross-worker group; after packing, the pack of the gradients produced
+    first is issued first (sequence 0) on every worker, grad0 second."""
+    graph = _cross_graph(1)
+    numbers = {n.attrs["group_key"]: n.attrs["sequence"] for n in graph.nodes if n.qualified_op == CROSS}
+    assert numbers == {f"all_reduce0.{i}/workers": i for i in range(4)}
+    result = BucketCollectivesPass(bytes_per_pack=32)(graph, PassContext(devices=("cpu:0",)))
+    assert result.modified
+    cross = [n for n in result.graph.nodes if n.qualified_op == CROSS]
+    assert [(n.attrs["group_key"], n.attrs["sequence"], n.attrs["name"]) for n in cross] == [
+        ("bucket0/workers", 0, "step collective 0"), ("all_reduce0.0/workers", 1, "step collective 1")]
+    assert [n.meta["bucket"] for n in cross] == ["bucket0", "all_reduce0.0/workers"]
+    # PartitionPass cuts the one device's first phase at the two buckets
+    partitioned = PassManager([AssignDevicesPass(), PartitionPass(overlap=True)]).run(
+        result.graph, PassContext(devices=("cpu:0",))).graph
+    assert sorted({n.meta["segment"] for n in partitioned.nodes if "segment" in n.meta}) == [
+        "cpu0.p0.s0", "cpu0.p0.s1", "cpu0.p1"]
+
+
+def test_local_group_read_by_more_than_its_cross_worker_group_is_left_alone() -> None:
+    graph = _cross_graph(2)
+    local = next(n for n in graph.nodes if n.qualified_op == AR and n.attrs["group_key"] == "all_reduce0.3")
+    graph.outputs.append(local.outputs[0])  # the local sum is also a step output: it cannot become a pack's slice
+    result = BucketCollectivesPass(num_packs=1)(graph, CTX)
+    assert result.modified
+    untouched = [n for n in result.graph.nodes if n.attrs.get("group_key", "").startswith("all_reduce0.3")]
+    assert len(untouched) == 4 and not any("bucket" in n.meta for n in untouched)
+    packed = next(n for n in result.graph.nodes if n.qualified_op == AR and n.attrs["group_key"] == "bucket0")
+    assert packed.meta["bucket_members"] == ["all_reduce0.2", "all_reduce0.1", "all_reduce0.0"]

@@ -53,6 +53,7 @@ import numpy as np
 
 from graphdist.errors import CollectiveTimeoutError, GraphdistError, InvalidArgumentError
 from graphdist.ir import comm_ops
+from graphdist.runtime import timeline
 
 __all__ = [
     "MPICommunicator",
@@ -76,6 +77,8 @@ _PING, _PONG = 1, 2
 _DESCRIPTION_BYTES = 160
 _SPIN_SECONDS = 1e-4  # busy-poll this long, then yield the core between polls (a peer may share it)
 _SLEEP_AFTER_SECONDS = 1.0  # then sleep between polls (a long wait means a peer is computing)
+#: Name of the timeline event of a wait for an MPI request (fingerprint or payload) in a recorded step.
+_WAIT_EVENT = "MPI wait"
 
 
 class CollectiveMismatchError(GraphdistError, RuntimeError):
@@ -330,6 +333,14 @@ class MPICommunicator:
         raise CollectiveMismatchError(message)
 
     def _wait(self, request: Any, kind: str, name: str) -> None:
+        recorder = timeline.current()  # a recorded step (GRAPHDIST_TRACE): its timeline shows the wait
+        began = recorder.now() if recorder is not None else 0.0
+        self._poll(request, kind, name)
+        if recorder is not None:
+            recorder.add(_WAIT_EVENT, "wait", timeline.COMM_LANE, began, recorder.now(), kind=kind,
+                         collective=name or "-")
+
+    def _poll(self, request: Any, kind: str, name: str) -> None:
         mpi = self._MPI
         start = time.monotonic()
         deadline = start + self.timeout
