@@ -81,7 +81,7 @@ def child(zero: bool, sizes: tuple[int, ...], batch: int, steps: int, workers: b
     plan = train.get_concrete_function(*args).plan
     return {"zero": zero, "params": int(sum(np.prod(v.shape) for v in model.trainable_variables)),
             "state_bytes_per_replica": state_bytes_per_replica(plan.graph),
-            "stored_state_bytes": int(sum(v._value.nbytes for v in optimizer.variables())),
+            "stored_state_bytes": int(sum(v._stored_nbytes for v in optimizer.variables())),
             "peak_rss_bytes": peak_rss_bytes(),
             "step_ms": step_ms,
             "checksum": float(sum(np.abs(v.numpy()).sum(dtype=np.float64) for v in model.trainable_variables))}

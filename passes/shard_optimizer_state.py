@@ -15,9 +15,25 @@ Invariant established: every gradient group this pass can shard is a
 ``ReduceScatter`` group followed by N copies of the update on ``k``-element
 slices and an ``AllGather`` of the new weights; ``graph.meta["sharded_state"]``
 maps each sharded slot's variable uid to ``{"replicas", "shard", "size"}``
-and ``graph.meta["placement"]`` places those slots ``"sharded"`` (each
-replica reads and updates only its slice; the write-back assembles the
-slices into the variable's value, a copy between devices of one process).
+and ``graph.meta["placement"]`` places those slots ``"sharded"``.
+
+How a sharded slot is stored, read and written back:
+
+* *in parts* (across workers always; in one process when the caller stores
+  variables in parts, ``PassContext.options[REPLICA_PARTS_OPTION]``, which
+  ``gd.function`` sets): the slot's graph input is replaced by one input per
+  local replica, ``<input>/part<r>`` (``k`` elements: the shard replica
+  ``r`` updates), and its write-back by one output per local replica (its
+  updated shard), each in ``graph.meta["variable_updates"]`` under the
+  slot's uid, in local replica order; ``sharded_state`` lists the part
+  inputs (``"parts"``). Each replica's update reads and writes only its own
+  part: no slice of the slot, no concatenation, no copy between devices.
+  The caller stores the variable as those parts
+  (:class:`graphdist.trace.variables.WorkerShard`);
+* *whole* (in one process otherwise, e.g. a re-planned or exported plan, whose
+  variables are one array each): each replica slices its shard of the
+  slot's input, and the slices are concatenated on replica ``L`` for the
+  write-back (a copy between devices).
 
 Across workers (``num_workers`` W > 1 with L local replicas each,
 ``MultiWorkerMirroredStrategy(shard_optimizer_state=True)``): N = W * L shards, and local replica
@@ -25,11 +41,10 @@ Across workers (``num_workers`` W > 1 with L local replicas each,
 reduce-scattered over the local replicas (replica ``r`` gets part ``r`` of the local sum, ``W * k``
 elements; skipped when L is 1), then each part through a ``CrossWorkerReduceScatter`` (MPI, one call
 per local replica): shard ``r * W + w``. The new weight shards go the other way
-(``CrossWorkerAllGather`` per local replica, then a local ``AllGather``). Each sharded slot's graph
-input and write-back become this worker's L shards (``L * k`` elements, local replica order), so
-the process stores only those (``sharded_state`` records ``workers``, ``worker`` and ``local``; the
-compiled function converts the variable's storage, see
-:meth:`graphdist.trace.variables.Variable._shard_storage`).
+(``CrossWorkerAllGather`` per local replica, then a local ``AllGather``). Each sharded slot is
+stored in parts (above): this worker's L shards, so the process stores only those
+(``sharded_state`` records ``workers``, ``worker`` and ``local``; the compiled function converts
+the variable's storage, see :meth:`graphdist.trace.variables.Variable._shard_storage`).
 
 Cases:
 
@@ -42,8 +57,12 @@ Cases:
   element and sliced off, so it never reaches the variable);
 * a trainable variable's new value: all-gathered; replica ``L`` (the one
   written back) slices and reshapes it;
-* a non-trainable variable updated there (an optimizer slot): its slices
-  are concatenated on replica ``L`` for the write-back, never all-gathered;
+* a non-trainable variable updated there (an optimizer slot): never
+  all-gathered; stored in parts (each replica writes back its own shard), or
+  whole (its slices concatenated on replica ``L`` for the write-back);
+* in one process, a slot whose value is read outside its update (the step
+  returns it, or another computation reads it), or a caller that does not
+  store parts: the update's slots are stored whole;
 * a group that is not a gradient update (a loss reduction), whose summed
   value is read by more than one replica or by a non-elementwise op,
   reduced with another op than SUM, spans other workers
@@ -68,9 +87,12 @@ from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Node, Value
 from graphdist.ir.placement import PlacementSpec, VariablePlacement, variable_specs
 from graphdist.passes.base import PassBase, PassContext, PassResult
 
-__all__ = ["ShardOptimizerStatePass", "state_bytes_per_replica"]
+__all__ = ["REPLICA_PARTS_OPTION", "ShardOptimizerStatePass", "state_bytes_per_replica"]
 
 logger = logging.getLogger(__name__)
+
+#: ``PassContext.options`` key: the caller stores a sharded slot in per-replica parts (see the module docstring).
+REPLICA_PARTS_OPTION = "zero_replica_parts"
 
 #: ONNX ops whose output element i depends only on element i of each (same-shape or scalar) input.
 _ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Neg", "Sqrt", "Pow", "Abs", "Exp", "Log", "Reciprocal",
@@ -87,6 +109,7 @@ class _Update:
     nodes: list[Node]  # the update's nodes, in graph order
     results: list[tuple[Value, str, bool]]  # (updated value, variable uid, trainable)
     dead: list[Node] = field(default_factory=list)  # other replicas' unused copies of the update
+    parts: bool = False  # its slots are stored in per-replica parts (else whole)
 
 
 class ShardOptimizerStatePass(PassBase):
@@ -97,22 +120,35 @@ class ShardOptimizerStatePass(PassBase):
         worker: This worker's index (its shard across workers).
         comm_group: The communicator of the cross-worker collectives
             (see :func:`graphdist.runtime.comm.mpi.register_group`).
+        replica_parts: In one process, store the sharded slots in per-replica parts (``None``: as
+            ``PassContext.options[REPLICA_PARTS_OPTION]`` says, else whole). Across workers they always are.
     """
 
-    def __init__(self, num_workers: int = 1, worker: int = 0, comm_group: str = "") -> None:
+    def __init__(self, num_workers: int = 1, worker: int = 0, comm_group: str = "",
+                 replica_parts: bool | None = None) -> None:
         self.workers = _Workers(int(num_workers), int(worker), str(comm_group))
+        self.replica_parts = replica_parts
 
     def __repr__(self) -> str:
+        parts = "" if self.replica_parts is None else f"replica_parts={self.replica_parts}"
         if self.workers.count == 1:
-            return f"{self.name}()"
+            return f"{self.name}({parts})"
         return (f"{self.name}(num_workers={self.workers.count}, worker={self.workers.index}, "
-                f"comm_group={self.workers.group!r})")
+                f"comm_group={self.workers.group!r}{', ' + parts if parts else ''})")
+
+    def _wants_parts(self, ctx: PassContext) -> bool:
+        if self.workers.count > 1:
+            return True
+        if self.replica_parts is not None:
+            return bool(self.replica_parts)
+        return bool(ctx.options.get(REPLICA_PARTS_OPTION, False))
 
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
         live = _live_nodes(graph)
         specs = {spec.uid: (name, spec) for name, spec in variable_specs(graph)}
         updated = {name: uid for name, uid in graph.meta.get("variable_updates", [])}
-        updates = [u for u in (self._analyse(graph, members, live, updated, specs)
+        parts = self._wants_parts(ctx)
+        updates = [u for u in (self._analyse(graph, members, live, updated, specs, parts)
                                for members in _gradient_groups(graph).values()) if u is not None]
         if not updates:
             return PassResult(graph, modified=False)
@@ -125,7 +161,7 @@ class ShardOptimizerStatePass(PassBase):
         return PassResult(graph, modified=True)
 
     def _analyse(self, graph: Graph, members: list[Node], live: set[int], updated: dict[str, str],
-                 specs: dict[str, Any]) -> _Update | None:
+                 specs: dict[str, Any], parts: bool = False) -> _Update | None:
         """The group's update when it can be sharded, else ``None`` (the reason logged)."""
         first = members[0]
         key = first.attrs.get("group_key")
@@ -155,16 +191,22 @@ class ShardOptimizerStatePass(PassBase):
         if reason is None and not results:
             reason = "its sum updates no variable"
         dead = _downstream(members, live) if reason is None else []
-        if reason is None and self.workers.count > 1:
+        if reason is None and parts:
             slots = _slot_inputs(graph, results, specs)
-            reason = _slot_read_outside(graph, slots, nodes, live)
-            # Other replicas' dead copies of slot arithmetic (b1 * m) read the slot whole: removed with the update.
-            known = {id(n) for n in dead}
-            dead += [n for n in _dead_readers(slots, live) if id(n) not in known]
+            outside = _slot_read_outside(graph, slots, nodes, live)
+            if outside is not None and self.workers.count > 1:
+                reason = outside  # across workers a slot is only ever stored as this worker's parts
+            elif outside is not None:
+                logger.debug("ShardOptimizerStatePass: group %s sharded, its slots stored whole: %s", key, outside)
+                parts = False
+            else:
+                # Other replicas' dead copies of slot arithmetic (b1 * m) read the slot whole: removed with the update.
+                known = {id(n) for n in dead}
+                dead += [n for n in _dead_readers(slots, live) if id(n) not in known]
         if reason is not None:
             logger.debug("ShardOptimizerStatePass: group %s left unsharded: %s", key, reason)
             return None
-        return _Update(members, owner, nodes, results, dead)
+        return _Update(members, owner, nodes, results, dead, parts)
 
 
 def _live_nodes(graph: Graph) -> set[int]:
@@ -231,8 +273,8 @@ def _slot_inputs(graph: Graph, results: list[tuple[Value, str, bool]], specs: di
 
 
 def _slot_read_outside(graph: Graph, slots: list[Value], nodes: list[Node], live: set[int]) -> str | None:
-    """Across workers a slot is stored as its chunk: why one cannot be (a live node outside the update
-    reads it, or the step returns it), or ``None``.
+    """Why a slot cannot be stored in per-replica parts (a live node outside the update reads it whole, or
+    the step returns it), or ``None``.
     """
     inside = {id(n) for n in nodes}
     for value in slots:
@@ -322,9 +364,12 @@ class _Rewrite:
         self.key = str(update.members[0].attrs.get("group_key"))
         self.last = update.owner.meta.get("replica", 0)
         self._slices: dict[tuple[int, int], Value] = {}
-        # Across workers each slot's input holds only this worker's shards (already sliced and padded).
-        slots = _slot_inputs(graph, update.results, specs or {}) if self.across else []
-        self._chunks = {id(value): value for value in slots}
+        self.specs = specs or {}
+        # Stored in parts: each slot input becomes one input per local replica, its shard (padded).
+        slots = _slot_inputs(graph, update.results, self.specs) if update.parts else []
+        self._slot_inputs = slots
+        self._parts = {id(value): [graph.add_input(f"{value.name}/part{r}", value.dtype, (self.shard,))
+                                   for r in range(self.local)] for value in slots}
 
     def _shard_of(self, replica: int) -> int:
         """The shard local replica ``replica`` updates: across workers ``replica * workers + worker``, so that a
@@ -342,8 +387,6 @@ class _Rewrite:
         anchor = self.update.members[0]
         new_nodes: list[Node] = []
         outputs: dict[int, list[Value]] = {id(v): [] for v, _, _ in self.update.results}
-        for value in self._chunks.values():
-            value.shape = (self.local * self.shard,)
         for replica, member in enumerate(self.update.members):
             with _Collect(self.graph, new_nodes, replica):
                 gradient = self._scatter(member, replica)
@@ -352,26 +395,32 @@ class _Rewrite:
                     self._clone(node, mapping, replica)
                 for value, _, _ in self.update.results:
                     outputs[id(value)].append(mapping[id(value)])
-        sharded: dict[str, dict[str, int]] = {}
+        sharded: dict[str, dict[str, Any]] = {}
+        inputs = {id(v): v for v in self._slot_inputs}
+        input_of = {v.name: v for v in self._slot_inputs}
         with _Collect(self.graph, new_nodes, self.last):
-            finals = {}
+            finals: dict[int, Value | list[Value]] = {}
             for value, uid, trainable in self.update.results:
                 parts = outputs[id(value)]
                 if trainable:
                     finals[id(value)] = self._gather(parts, value)
-                elif self.across:  # this worker's shards, in local replica order: the slot's stored chunk
-                    finals[id(value)] = parts[0] if len(parts) == 1 else self.graph.add_node(
-                        "Concat", parts, {"axis": 0}, name="zero_state").outputs[0]
+                elif self.update.parts:  # each replica writes back its own shard
+                    finals[id(value)] = parts
                 else:
                     finals[id(value)] = self._concat(parts, value)
                 if not trainable:
                     sharded[uid] = {"replicas": self.count, "shard": self.shard, "size": self.size}
                     if self.across:
                         sharded[uid].update(workers=self.workers.count, worker=self.workers.index, local=self.local)
+                    if self.update.parts:
+                        slot = input_of.get(self.specs[uid][0]) if uid in self.specs else None
+                        sharded[uid]["parts"] = [v.name for v in self._parts[id(slot)]] if slot is not None else []
         for node in new_nodes:
             self.graph.insert_before(anchor, node)
         self._rewire(finals)
         self._remove_old()
+        unread = {i for i, value in inputs.items() if not value.uses}  # the parts replace them
+        self.graph.inputs = [v for v in self.graph.inputs if id(v) not in unread]
         return sharded
 
     # ------------------------------------------------------------ building
@@ -403,15 +452,12 @@ class _Rewrite:
         return node.outputs[0]
 
     def _slice(self, value: Value, replica: int) -> Value:
-        """Local replica ``replica``'s shard of ``value`` flattened and padded (of a stored chunk: its part)."""
+        """Local replica ``replica``'s shard of ``value`` flattened and padded (of a slot stored in parts: its part)."""
+        if id(value) in self._parts:
+            return self._parts[id(value)][replica]
         key = (id(value), replica)
-        if id(value) in self._chunks and self.local == 1:
-            return value
         if key not in self._slices:
-            if id(value) in self._chunks:
-                flat, index = value, replica
-            else:
-                flat, index = self._flat(value, "zero_slice"), self._shard_of(replica)
+            flat, index = self._flat(value, "zero_slice"), self._shard_of(replica)
             start, stop = index * self.shard, (index + 1) * self.shard
             self._slices[key] = self.graph.add_node(
                 "Slice", [flat, self._const("starts", [start]), self._const("ends", [stop]),
@@ -423,7 +469,7 @@ class _Rewrite:
         for value in node.inputs:
             if value is None or id(value) in mapping:
                 inputs.append(None if value is None else mapping[id(value)])
-            elif tuple(value.shape) == self.shape or id(value) in self._chunks:
+            elif tuple(value.shape) == self.shape:
                 inputs.append(self._slice(value, replica))
             else:
                 inputs.append(value)  # a scalar (learning rate, betas): the same on every slice
@@ -469,17 +515,24 @@ class _Rewrite:
         return self.graph.add_initializer(f"zero_{name}", array if array.dtype != np.int32 else array.astype(np.int64))
 
     # ------------------------------------------------------------ removing
-    def _rewire(self, finals: dict[int, Value]) -> None:
-        names = {}
+    def _rewire(self, finals: dict[int, Value | list[Value]]) -> None:
+        """Makes the new values the write-backs; a slot stored in parts gets one output (and one
+        ``variable_updates`` entry) per local replica, in replica order, where its whole value was.
+        """
+        names: dict[str, list[str]] = {}
         for value, _, _ in self.update.results:
             final = finals[id(value)]
-            if tuple(final.shape) == tuple(value.shape):
+            if isinstance(final, Value):
                 self.graph.replace_all_uses_with(value, final)
-            else:  # across workers a slot's write-back is its chunk: only the graph output reads it
-                self.graph.outputs = [final if out is value else out for out in self.graph.outputs]
-            names[value.name] = final.name
-        self.graph.meta["variable_updates"] = [(names.get(out, out), uid)
-                                               for out, uid in self.graph.meta.get("variable_updates", [])]
+                names[value.name] = [final.name]
+                continue
+            outputs: list[Value] = []  # only the graph output reads a slot's update (see _slot_read_outside)
+            for out in self.graph.outputs:
+                outputs.extend(final if out is value else [out])
+            self.graph.outputs = outputs
+            names[value.name] = [part.name for part in final]
+        self.graph.meta["variable_updates"] = [(new, uid) for out, uid in self.graph.meta.get("variable_updates", [])
+                                               for new in names.get(out, [out])]
 
     def _remove_old(self) -> None:
         doomed = {id(n): n for n in [*self.update.dead, *self.update.nodes, *self.update.members]}

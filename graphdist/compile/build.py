@@ -30,8 +30,19 @@ def rewrite_passes(pipeline: Pipeline | list[Any]) -> list[Any]:
 
 
 def compile_traced(traced: Graph, interface: StepInterface, pipeline: Pipeline | list[Any],
-                   placement: PlacementSpec, backend: str | None) -> tuple[dict[str, Graph], Any, Resolved]:
+                   placement: PlacementSpec, backend: str | None,
+                   options: dict[str, Any] | None = None) -> tuple[dict[str, Graph], Any, Resolved]:
     """Rewrites, partitions and compiles a traced step.
+
+    Args:
+        traced: The traced step (not modified).
+        interface: How the step is called.
+        pipeline: The strategy's passes.
+        placement: The variables' placement.
+        backend: The backend to compile the segments with (``None``: the default).
+        options: ``PassContext.options`` for the passes: what the caller supports, e.g.
+            ``REPLICA_PARTS_OPTION`` (see :mod:`graphdist.passes.shard_optimizer_state`) from ``gd.function``,
+            which stores a ZeRO-1 slot in per-replica parts.
 
     Returns:
         ``({"traced", "rewritten", "partitioned"} graphs, compiled plan, resolved interface)``; the
@@ -40,7 +51,7 @@ def compile_traced(traced: Graph, interface: StepInterface, pipeline: Pipeline |
     from graphdist.backends import get_backend  # on first use: importing the backends takes ~25 ms
 
     config = pipeline.config if isinstance(pipeline, Pipeline) else PipelineConfig()
-    ctx = PassContext(devices=tuple(config.devices))
+    ctx = PassContext(devices=tuple(config.devices), options=dict(options or {}))
     graph = traced.copy()
     graph.meta["placement"] = placement
     rewritten = PassManager(rewrite_passes(pipeline)).run(graph, ctx).graph

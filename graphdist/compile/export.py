@@ -247,6 +247,11 @@ def concrete_files(concrete: Any) -> dict[str, bytes]:
     from graphdist.compile.step import record_of_concrete
 
     record = record_of_concrete(concrete)
+    if concrete._part_feeds:
+        # ZeRO-1 slots stored in per-replica parts: a plan directory holds each variable as one array, so the
+        # exported plan is the same step built with its slots stored whole (sliced and joined in the plan).
+        graphs, plan, resolved = concrete._whole_storage_build()
+        return step_files(plan, graphs, record, resolved, concrete.config)
     graphs = {stage: concrete.graph(stage) for stage in STAGES}
     return step_files(concrete.plan, graphs, record, concrete.resolved, concrete.config)
 

@@ -38,6 +38,7 @@ from graphdist.errors import InvalidArgumentError, TracingError
 from graphdist.ir.batch import BatchDim
 from graphdist.ir.graph import Graph
 from graphdist.ir.placement import PlacementSpec, VariablePlacement
+from graphdist.passes.shard_optimizer_state import REPLICA_PARTS_OPTION
 from graphdist.trace import context
 from graphdist.trace.tensor import Tensor
 from graphdist.trace.tracer import TensorSpec, TraceContext, call_user_function, current_trace
@@ -121,31 +122,44 @@ def signature_of(args: tuple, kwargs: dict) -> tuple[Any, list[Any]]:
     return key, arrays
 
 
-def _store_worker_shards(name: str, graph: Graph, by_uid: dict[str, Variable], strategy: Any) -> None:
-    """Makes each variable the plan shards across workers (ZeRO-1 slots) keep only this worker's chunk.
+def _store_worker_shards(name: str, graph: Graph, by_uid: dict[str, Variable], strategy: Any) -> dict[str, WorkerShard]:
+    """Makes each variable the plan stores in per-replica parts (ZeRO-1 slots, see
+    :mod:`graphdist.passes.shard_optimizer_state`) keep only those parts: across workers only this worker's.
+
+    Returns:
+        The layout of each such variable, by uid.
 
     Raises:
         InvalidArgumentError: The step reads whole a variable another step sharded across workers.
     """
-    layouts = {uid: layout for uid, layout in graph.meta.get("sharded_state", {}).items()
-               if int(layout.get("workers", 1)) > 1}
+    layouts = {uid: layout for uid, layout in graph.meta.get("sharded_state", {}).items() if "parts" in layout}
     for uid, variable in by_uid.items():
-        if variable._worker_shard is not None and uid not in layouts:
+        shard = variable._worker_shard
+        if shard is not None and shard.workers > 1 and uid not in layouts:
             raise InvalidArgumentError(
                 f"{name}: variable {variable.name} is sharded across workers (ZeRO-1: each worker stores its chunk), "
                 "and this step reads it whole; read it eagerly (variable.numpy() on every worker gathers it) or "
                 "compile the step under the strategy that shards it")
     if not layouts:
-        return
+        return {}
     communicator = getattr(strategy, "communicator", None)
-    if communicator is None:
+    if communicator is None and any(int(layout.get("workers", 1)) > 1 for layout in layouts.values()):
         raise InvalidArgumentError(f"{name}: the plan shards optimizer state across workers, but its strategy "
                                    f"{type(strategy).__name__} has no communicator between them")
+    stored: dict[str, WorkerShard] = {}
     for uid, layout in layouts.items():
         variable = by_uid[uid]
-        gather = functools.partial(_gather_chunks, communicator, f"gather {variable.name}")
-        variable._shard_storage(WorkerShard(tuple(variable.shape), int(layout["workers"]), int(layout["worker"]),
-                                            int(layout["shard"]), gather, int(layout.get("local", 1))))
+        workers = int(layout.get("workers", 1))
+        local = int(layout.get("local", layout["replicas"]))
+        if workers > 1:
+            gather = functools.partial(_gather_chunks, communicator, f"gather {variable.name}")
+            shard = WorkerShard(tuple(variable.shape), workers, int(layout["worker"]), int(layout["shard"]), gather,
+                                local)
+        else:
+            shard = WorkerShard(tuple(variable.shape), 1, 0, int(layout["shard"]), local=local)
+        variable._shard_storage(shard)
+        stored[uid] = shard
+    return stored
 
 
 def _gather_chunks(communicator: Any, label: str, chunk: np.ndarray) -> np.ndarray:
@@ -185,10 +199,46 @@ class ConcreteFunction:
         self._locks = VariableLocks(variables.values())
         by_uid = {v.uid: v for v in variables.values()}
         self._updates = [(out, by_uid[uid]) for out, uid in rewritten.meta.get("variable_updates", [])]
-        _store_worker_shards(name, rewritten, by_uid, strategy)
+        self._shards = _store_worker_shards(name, rewritten, by_uid, strategy)
         self._num_results = len(rewritten.outputs) - len(self._updates)
+        self._arrange_feeds(rewritten)
         if plan is not None:
             plan._owner = weakref.ref(self)  # plan.export() exports through this function
+
+    def _arrange_feeds(self, rewritten: Graph) -> None:
+        """Which plan inputs each variable feeds and which outputs it takes back: a variable stored in
+        per-replica parts (``sharded_state[uid]["parts"]``) feeds each part to its own input and takes one
+        write-back per part (its ``variable_updates`` entries, in replica order); any other variable one
+        input and one write-back.
+        """
+        layouts = {uid: layout for uid, layout in rewritten.meta.get("sharded_state", {}).items()
+                   if "parts" in layout}
+        self._whole_feeds: list[tuple[str, Variable]] = []
+        self._part_feeds: list[tuple[list[str], Variable, WorkerShard]] = []
+        for name, variable in self._variable_feeds:
+            if variable.uid in layouts:
+                self._part_feeds.append((list(layouts[variable.uid]["parts"]), variable, self._shards[variable.uid]))
+            else:
+                self._whole_feeds.append((name, variable))
+        self._whole_updates: list[tuple[int, Variable]] = []
+        parts: dict[str, tuple[Variable, list[int]]] = {}
+        for index, (_, variable) in enumerate(self._updates):
+            if variable.uid in layouts:
+                parts.setdefault(variable.uid, (variable, []))[1].append(index)
+            else:
+                self._whole_updates.append((index, variable))
+        self._part_updates = list(parts.values())
+
+    def _whole_storage_build(self) -> tuple[dict[str, Graph], Any, Resolved]:
+        """This step built again with every variable fed and written back as one array (ZeRO-1 slots
+        sliced and joined inside the plan), for a plan directory, which stores each variable whole.
+
+        Returns:
+            ``(graphs, compiled plan, resolved interface)`` as :func:`compile_traced` gives them.
+        """
+        traced = self.graph("traced")
+        placement = _placement(self.strategy, traced, dict(self._variable_feeds))
+        return compile_traced(traced, self.interface, build_pipeline(self.config), placement, self.plan.backend_name)
 
     @property
     def variables(self) -> list[Variable]:
@@ -205,11 +255,19 @@ class ConcreteFunction:
         """Runs the plan on the flat input arrays and rebuilds the output structure."""
         feeds = dict(zip(self._input_names, arrays))
         with self._locks:  # read, run and write back as one step for other threads
-            for name, variable in self._variable_feeds:
-                feeds[name] = variable._value
+            for name, variable in self._whole_feeds:
+                # Stored in parts (by a ZeRO-1 step) and read whole here: joined (in one process only).
+                feeds[name] = variable._value if variable._worker_shard is None else variable._eager_value()
+            for names, variable, shard in self._part_feeds:
+                if variable._worker_shard is not shard:  # another step split it another way (one process)
+                    variable._shard_storage(shard)
+                feeds.update(zip(names, variable._value))
             outputs = self.plan.run(feeds)
-            for (_, variable), value in zip(self._updates, outputs[self._num_results:]):
-                variable._write(value)
+            updates = outputs[self._num_results:]
+            for index, variable in self._whole_updates:
+                variable._write(updates[index])
+            for variable, indices in self._part_updates:
+                variable._write_parts([updates[i] for i in indices])
         if self._updates:
             outputs = outputs[: self._num_results]
         outputs = [out[()] if out.ndim == 0 else out for out in outputs]
@@ -394,8 +452,9 @@ class Function:
             self._check_micro_batches(traced, args, kwargs, batch_args)
         pipeline = build_pipeline(config)
         placement = _placement(strategy, traced, variables)
+        # A ConcreteFunction feeds and writes back a ZeRO-1 slot in per-replica parts (WorkerShard).
         graphs, plan, resolved = compile_traced(traced, interface, pipeline, placement,
-                                                self._backend or config.backend)
+                                                self._backend or config.backend, {REPLICA_PARTS_OPTION: True})
         concrete = ConcreteFunction(self._name, graphs, plan, strategy, interface, resolved, variables, config,
                                     treedef)
         concrete._signature = key

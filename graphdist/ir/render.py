@@ -170,24 +170,36 @@ def _variable_rows(graph: Graph) -> list[list[str]]:
     updates = {uid: out_name for out_name, uid in graph.meta.get("variable_updates", [])}
     placements = placement_of(graph)
     produced = {out.name: node for node in graph.nodes for out in node.outputs}
+    # A ZeRO-1 slot stored in per-replica parts has one input per local replica (and one write-back each).
+    parts = {uid: [by_name[n] for n in layout["parts"] if n in by_name]
+             for uid, layout in graph.meta.get("sharded_state", {}).items() if layout.get("parts")}
+    written: dict[str, list[str]] = {}
+    for out_name, uid in graph.meta.get("variable_updates", []):
+        written.setdefault(uid, []).append(out_name)
     rows = []
     for name, spec in _variables(graph):
         value = by_name.get(name)
-        if value is None:
+        inputs = [value] if value is not None else parts.get(spec.uid, [])
+        if not inputs:
             continue
-        readers = sorted({n.device for n, _ in value.uses if n.device}, key=_device_key)
-        via = any(n.op_type == "Transfer" for n, _ in value.uses)
+        uses = [use for v in inputs for use in v.uses]
+        readers = sorted({n.device for n, _ in uses if n.device}, key=_device_key)
+        via = any(n.op_type == "Transfer" for n, _ in uses)
         read_on = _join(readers) + (" (transfers)" if via else "")
-        update = updates.get(spec.uid)
-        if update is None:
+        if spec.uid not in updates:
             updated = "-"
         else:
-            node = produced.get(update)
-            updated = (node.device if node is not None and node.device else "yes") if node is not None else "yes"
+            nodes = [produced.get(out) for out in written.get(spec.uid, [updates[spec.uid]])]
+            devices = sorted({n.device for n in nodes if n is not None and n.device}, key=_device_key)
+            updated = _join(devices) if devices else "yes"
         placement = placements.get(name)
-        rows.append([name, value.type_str(), format_bytes(value.nbytes), spec.kind,
-                     placement.describe() if placement is not None else "-", read_on if value.uses else "-",
-                     updated])
+        if value is not None:
+            type_text, nbytes = value.type_str(), value.nbytes
+        else:  # the variable's type; the bytes of its parts (padded)
+            type_text = f"{np.dtype(spec.dtype).name}{list(spec.shape)} in {len(inputs)} parts"
+            nbytes = sum(v.nbytes or 0 for v in inputs)
+        rows.append([name, type_text, format_bytes(nbytes), spec.kind,
+                     placement.describe() if placement is not None else "-", read_on if uses else "-", updated])
     return rows
 
 

@@ -63,21 +63,30 @@ def _initial_array(initial_value: Any, dtype: Any) -> np.ndarray:
     return aligned(array)
 
 
+def _no_gather(stored: np.ndarray) -> np.ndarray:
+    """The gather of a single worker: its own shards are all of them."""
+    return stored
+
+
 @dataclass(frozen=True)
 class WorkerShard:
-    """How a variable sharded across worker processes (ZeRO-1 optimizer slots) is stored in this one.
+    """How a variable sharded over replicas (ZeRO-1 optimizer slots) is stored in this process.
 
     The value, flattened and zero-padded to ``chunk * local * workers``
     elements, is split into that many shards; local replica ``r`` of worker
     ``w`` owns shard ``r * workers + w``, and this process stores its
-    ``local`` shards one after the other.
+    ``local`` shards as ``local`` separate arrays (:meth:`parts`), one per
+    local replica: a step feeds replica ``r`` its part and adopts the part
+    it writes back, without slicing or concatenating. With one worker
+    (``MirroredStrategy`` in one process) the parts are the whole value.
 
     Attributes:
         shape: The variable's (logical) shape.
         workers: Worker processes.
         worker: This process's index among them.
         chunk: Elements per shard.
-        gather: All-gathers every worker's stored shards (a collective: every worker must call it).
+        gather: All-gathers every worker's stored shards (a collective: every worker must call it;
+            one worker's is the identity).
         local: Replicas (shards) per worker.
     """
 
@@ -85,7 +94,7 @@ class WorkerShard:
     workers: int
     worker: int
     chunk: int
-    gather: Callable[[np.ndarray], np.ndarray]
+    gather: Callable[[np.ndarray], np.ndarray] = _no_gather
     local: int = 1
 
     @property
@@ -98,18 +107,35 @@ class WorkerShard:
         """Elements this process stores."""
         return self.chunk * self.local
 
+    def same_layout(self, other: WorkerShard) -> bool:
+        """Whether ``other`` splits the value into the same shards and this process keeps the same ones."""
+        return (self.workers, self.worker, self.chunk, self.local) == (other.workers, other.worker, other.chunk,
+                                                                       other.local)
+
     def local_part(self, value: np.ndarray) -> np.ndarray:
-        """This worker's shards of the whole ``value`` (a copy)."""
+        """This worker's shards of the whole ``value``, one after the other (a copy)."""
         flat = np.zeros(self.chunk * self.local * self.workers, value.dtype)
         flat[: self.size] = np.asarray(value).reshape(-1)
         shards = flat.reshape(self.local, self.workers, self.chunk)[:, self.worker, :]
         return aligned(np.ascontiguousarray(shards).reshape(-1))
 
-    def whole(self, stored: np.ndarray) -> np.ndarray:
-        """The whole value from every worker's stored shards (collective)."""
+    def parts(self, value: np.ndarray) -> tuple[np.ndarray, ...]:
+        """This worker's shards of ``value`` as stored: one array of ``chunk`` elements per local replica.
+
+        ``value`` is the whole value, or this worker's shards one after the other (``stored`` elements).
+        """
+        value = np.asarray(value)
+        stored = value.reshape(-1) if value.shape == (self.stored,) != tuple(self.shape) else self.local_part(value)
+        # Views of one fresh array where aligned (parts are replaced, never written in place), else copies.
+        return tuple(aligned(stored[r * self.chunk:(r + 1) * self.chunk]) for r in range(self.local))
+
+    def whole(self, stored: np.ndarray | tuple[np.ndarray, ...]) -> np.ndarray:
+        """The whole value from every worker's stored shards (collective), a new array."""
+        if isinstance(stored, tuple):
+            stored = np.concatenate(stored) if len(stored) > 1 else stored[0]
         gathered = np.asarray(self.gather(np.ascontiguousarray(stored)))
         flat = gathered.reshape(self.workers, self.local, self.chunk).transpose(1, 0, 2).reshape(-1)
-        return flat[: self.size].reshape(self.shape)
+        return np.array(flat[: self.size].reshape(self.shape), copy=True)
 
 
 class Variable:
@@ -128,7 +154,8 @@ class Variable:
     #: The value lives outside this process (on parameter servers): a step that reads or updates it must be
     #: compiled by the strategy that created it (its passes pull and push), whatever scope is current.
     _lives_remotely = False
-    #: Set when only this process's chunk of the value is stored here (ZeRO-1 across workers).
+    #: Set when the value is stored in per-replica parts, ``_value`` then being the tuple of this process's
+    #: parts (ZeRO-1 optimizer slots; across workers only this worker's shards).
     _worker_shard: WorkerShard | None = None
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Variable:
@@ -171,12 +198,19 @@ class Variable:
     @property
     def dtype(self) -> np.dtype:
         """The numpy dtype."""
-        return self._value.dtype
+        value = self._value
+        return value[0].dtype if isinstance(value, tuple) else value.dtype
 
     @property
     def ndim(self) -> int:
         """Number of dimensions."""
         return len(self.shape)
+
+    @property
+    def _stored_nbytes(self) -> int:
+        """Bytes of the value this process stores (a variable stored in parts: its parts, padding included)."""
+        value = self._value
+        return sum(part.nbytes for part in value) if isinstance(value, tuple) else int(value.nbytes)
 
     @property
     def device(self) -> str | None:
@@ -193,38 +227,48 @@ class Variable:
         return value[()] if value.ndim == 0 else value
 
     def _eager_value(self) -> np.ndarray:
-        """The whole current value (gathered from the workers when only a chunk is stored here)."""
+        """The whole current value (joined from its parts, and gathered from the workers when only this
+        worker's shards are stored here).
+        """
         shard = self._worker_shard
         return self._value if shard is None else shard.whole(self._value)
 
     def _shard_storage(self, shard: WorkerShard) -> None:
-        """Keeps only ``shard``'s chunk of the value in this process (ZeRO-1 across workers)."""
+        """Stores the value as ``shard``'s per-replica parts (ZeRO-1; across workers only this worker's).
+
+        In one process a step sharding it another way (another replica count) re-splits the value.
+
+        Raises:
+            InvalidArgumentError: Across workers, the variable is stored in another layout already;
+                or the layout's shape is not the variable's.
+        """
         with self._lock:
             current = self._worker_shard
-            if current is not None:
-                layout = (shard.workers, shard.worker, shard.chunk, shard.local)
-                if (current.workers, current.worker, current.chunk, current.local) != layout:
-                    raise InvalidArgumentError(
-                        f"variable {self.name} is stored as worker {current.worker}'s shards of {current.workers} "
-                        f"workers x {current.local} replicas, and a step wants worker {shard.worker}'s of "
-                        f"{shard.workers} x {shard.local}; every step that updates it must shard it the same way "
-                        "(the same strategy)")
+            if current is not None and current.same_layout(shard):
                 return
-            if tuple(shard.shape) != tuple(self._value.shape):
-                raise InvalidArgumentError(f"variable {self.name} has shape {self._value.shape}, the shard layout "
+            if current is not None and (current.workers > 1 or shard.workers > 1):
+                raise InvalidArgumentError(
+                    f"variable {self.name} is stored as worker {current.worker}'s shards of {current.workers} "
+                    f"workers x {current.local} replicas, and a step wants worker {shard.worker}'s of "
+                    f"{shard.workers} x {shard.local}; every step that updates it must shard it the same way "
+                    "(the same strategy)")
+            if tuple(shard.shape) != tuple(self.shape):
+                raise InvalidArgumentError(f"variable {self.name} has shape {self.shape}, the shard layout "
                                            f"says {shard.shape}")
-            self._value = shard.local_part(self._value)
+            self._value = shard.parts(self._eager_value())
             self._worker_shard = shard
 
-    def _stored(self, array: np.ndarray) -> np.ndarray:
-        """``array`` (the whole value, or this worker's chunk when sharded) as this process stores it."""
+    def _stored(self, array: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
+        """``array`` (the whole value, or this worker's shards one after the other when stored in parts) as
+        this process stores it.
+        """
         shard = self._worker_shard
-        if shard is None or array.shape == (shard.stored,) != tuple(shard.shape):
+        if shard is None:
             return array
-        if array.shape != tuple(shard.shape):
+        if array.shape != tuple(shard.shape) and array.shape != (shard.stored,):
             raise InvalidArgumentError(f"update of {self.name} has shape {array.shape}, expected {shard.shape} "
                                        f"(or this worker's {shard.stored} elements)")
-        return shard.local_part(array)
+        return shard.parts(array)
 
     def value(self) -> Any:
         """The current value (traced read inside a trace)."""
@@ -280,14 +324,42 @@ class Variable:
 
         A fresh array of the right type is adopted without a copy (the
         runtime hands over its output buffers); anything else is copied.
+        A variable stored in parts takes the whole value (or this worker's
+        shards one after the other) and splits it.
         """
-        if not (type(array) is np.ndarray and array.dtype == self._value.dtype and array.flags.c_contiguous
+        dtype = self.dtype
+        if not (type(array) is np.ndarray and array.dtype == dtype and array.flags.c_contiguous
                 and array.flags.writeable):
-            array = aligned(np.array(array, dtype=self._value.dtype, order="C", copy=True))
-        array = self._stored(array)
+            array = aligned(np.array(array, dtype=dtype, order="C", copy=True))
+        if self._worker_shard is not None:
+            self._value = self._stored(array)
+            return
         if array.shape != self._value.shape:
             raise InvalidArgumentError(f"update of {self.name} has shape {array.shape}, expected {self.shape}")
         self._value = array
+
+    def _write_parts(self, parts: list[np.ndarray]) -> None:
+        """Stores a step's update of a variable stored in parts: one new part per local replica, adopted
+        without a copy when fresh arrays of the right type (called by the runtime, which holds ``_lock``).
+
+        Raises:
+            InvalidArgumentError: The variable is not stored in parts, or a part has the wrong size.
+        """
+        shard = self._worker_shard
+        if shard is None or len(parts) != shard.local:
+            raise InvalidArgumentError(f"variable {self.name}: a step wrote back {len(parts)} part(s), and it is "
+                                       f"stored {'whole' if shard is None else f'in {shard.local} part(s)'}")
+        dtype = self.dtype
+        stored = []
+        for part in parts:
+            if not (type(part) is np.ndarray and part.dtype == dtype and part.flags.c_contiguous
+                    and part.flags.writeable):
+                part = aligned(np.array(part, dtype=dtype, order="C", copy=True))
+            if part.shape != (shard.chunk,):
+                raise InvalidArgumentError(f"update of a part of {self.name} has shape {part.shape}, expected "
+                                           f"({shard.chunk},)")
+            stored.append(part)
+        self._value = tuple(stored)
 
     # ------------------------------------------------------ numpy protocols
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
@@ -320,9 +392,13 @@ class Variable:
 
     def __repr__(self) -> str:
         shard = self._worker_shard
-        if shard is not None:  # printing must not start a collective
+        if shard is not None and shard.workers > 1:  # printing must not start a collective
             return (f"<gd.Variable '{self.name}' shape={self.shape} dtype={self.dtype.name}, sharded over "
                     f"{shard.workers} workers (this one keeps {shard.stored} elements)>")
+        if shard is not None:
+            value = np.array2string(self._eager_value(), separator=", ")
+            return (f"<gd.Variable '{self.name}' shape={self.shape} dtype={self.dtype.name}, numpy={value}, "
+                    f"stored in {shard.local} parts>")
         value = str(self._value[()]) if self.ndim == 0 else np.array2string(self._value, separator=", ")
         return f"<gd.Variable '{self.name}' shape={self.shape} dtype={self.dtype.name}, numpy={value}>"
 

@@ -72,7 +72,7 @@ def main(directory: Path) -> None:
     rewritten = sharded.train.get_concrete_function(*sharded.batch(0)).graph("rewritten")
     scatters = len(rewritten.find_nodes("CrossWorkerReduceScatter", gd.ir.GRAPHDIST_DOMAIN))
     slots = [v for v in sharded.optimizer.variables() if v._worker_shard is not None]
-    stored = sum(v._value.nbytes for v in slots)
+    stored = sum(v._stored_nbytes for v in slots)
     whole = sum(int(np.prod(v.shape)) * v.dtype.itemsize for v in slots)
 
     first = Trainer(gd.MultiWorkerMirroredStrategy(shard_optimizer_state=True))

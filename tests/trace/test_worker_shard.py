@@ -1,6 +1,7 @@
 """A variable stored as this worker's shards (ZeRO-1 across workers), without MPI: the other worker's
 shards come from a stand-in gather. Layout round trip, eager reads gather, writes keep the shards, and
-the errors for a second layout, a wrong-shape update, a step that reads the variable whole and an export."""
+the errors for a second layout, a wrong-shape update, a step that reads the variable whole and an export;
+in one process (one worker) the parts are the whole value and any step may read it."""
 
 from __future__ import annotations
 
@@ -32,14 +33,43 @@ def test_each_worker_stores_its_replicas_shards_and_a_read_gathers_the_whole() -
     np.testing.assert_array_equal(second.local_part(VALUE), [3, 4, 5, 9, 0, 0])
     variable = gd.Variable(VALUE)
     variable._shard_storage(second)
-    assert variable._value.shape == (6,) and variable.shape == (2, 5) and variable.ndim == 2 and len(variable) == 2
+    # Stored as one part per local replica (its shard), so a step feeds and adopts each part without copies.
+    assert [p.tolist() for p in variable._value] == [[3, 4, 5], [9, 0, 0]]
+    assert variable.shape == (2, 5) and variable.ndim == 2 and len(variable) == 2 and variable.dtype == np.float32
     np.testing.assert_array_equal(variable.numpy(), VALUE)
     np.testing.assert_array_equal(np.asarray(variable) + 0, VALUE)
     assert "sharded over 2 workers (this one keeps 6 elements)" in repr(variable)
     variable.assign(VALUE * 2)  # a whole value (a restored checkpoint): this worker keeps its shards
-    np.testing.assert_array_equal(variable._value, [6, 8, 10, 18, 0, 0])
-    variable._write(np.ones(6, np.float32))  # a step's write-back: the shards themselves
-    np.testing.assert_array_equal(variable._value, np.ones(6))
+    assert [p.tolist() for p in variable._value] == [[6, 8, 10], [18, 0, 0]]
+    variable._write(np.ones(6, np.float32))  # a write-back of the shards one after the other
+    assert [p.tolist() for p in variable._value] == [[1, 1, 1], [1, 1, 1]]
+    new = [np.full(3, 5, np.float32), np.full(3, 7, np.float32)]
+    variable._write_parts(new)  # a step's write-back: one part per local replica, adopted as they are
+    assert variable._value[0] is new[0] and variable._value[1] is new[1]
+
+
+def test_in_one_process_the_parts_are_the_whole_value() -> None:
+    """One worker (MirroredStrategy's ZeRO-1): no gather; the parts join to the value, whole writes split,
+    and a layout for another replica count re-splits the value."""
+    variable = gd.Variable(VALUE)
+    variable._shard_storage(WorkerShard(VALUE.shape, 1, 0, 5, local=2))
+    assert [p.tolist() for p in variable._value] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+    np.testing.assert_array_equal(variable.numpy(), VALUE)
+    assert "stored in 2 parts" in repr(variable) and "numpy=" in repr(variable)
+    variable.assign_add(np.ones_like(VALUE))
+    np.testing.assert_array_equal(variable.numpy(), VALUE + 1)
+    variable._shard_storage(WorkerShard(VALUE.shape, 1, 0, 3, local=4))  # 4 replicas: 3 each, 2 of padding
+    assert [p.tolist() for p in variable._value] == [[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 0, 0]]
+    np.testing.assert_array_equal(variable.numpy(), VALUE + 1)
+    with pytest.raises(gd.errors.InvalidArgumentError, match=r"wrote back 2 part\(s\), and it is stored in 4"):
+        variable._write_parts([np.zeros(3, np.float32)] * 2)
+    with pytest.raises(gd.errors.InvalidArgumentError, match=r"has shape \(2,\), expected \(3,\)"):
+        variable._write_parts([np.zeros(2, np.float32)] * 4)
+    # A step that reads it whole (compiled without ZeRO) is fed the joined value and its write-back split.
+    double = gd.function(lambda: variable.assign(variable * 2))
+    double()
+    np.testing.assert_array_equal(variable.numpy(), (VALUE + 1) * 2)
+    assert len(variable._value) == 4
 
 
 def test_bad_layouts_and_updates_are_clear_errors() -> None:
