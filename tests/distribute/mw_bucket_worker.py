@@ -6,7 +6,8 @@ gradient, one backward segment) and with
 ``CommunicationOptions(bytes_per_pack=BYTES_PER_PACK)`` and
 ``GRAPHDIST_OVERLAP=1`` (gradients packed, the backward pass cut at the
 packs). Writes to ``--out/rank<r>.npz``: each variant's final weights and
-losses, each plan's cross-worker all-reduce tasks and segment names, and
+losses, each plan's cross-worker all-reduce tasks, segment names and the
+forward/backward segments the plan lets a cross-worker all-reduce overlap, and
 from the timeline of the bucketed plan's second step (recorded in process,
 :func:`graphdist.runtime.timeline.record`) whether a cross-worker
 collective ran while a segment computed, and its MPI waits.
@@ -25,6 +26,7 @@ import graphdist as gd
 from graphdist.models.datasets import digits
 from graphdist.models.mlp import MLP
 from graphdist.runtime import timeline
+from graphdist.runtime.tasks import overlapping_segments
 
 GLOBAL_BATCH = 128
 #: Wide enough that the backward pass of the first layer (the last overlap sub-segment) takes a while.
@@ -72,9 +74,11 @@ def train(options: Any, devices: int, steps: int, overlap: bool) -> dict[str, An
             losses.append(float(step(x, labels)))
         steps_events += recorded
     cross = [c for c in plan.comms if c.op == "CrossWorkerAllReduce"]
+    may_overlap = overlapping_segments(plan.segments, plan.comms)
     return {"losses": np.array(losses), "weights": [np.asarray(v.numpy()) for v in model.trainable_variables],
             "cross": len(cross), "sequences": [int(c.attrs["sequence"]) for c in cross],
             "segments": [s.name for s in plan.segments],
+            "plan_overlaps": sorted({name for c in cross for name in may_overlap.get(c.name, []) if ".p0" in name}),
             "overlapping": sum(_overlapping(events) for events in steps_events),
             "mpi_waits": sum(1 for events in steps_events for e in events if e.name == "MPI wait"), "rank": rank}
 
@@ -94,6 +98,7 @@ def main() -> None:
         out[f"{label}_cross"] = result["cross"]
         out[f"{label}_sequences"] = np.array(result["sequences"])
         out[f"{label}_segments"] = np.array(result["segments"])
+        out[f"{label}_plan_overlaps"] = np.array(result["plan_overlaps"], dtype=str)
         out[f"{label}_overlapping"] = result["overlapping"]
         out[f"{label}_mpi_waits"] = result["mpi_waits"]
         out.update({f"{label}_var{i}": w for i, w in enumerate(result["weights"])})
