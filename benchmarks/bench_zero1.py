@@ -161,8 +161,9 @@ def markdown(results: dict[str, Any]) -> str:
         "| variant | optimizer state per replica (plan) | optimizer state stored per process | peak RSS per process "
         "| step |", "|---|---|---|---|---|", *rows, "",
         f"Ratios in one process (ZeRO-1 / unsharded): {_ratios(results)}.",
-        "In one process the replicas share host memory and each variable is one host array, so the process "
-        "stores the slots whole and peak RSS shows the step's transient buffers, not N copies of the slots."]
+        "In one process the replicas share host memory: each slot is stored as one part per replica (each "
+        "replica's update reads and writes back its own part), the parts together the whole slot, so the "
+        "process stores the slots once and peak RSS shows the step's transient buffers, not N copies of the slots."]
     if across:
         lines += ["", f"Ratios across 2 workers (ZeRO-1 / unsharded): {_ratios(across)}.",
                   "Each worker process stores only its chunk of every Adam slot; the gradient is reduce-scattered "

@@ -434,9 +434,13 @@ class _Rewrite:
         return flat
 
     def _scatter(self, member: Node, replica: int) -> Value:
-        flat = self._flat(member.inputs[0], "zero_grad")
         if self.across and self.local == 1:
+            flat = self._flat(member.inputs[0], "zero_grad")
             return self._cross(flat, "CrossWorkerReduceScatter", "scatter", {"reduce_op": "SUM"}, replica)
+        # The local ReduceScatter reads its input flat: only a padded gradient is flattened in the graph (a
+        # flattened segment output would be a copy of the whole gradient).
+        padded = self.shard * self.count != self.size
+        flat = self._flat(member.inputs[0], "zero_grad") if padded else member.inputs[0]
         attrs = {k: v for k, v in member.attrs.items() if k not in ("algorithm", "root")}
         attrs.update(group_key=f"{self.key}.scatter", group_size=self.local, shard=replica)
         node = self.graph.add_node("ReduceScatter", [flat], attrs, domain=GRAPHDIST_DOMAIN, name="reduce_scatter")

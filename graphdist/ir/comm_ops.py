@@ -9,9 +9,11 @@ runs them between the backends' segments, never a backend:
 * ``AllGather(x) -> y`` (``axis``, ``group_key``, ``group_size``): the
   participants' values concatenated along ``axis`` in replica order;
 * ``ReduceScatter(x) -> y`` (``reduce_op``, ``group_key``, ``group_size``,
-  ``shard``): the participants' rank-1 values reduced, and participant
-  ``shard`` gets elements ``[shard * k, (shard + 1) * k)`` of the result
-  (``k = len(x) / group_size``);
+  ``shard``): the participants' values reduced, and participant ``shard``
+  gets elements ``[shard * k, (shard + 1) * k)`` of the result flattened in
+  row-major order (``k = x.size / group_size``; a value of rank above 1 is
+  read flat, which costs the communicator nothing and spares a segment the
+  copy a flattened output would be);
 * ``CrossWorkerAllReduce`` / ``CrossWorkerAllGather`` / ``CrossWorkerReduceScatter``
   (``num_workers``, ``sequence``, ``comm_group``): the same between worker
   processes, through MPI (worker ``w`` of a reduce-scatter gets chunk ``w``);
@@ -88,10 +90,12 @@ def _infer_shard(node: Node, _: int | None) -> TypeList:
 
 def _infer_scatter(node: Node, _: int | None) -> TypeList:
     x = _in(node, 0)
-    count = int(node.attrs.get("num_workers" if node.op_type.startswith("CrossWorker") else "group_size", 1))
-    if x.rank != 1:
-        raise GraphError(f"{node.op_type} {node.name} takes a rank-1 value, got {x.type_str()}; flatten it first")
-    size = x.shape[0]
+    cross = node.op_type.startswith("CrossWorker")
+    count = int(node.attrs.get("num_workers" if cross else "group_size", 1))
+    if x.rank != 1 and (cross or x.rank == 0 or not x.is_static):
+        raise GraphError(f"{node.op_type} {node.name} takes a rank-1 value{'' if cross else ' (or a static shape)'}, "
+                         f"got {x.type_str()}; flatten it first")
+    size = x.shape[0] if x.rank == 1 else int(np.prod(x.shape, dtype=np.int64))
     if isinstance(size, int) and size % count:
         raise GraphError(f"{node.op_type} {node.name}: {size} elements do not split into {count} equal shards; "
                          "pad the value to a multiple of the group size first")
@@ -121,7 +125,7 @@ def _reference_all_gather(*values: np.ndarray, axis: int = 0, **_: Any) -> tuple
 def _reference_reduce_scatter(*values: np.ndarray, reduce_op: str = "SUM", **_: Any) -> tuple[np.ndarray, ...]:
     """Reduce-scatter over the given participants (participant ``i`` gets shard ``i`` of the reduction)."""
     total = _reference_all_reduce(*values, reduce_op=reduce_op)[0]
-    return tuple(np.array(part, copy=True) for part in np.split(total, len(values)))
+    return tuple(np.array(part, copy=True) for part in np.split(total.reshape(-1), len(values)))
 
 
 def _reference_identity(value: np.ndarray, **_: Any) -> tuple[np.ndarray]:
@@ -145,7 +149,7 @@ def register_comm_ops() -> None:
                       doc="Concatenate a value over a replica group along `axis`.",
                       attrs={"axis": 0, "group_size": 1}))
     register_op(OpDef("ReduceScatter", GRAPHDIST_DOMAIN, _infer_scatter, reference=_reference_reduce_scatter,
-                      doc="Reduce rank-1 values over a replica group; member `shard` gets that equal shard of it.",
+                      doc="Reduce values over a replica group; member `shard` gets that equal shard of it (flat).",
                       attrs={"reduce_op": "SUM", "group_size": 1, "shard": 0}))
     register_op(OpDef("Transfer", GRAPHDIST_DOMAIN, _unary(), reference=_reference_identity,
                       doc="Moves a value to the node's device (inserted by PartitionPass)."))

@@ -30,11 +30,11 @@ def _op(graph: Graph, op_type: str, inputs: list, attrs: dict | None = None, *, 
     return node.outputs[0]
 
 
-def _before() -> Graph:
+def _before(shape: tuple[int, ...] = SHAPE) -> Graph:
     """Two replicas' gradients all-reduced; replica 1's momentum update is written back, replica 0's is dead."""
     graph = Graph("before")
-    grads = [graph.add_input(f"g{r}", np.float32, SHAPE) for r in range(2)]
-    w, m = graph.add_input("w", np.float32, SHAPE), graph.add_input("m", np.float32, SHAPE)
+    grads = [graph.add_input(f"g{r}", np.float32, shape) for r in range(2)]
+    w, m = graph.add_input("w", np.float32, shape), graph.add_input("m", np.float32, shape)
     mu, lr = graph.add_initializer("mu", np.float32(0.9)), graph.add_initializer("lr", np.float32(0.1))
     sums = [_op(graph, "AllReduce", [grads[r]], {"reduce_op": "SUM", "group_key": "g", "group_size": 2},
                 replica=r, domain=GRAPHDIST_DOMAIN, side_effect=True) for r in range(2)]
@@ -42,8 +42,8 @@ def _before() -> Graph:
         new_m = _op(graph, "Add", [_op(graph, "Mul", [mu, m], replica=r), sums[r]], replica=r)
         new_w = _op(graph, "Sub", [w, _op(graph, "Mul", [lr, new_m], replica=r)], replica=r)
     graph.outputs = [new_w, new_m]
-    graph.meta["variables"] = [("w", VariableSpec("w1", "w", "<f4", SHAPE, True, "MirroredVariable")),
-                               ("m", VariableSpec("m1", "m", "<f4", SHAPE, False, "MirroredVariable"))]
+    graph.meta["variables"] = [("w", VariableSpec("w1", "w", "<f4", shape, True, "MirroredVariable")),
+                               ("m", VariableSpec("m1", "m", "<f4", shape, False, "MirroredVariable"))]
     graph.meta["variable_updates"] = [(new_w.name, "w1"), (new_m.name, "m1")]
     return graph
 
@@ -308,3 +308,42 @@ def test_across_workers_with_two_local_replicas_scatters_locally_then_across() -
     assert w_starts == [0, 2]  # shards 0 and 2 of w's 4 one-element shards
     assert result.graph.meta["sharded_state"]["m1"] == {"replicas": 4, "shard": 1, "size": 3, "workers": 2,
                                                         "worker": 0, "local": 2, "parts": ["m/part0", "m/part1"]}
+
+
+def _expected_unpadded() -> Graph:
+    """A (2, 2) momentum update over 2 replicas, m in parts: no padding, so each ReduceScatter reads the
+    gradient as it is (flat in the communicator: no flattened copy out of the backward segment)."""
+    shape = (2, 2)
+    graph = Graph("expected_unpadded")
+    grads = [graph.add_input(f"g{r}", np.float32, shape) for r in range(2)]
+    w = graph.add_input("w", np.float32, shape)
+    mu, lr = graph.add_initializer("mu", np.float32(0.9)), graph.add_initializer("lr", np.float32(0.1))
+    parts = [graph.add_input(f"m/part{r}", np.float32, (2,)) for r in range(2)]
+    new_ms, new_ws = [], []
+    for r in range(2):
+        scattered = _op(graph, "ReduceScatter", [grads[r]],
+                        {"reduce_op": "SUM", "group_key": "g.scatter", "group_size": 2, "shard": r},
+                        replica=r, domain=GRAPHDIST_DOMAIN, side_effect=True)
+        new_m = _op(graph, "Add", [_op(graph, "Mul", [mu, parts[r]], replica=r), scattered], replica=r)
+        step = _op(graph, "Mul", [lr, new_m], replica=r)
+        flat = _op(graph, "Reshape", [w, graph.add_initializer("flat", np.array([-1]))], replica=r)
+        bounds = [graph.add_initializer(n, np.array([b])) for n, b in (("s", 2 * r), ("e", 2 * r + 2), ("a", 0))]
+        new_ws.append(_op(graph, "Sub", [_op(graph, "Slice", [flat, *bounds], replica=r), step], replica=r))
+        new_ms.append(new_m)
+    gathered = [_op(graph, "AllGather", [new_ws[r]], {"axis": 0, "group_key": "g.gather", "group_size": 2},
+                    replica=r, domain=GRAPHDIST_DOMAIN, side_effect=True) for r in range(2)]
+    graph.outputs = [_op(graph, "Reshape", [gathered[1], graph.add_initializer("shape", np.array(shape))], replica=1),
+                     *new_ms]
+    return graph
+
+
+def test_an_unpadded_gradient_is_reduce_scattered_without_flattening() -> None:
+    graph = _shard(_before((2, 2)), PARTS_CTX)
+    assert_structural_equal(graph, _expected_unpadded(), meta_keys=META)
+    rng = np.random.default_rng(2)
+    feeds = {name: rng.standard_normal((2, 2)).astype(np.float32) for name in ("g0", "g1", "w", "m")}
+    want = _run(_before((2, 2)), feeds)
+    feeds.update({"m/part0": feeds["m"].reshape(-1)[:2], "m/part1": feeds["m"].reshape(-1)[2:]})
+    new_w, *parts = _run(graph, feeds)
+    np.testing.assert_allclose(new_w, want[0], rtol=1e-6)
+    np.testing.assert_allclose(np.concatenate(parts).reshape(2, 2), want[1], rtol=1e-6)

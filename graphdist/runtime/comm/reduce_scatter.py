@@ -1,7 +1,8 @@
 """Reduce-scatter between the logical devices of one process (``graphdist.ReduceScatter`` tasks).
 
 Participant ``i`` of a group gets shard ``i`` of the reduction of the
-participants' rank-1 buffers. Devices of one process share host memory, so
+participants' buffers, read flat (row-major; a buffer of higher rank is
+viewed flat, not copied). Devices of one process share host memory, so
 the reduction is computed once, by the local communicator's all-reduce (each
 element is combined once, as a ring reduce-scatter would), and every
 participant receives a read-only view of its own shard: no shard is copied.
@@ -23,11 +24,11 @@ __all__ = ["reduce_scatter"]
 
 
 def reduce_scatter(buffers: Sequence[np.ndarray], reduce_op: Any = "SUM", algorithm: str = "ring") -> list[np.ndarray]:
-    """Reduces rank-1 ``buffers`` and returns shard ``i`` of the result for participant ``i``.
+    """Reduces ``buffers`` and returns shard ``i`` of the flat result for participant ``i``.
 
     Args:
-        buffers: One rank-1 array per participant, all of one dtype and length,
-            the length a multiple of the participant count.
+        buffers: One array per participant, all of one dtype and shape, the
+            element count a multiple of the participant count.
         reduce_op: ``"SUM"``, ``"MEAN"``, ``"MAX"`` or ``"MIN"``.
         algorithm: The local communicator's all-reduce algorithm.
 
@@ -35,15 +36,15 @@ def reduce_scatter(buffers: Sequence[np.ndarray], reduce_op: Any = "SUM", algori
         One read-only array of ``len(buffer) / len(buffers)`` elements per participant.
 
     Raises:
-        InvalidArgumentError: A buffer is not rank 1, or its length does not split evenly.
+        InvalidArgumentError: A buffer is a scalar, or its element count does not split evenly.
     """
     count = len(buffers)
     for buffer in buffers:
-        if np.ndim(buffer) != 1 or count == 0 or np.shape(buffer)[0] % count:
+        if np.ndim(buffer) == 0 or count == 0 or np.size(buffer) % count:
             raise InvalidArgumentError(
-                f"reduce-scatter needs rank-1 buffers whose length is a multiple of the {count} participants, got "
+                f"reduce-scatter needs buffers whose element count is a multiple of the {count} participants, got "
                 f"shape {np.shape(buffer)}; pad the value to a multiple of the group size")
-    total = local.all_reduce(list(buffers), reduce_op, algorithm)[0]
+    total = local.all_reduce(list(buffers), reduce_op, algorithm)[0].reshape(-1)  # a view: the result is contiguous
     shard = total.shape[0] // count
     return [total[i * shard:(i + 1) * shard] for i in range(count)]
 
