@@ -89,6 +89,7 @@ from benchmarks import BENCHMARKS_MD, machine_info, machine_markdown, median, re
 from benchmarks.bench_train_step import NumpyTrainStep
 from benchmarks.quiet import QUIET, CpuMeter, loadavg, quiet_rounds, timed, wait_quiet
 from benchmarks.tf_serve import ServeProcess
+from graphdist.passes.lower_single_reader_all_reduces import SUMMED_GROUP
 
 __all__ = [
     "NAME", "SIZES", "BATCH", "LEARNING_RATE", "TF_VENV", "TF_SCRIPT", "TF_CROSS_DEVICE_OPS", "TF_THREADS",
@@ -359,6 +360,7 @@ def _breakdown(setup: dict[str, Any], steps: int, rounds: int) -> dict[str, Any]
         "segments": [{"name": n, "device": d, "nodes": len(s.nodes) if hasattr(s, "nodes") else None}
                      for (n, d), s in zip(segments, plan.segments)],
         "all_reduce_tasks": sum(1 for c in plan.comms if c.op == "AllReduce"),
+        "reader_sums": len({n.meta[SUMMED_GROUP] for n in plan.graph.nodes if SUMMED_GROUP in n.meta}),
         "all_reduce_bytes": int(sum(plan.graph_value(c.inputs[0]).nbytes for c in plan.comms if c.op == "AllReduce")),
         "median_us": result,
         "alone_us": alone,
@@ -984,7 +986,9 @@ def markdown(results: dict[str, Any], notes: Sequence[str] = ()) -> str:
             f"{'?' if b.get('foreign') is None else format(b['foreign'], '.0%')} of the CPU time meanwhile). "
             f"The plan: {len(seg_names)} ONNX Runtime segments "
             f"({', '.join(seg['name'] + ' on ' + seg['device'] for seg in b['segments'])}) and "
-            f"{b['all_reduce_tasks']} all-reduces of {b['all_reduce_bytes']:,} B per replica in all.",
+            f"{b['all_reduce_tasks']} all-reduces of {b['all_reduce_bytes']:,} B per replica in all; "
+            f"{b.get('reader_sums', 0)} gradients summed inside the segment of the replica "
+            "that updates them (`LowerSingleReaderAllReducesPass`).",
             "",
             "Critical path of one step (the parts of `strategy.run` add up to it):",
             "",

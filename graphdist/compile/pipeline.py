@@ -21,6 +21,7 @@ slot                   passes                                               fill
 ``collectives``        ``InsertCollectivesPass``                            always
 ``shard_optimizer``    ``ShardOptimizerStatePass``                          ``shard_optimizer_state``
 ``balance_updates``    ``BalanceVariableUpdatesPass``                       ``replicas`` > 1, variables local
+``single_readers``     ``LowerSingleReaderAllReducesPass``                  ``reduce_at_readers``, no packs
 ``central_storage``    ``PlaceVariablesPass``                               ``parameter_device``
 ``cross_worker``       ``InsertCrossWorkerCollectivesPass``                 ``multi_worker``
 ``lower_collectives``  ``LowerCollectivesPass``                             always
@@ -51,6 +52,7 @@ from graphdist.passes.fold_constants import FoldConstantsPass
 from graphdist.passes.insert_collectives import InsertCollectivesPass
 from graphdist.passes.insert_cross_worker_collectives import InsertCrossWorkerCollectivesPass
 from graphdist.passes.lower_collectives import LowerCollectivesPass
+from graphdist.passes.lower_single_reader_all_reduces import LowerSingleReaderAllReducesPass
 from graphdist.passes.lower_stop_gradients import LowerStopGradientsPass
 from graphdist.passes.lower_variable_updates import LowerVariableUpdatesPass
 from graphdist.passes.place_logical_devices import PlaceLogicalDevicesPass
@@ -63,8 +65,8 @@ from graphdist.passes.shard_optimizer_state import ShardOptimizerStatePass
 __all__ = ["SLOTS", "PipelineConfig", "Pipeline", "build_pipeline"]
 
 SLOTS = ("accumulate", "differentiate", "replicate", "variable_updates", "parameter_servers", "collectives",
-         "shard_optimizer", "balance_updates", "central_storage", "cross_worker", "lower_collectives", "bucketing",
-         "logical_devices", "cleanup", "devices")
+         "shard_optimizer", "balance_updates", "single_readers", "central_storage", "cross_worker", "lower_collectives",
+         "bucketing", "logical_devices", "cleanup", "devices")
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,9 @@ class PipelineConfig:
         collective_attrs: Attributes of multi-participant all-reduces
             (``{"algorithm": "ring"}``, ``reduce_to_one`` with ``reduce_to_device``...).
         bucketing: ``BucketCollectivesPass`` options (``num_packs`` or ``bytes_per_pack``), or ``None``.
+        reduce_at_readers: Sum a gradient read by one replica on that replica instead of all-reducing
+            it (``LowerSingleReaderAllReducesPass``): the strategy picks its reductions itself (no
+            ``cross_device_ops`` was given) and no packs were asked for.
         shard_optimizer_state: ZeRO-1: each replica keeps and updates its 1/N slice of the optimizer
             slots (``ShardOptimizerStatePass``).
         parameter_device: Central storage: the device holding every variable.
@@ -96,6 +101,7 @@ class PipelineConfig:
     replica_offset: int = 0
     collective_attrs: Mapping[str, Any] | None = None
     bucketing: Mapping[str, Any] | None = None
+    reduce_at_readers: bool = False
     shard_optimizer_state: bool = False
     parameter_device: str | None = None
     parameter_servers: bool = False
@@ -181,6 +187,8 @@ def build_pipeline(config: PipelineConfig) -> Pipeline:
             config.num_workers, config.replica_offset // max(config.replicas, 1), str(workers.get("comm_group", "")))]
     if config.replicas > 1 and config.parameter_device is None and not config.parameter_servers:
         slots["balance_updates"] = [BalanceVariableUpdatesPass()]
+        if config.reduce_at_readers and not config.bucketing:
+            slots["single_readers"] = [LowerSingleReaderAllReducesPass()]
     if config.parameter_servers:
         slots["parameter_servers"] = [PlacePSVariablesPass()]
     if config.parameter_device is not None:

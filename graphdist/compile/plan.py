@@ -222,9 +222,9 @@ class Plan:
 
     def _overlap_text(self) -> str:
         found = self.overlaps()
-        collectives = self.collectives
+        collectives = [c for c in self.collectives if c.op != "Transfer"]  # no task runs for a transfer
         if not collectives:
-            return "overlap: no collectives"
+            return "overlap: no collectives (transfers between devices of one process run no task)"
         width = max(len(c.name) for c in collectives)
         lines = ["overlap (segments that may run while each collective runs):"]
         lines += [f"  {c.name:<{width}}  {', '.join(found.get(c.name, [])) or '- (on the critical path)'}"

@@ -34,10 +34,15 @@ class MirroredStrategy(Strategy):
     Args:
         devices: Device strings (``"cpu:0"``, ``"cpu:1"``, ``"/gpu:0"``...);
             default: every GPU, else ``["cpu:0"]``.
-        cross_device_ops: All-reduce algorithm: ``gd.NcclAllReduce()``
-            (default; a ring between CPU devices), ``gd.HierarchicalCopyAllReduce()``
-            or ``gd.ReductionToOneDevice()``; ``shard_optimizer_state=True``
-            on any of them shards the optimizer state (ZeRO-1).
+        cross_device_ops: All-reduce algorithm: ``gd.NcclAllReduce()`` (a
+            ring between CPU devices), ``gd.HierarchicalCopyAllReduce()`` or
+            ``gd.ReductionToOneDevice()``; ``shard_optimizer_state=True`` on any
+            of them shards the optimizer state (ZeRO-1). Default (``None``):
+            graphdist picks, as TensorFlow does: a gradient that one replica
+            reads (its balanced update) is summed on that replica, read from
+            the others (``LowerSingleReaderAllReducesPass``); other values
+            are all-reduced like ``gd.NcclAllReduce()``. Give one explicitly
+            to all-reduce every gradient with it.
     """
 
     def __init__(self, devices: Sequence[Any] | None = None, cross_device_ops: CrossDeviceOps | None = None) -> None:
@@ -49,6 +54,7 @@ class MirroredStrategy(Strategy):
                 f"cross_device_ops must be a gd.CrossDeviceOps such as gd.NcclAllReduce(), got "
                 f"{type(cross_device_ops).__name__}"
             )
+        self._reduce_at_readers = cross_device_ops is None
         self._cross_device_ops = cross_device_ops or NcclAllReduce()
         logger.info("Using MirroredStrategy with devices %s", self.extended.worker_devices)
 
@@ -62,6 +68,7 @@ class MirroredStrategy(Strategy):
         return PipelineConfig(devices=self.extended.worker_devices, strategy=type(self).__name__,
                               collective_attrs=self._cross_device_ops.collective_attrs(),
                               bucketing=self._cross_device_ops.bucketing() or None,
+                              reduce_at_readers=self._reduce_at_readers,
                               shard_optimizer_state=self._cross_device_ops.shard_optimizer_state)
 
     def _variable_class(self) -> type:
@@ -69,4 +76,5 @@ class MirroredStrategy(Strategy):
 
     def __repr__(self) -> str:
         devices = list(self.extended.worker_devices)
-        return f"MirroredStrategy(devices={devices}, cross_device_ops={self._cross_device_ops!r})"
+        chosen = "" if self._reduce_at_readers else f", cross_device_ops={self._cross_device_ops!r}"
+        return f"MirroredStrategy(devices={devices}{chosen})"

@@ -12,7 +12,6 @@ Rewiring always goes through :meth:`Graph.replace_all_uses_with` (or
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -193,7 +192,7 @@ class Graph:
         self.meta: dict[str, Any] = {}
         self._names: set[str] = set()
         self._node_names: set[str] = set()
-        self._counter = itertools.count()
+        self._next_suffix = 0  # copied with the graph, so a copy names new nodes as the original would
 
     @property
     def opset(self) -> int:
@@ -212,7 +211,8 @@ class Graph:
         hint = hint or "v"
         name = hint
         while name in taken:
-            name = f"{hint}_{next(self._counter)}"
+            name = f"{hint}_{self._next_suffix}"
+            self._next_suffix += 1
         taken.add(name)
         return name
 
@@ -409,6 +409,7 @@ class Graph:
         new.meta = dict(self.meta)
         new._names = set(self._names)
         new._node_names = set(self._node_names)
+        new._next_suffix = self._next_suffix
         mapping: dict[int, Value] = {}
 
         def clone(value: Value) -> Value:

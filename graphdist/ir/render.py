@@ -145,6 +145,23 @@ def _check_lines(checks: Iterable[tuple[str, dict[str, Any], Sequence[str]]]) ->
     return f"run-time checks ({len(rows)}):\n" + "\n".join(rows) if rows else ""
 
 
+def _summed_lines(nodes: Iterable[Node]) -> str:
+    """The ``summed on the reader`` section: groups replaced by a sum on the one replica that reads them.
+
+    ``LowerSingleReaderAllReducesPass`` marks those nodes with ``meta["summed_group"]`` (``""`` if none).
+    """
+    last: dict[str, Node] = {}
+    for node in nodes:
+        if "summed_group" in node.meta:
+            last[str(node.meta["summed_group"])] = node  # the chain's last node holds the result
+    rows = [[_short(key), node.device or "-", str(node.meta.get("summed_replicas", "?")),
+             format_bytes(node.outputs[0].nbytes if node.outputs else None)] for key, node in last.items()]
+    if not rows:
+        return ""
+    table = format_table(["group", "summed on", "replicas", "bytes each"], rows)
+    return f"summed on the reader ({len(rows)} group(s) read by one replica, no all-reduce):\n{table}"
+
+
 def _attr_text(attrs: dict[str, Any], skip: Sequence[str] = ("group_key", "group_size", "algorithm",
                                                              "reduce_op")) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(attrs.items()) if k not in skip and v is not None)
@@ -258,6 +275,9 @@ def graph_overview(graph: Graph) -> str:
                         f"~{format_bytes(total_moved)} sent between devices (estimate){note}")
         sections.append(f"communication ({len(groups)} collective/transfer group(s), "
                         f"{sum(map(len, groups.values()))} node(s)):\n{table}\n{per_step}")
+    summed = _summed_lines(graph.nodes)
+    if summed:
+        sections.append(summed)
     checks = _check_lines((n.name, n.attrs, [n.device] if n.device else []) for n in graph.nodes
                           if is_runtime_check(n))
     if checks:
@@ -331,6 +351,9 @@ def plan_summary(plan: Any) -> str:
                      f"(all participants), ~{format_bytes(total_moved)} sent between devices (estimate)")
     else:
         lines.append("communication: none")
+    summed = _summed_lines(graph.nodes)
+    if summed:
+        lines.append(summed)
     checks = _check_lines((task.name, task.attrs, task.devices) for task in plan.checks)
     if checks:
         lines.append(checks)

@@ -8,6 +8,8 @@ worker per device (backends release the GIL while they compute, and each
 executable was compiled with its device's share of the host cores), and
 communication tasks run on the coordinating thread, the communication lane,
 so a collective of one replica's gradients overlaps other devices' work.
+A ``Transfer`` between logical devices is no task at all: its output is another name for
+its input (one process's devices share host memory), bound as soon as the input exists.
 When a communication task and segments become ready together, the segments
 are handed to the device threads first and the collective runs meanwhile:
 with PartitionPass's overlap cut (a device's backward pass in one segment
@@ -98,9 +100,13 @@ class Scheduler:
             self._identity = self._picks == list(range(len(plan.segments[0].outputs)))
             self._seg_inputs = list(plan.segments[0].inputs)
             return
+        self._aliases = _transfer_aliases(plan.comms)
         self._tasks = [_Task("segment", i, s.inputs, s.outputs, s.name) for i, s in enumerate(plan.segments)]
-        self._tasks += [_Task("comm", i, c.inputs, c.outputs, c.name) for i, c in enumerate(plan.comms)]
+        self._tasks += [_Task("comm", i, c.inputs, c.outputs, c.name) for i, c in enumerate(plan.comms)
+                        if c.op != "Transfer"]
         producer = {name: t for t in self._tasks for name in t.outputs}
+        producer.update({alias: producer[source] for source, aliases in self._aliases.items() if source in producer
+                         for alias in aliases})
         self._deps = [{id(producer[n]) for n in t.inputs if n in producer} for t in self._tasks]
         # Tasks numbered by attrs["sequence"] (collectives between processes) run in that order, so that
         # every process issues them in the same order whatever order its devices finish in.
@@ -131,8 +137,7 @@ class Scheduler:
                 timeline.finish_step(recorder)
         if self._single:
             return self._run_single(feeds)
-        env: dict[str, Any] = dict(self._plan.constants)
-        env.update(feeds)
+        env = self._initial_env(feeds)
         failures: list[tuple[int, Exception] | None] = []
         self._run_tasks(env, failures, None)
         _raise_first(failures)
@@ -155,12 +160,19 @@ class Scheduler:
         """:meth:`run` with every task's span recorded."""
         if self._single:
             return self._run_single(feeds, recorder)
-        env: dict[str, Any] = dict(self._plan.constants)
-        env.update(feeds)
+        env = self._initial_env(feeds)
         failures: list[tuple[int, Exception] | None] = []
         self._run_tasks(env, failures, recorder)
         _raise_first(failures)
         return [env[name] for name in self._plan.output_names]
+
+    def _initial_env(self, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
+        env: dict[str, Any] = dict(self._plan.constants)
+        env.update(feeds)
+        for source, aliases in self._aliases.items():
+            if source in env:
+                env.update(dict.fromkeys(aliases, env[source]))
+        return env
 
     # ----------------------------------------------------------- tasks
     def _run_segment(self, index: int, env: dict[str, Any],
@@ -202,8 +214,6 @@ class Scheduler:
                                     int(task.attrs.get("root", 0)))
         if task.op == "AllGather":
             return local.all_gather(buffers, int(task.attrs.get("axis", 0)))
-        if task.op == "Transfer":
-            return buffers  # logical devices of one process share host memory
         handler = _COMM_HANDLERS.get(task.op) or _builtin_handler(task.op)
         if handler is not None:
             return handler(task.op, task.attrs, buffers)
@@ -236,8 +246,9 @@ class Scheduler:
                 # only work there is runs on this coordinating thread (no hand-off to a worker and back);
                 # never while other segments run, or this thread could not hand their devices the next
                 # segment until its own ended (one device's chain of segments would run here while the
-                # other devices wait).
-                alone = len(segments) == 1 and not comms and not running
+                # other devices wait). The same holds for the step's last segments: when nothing is left to
+                # launch after them, one runs here while the device threads run the others.
+                alone = bool(segments) and not comms and (not remaining or (len(segments) == 1 and not running))
                 inline_segment = segments.pop() if alone else None
                 for task in segments:
                     running[pool.submit(self._run_segment, task.index, env, recorder)] = task
@@ -271,16 +282,34 @@ class Scheduler:
                     raise
                 self._finish(task, outputs, env, done, remaining)
 
-    @staticmethod
-    def _finish(task: _Task, outputs: Sequence[np.ndarray], env: dict[str, Any], done: set[int],
+    def _finish(self, task: _Task, outputs: Sequence[np.ndarray], env: dict[str, Any], done: set[int],
                 remaining: dict[int, set[int]]) -> None:
         env.update(zip(task.outputs, outputs))
+        if self._aliases:
+            for name, value in zip(task.outputs, outputs):
+                env.update(dict.fromkeys(self._aliases.get(name, ()), value))
         done.add(id(task))
         for deps in remaining.values():
             deps.discard(id(task))
 
 
 _ASSERT = "AssertInRange"
+
+
+def _transfer_aliases(comms: Sequence[CommTask]) -> dict[str, list[str]]:
+    """Source value -> the names ``Transfer`` tasks give it on other devices (through chains of transfers).
+
+    Logical devices of one process share host memory, so a transfer is a second name for the same array:
+    the scheduler binds the names when the source appears instead of running a task (which would cost a
+    turn of the coordinating thread between a segment and its readers on the other device).
+    """
+    source_of = {out: src for c in comms if c.op == "Transfer" for src, out in zip(c.inputs, c.outputs)}
+    aliases: dict[str, list[str]] = {}
+    for out, src in source_of.items():
+        while src in source_of:
+            src = source_of[src]
+        aliases.setdefault(src, []).append(out)
+    return aliases
 
 
 def _range_failure(bounds: np.ndarray, attrs: dict[str, Any]) -> tuple[int, Exception] | None:

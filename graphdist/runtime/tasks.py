@@ -93,7 +93,8 @@ def overlapping_segments(segments: Sequence[Segment], comms: Sequence[CommTask])
 
     A segment may overlap a communication task when it neither feeds it
     (directly or through other tasks) nor depends on its result: the
-    scheduler can then run both at once. Run-time assertions are left out.
+    scheduler can then run both at once. Run-time assertions and transfers
+    (another name for the same array within a process) are left out.
 
     Returns:
         Communication task name -> names of the segments it may overlap, in plan order (empty lists left out).
@@ -110,7 +111,7 @@ def overlapping_segments(segments: Sequence[Segment], comms: Sequence[CommTask])
                 backward.setdefault(index, set()).add(producer[value])
     found: dict[str, list[str]] = {}
     for offset, comm in enumerate(comms):
-        if comm.op == "AssertInRange":
+        if comm.op in ("AssertInRange", "Transfer"):  # a transfer runs no task (the scheduler binds a name)
             continue
         index = len(segments) + offset
         related = _reach(index, forward) | _reach(index, backward)

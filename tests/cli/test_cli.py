@@ -189,8 +189,9 @@ def test_inspect_training_step_under_mirrored_rewritten() -> None:
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert out.startswith("Graph 'mlp_train_step'  stage=rewritten")
-    assert "ops per device:" in out and "communication (5 collective/transfer group(s), 10 node(s)):" in out
-    assert "graphdist.AllReduce  SUM     ring" in out and "8,192 B" in out
+    # each gradient (and the loss) summed on the replica that reads it: no all-reduce, 5 sums
+    assert "ops per device:" in out and "Sum x5" in out and "graphdist.AllReduce" not in out
+    assert "summed on the reader (5 group(s) read by one replica, no all-reduce):" in out and "8,192 B" in out
     assert "mirrored on cpu:0, cpu:1" in out and "%arg0_r1: float32[8,64]" in out
 
 
@@ -201,7 +202,8 @@ def test_inspect_plan_stage() -> None:
     assert out.startswith("Plan 'mlp_train_step': 4 segment(s) on cpu:0, cpu:1")
     for title in ("devices:", "segments (execution order):", "communication:", "variables (5, 9,648 B):"):
         assert f"\n{title}\n" in out, title
-    assert "per step: 5 task(s), 19,288 B into collectives" in out
+    assert "per step: 5 task(s), 9,644 B into collectives" in out  # 5 transfers: each gradient sent once
+    assert "summed on the reader (5 group(s)" in out
 
 
 def test_inspect_diff_stage() -> None:
@@ -212,8 +214,9 @@ def test_inspect_diff_stage() -> None:
     for name in ("AutodiffPass", "LowerVariableUpdatesPass", "LowerCollectivesPass", "AssignDevicesPass",
                  "PartitionPass"):
         assert name in out
-    assert "-graphdist.Gradient x1" in out and "attrs +algorithm" in out  # traced once: one Gradient node
+    assert "-graphdist.Gradient x1" in out  # traced once: one Gradient node
     assert "+graphdist.AllReduce x10" in out  # InsertCollectivesPass: (4 gradients + the loss) x 2 replicas
+    assert "LowerSingleReaderAllReducesPass" in out and "-graphdist.AllReduce x10" in out  # summed at the readers
 
 
 def test_inspect_central_storage_and_one_device() -> None:
@@ -258,7 +261,7 @@ def test_inspect_writes_pictures(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert re.search(rf"wrote {re.escape(str(svg))} \(svg, \d+ nodes, stage partitioned\)", result.stdout)
     data = svg.read_text()
-    assert ET.fromstring(data).tag.endswith("svg") and "cpu:1" in data and "AllReduce SUM ring" in data
+    assert ET.fromstring(data).tag.endswith("svg") and "cpu:1" in data and "Sum" in data
     png = tmp_path / "plan.png"
     result = graphdist("inspect", MLP_STEP, *MIRRORED, "--stage", "plan", "--format", "png",
                        "-o", str(png))
@@ -274,7 +277,8 @@ def test_inspect_rewritten_onnx_declares_the_graphdist_domain(tmp_path: Path) ->
     model = onnx.load(str(path))
     onnx.checker.check_model(model, full_check=True)
     assert {o.domain: o.version for o in model.opset_import}["graphdist"] == 1
-    assert sum(n.op_type == "AllReduce" and n.domain == "graphdist" for n in model.graph.node) == 10
+    assert sum(n.op_type == "Sum" for n in model.graph.node) == 5  # the gradients and the loss, at their readers
+    assert not [n for n in model.graph.node if n.op_type == "AllReduce"]
     meta = {p.key: p.value for p in model.metadata_props}
     assert meta["graphdist.stage"] == "rewritten" and meta["graphdist.strategy"] == "MirroredStrategy"
 

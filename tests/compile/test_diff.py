@@ -75,7 +75,8 @@ def test_traced_vs_rewritten(mirrored: gd.ConcreteFunction) -> None:
     assert ops["graphdist.AssignVariable"]["removed"] == 5  # 4 weights and the step counter became outputs
     assert ops["graphdist.ReplicaAllReduce"]["removed"] == 4  # the 4 gradients' aggregation
     assert ops["graphdist.CrossReplicaReduce"]["removed"] == 1  # strategy.reduce of the loss
-    assert ops["graphdist.AllReduce"] == {"added": 10, "removed": 0, "changed": 0}  # (4 + 1) x 2 replicas
+    # Each gradient's sum (and the loss's) is read by one replica: summed there, no all-reduce left.
+    assert "graphdist.AllReduce" not in ops and ops["Sum"] == {"added": 5, "removed": 0, "changed": 0}
     assert len(diff.outputs_added) == 5  # the variable updates
     assert diff.nodes_before == len(mirrored.graph("traced").nodes)
     assert diff.nodes_after == len(mirrored.graph("rewritten").nodes)
@@ -97,10 +98,15 @@ def test_strategy_pass_diffs(mirrored: gd.ConcreteFunction) -> None:
         "graphdist.AllReduce": {"added": 10, "removed": 0, "changed": 0},
         "graphdist.ReplicaAllReduce": {"added": 0, "removed": 8, "changed": 0},
         "graphdist.CrossReplicaReduce": {"added": 0, "removed": 1, "changed": 0}}
-    lowered = by_name["LowerCollectivesPass"].diff
-    assert lowered.aspects() == {"attrs": 10} and not lowered.added and not lowered.removed
+    summed = by_name["LowerSingleReaderAllReducesPass"].diff.by_op()
+    assert summed["graphdist.AllReduce"] == {"added": 0, "removed": 10, "changed": 0}  # (4 + 1) x 2 replicas
+    assert summed["Sum"] == {"added": 5, "removed": 0, "changed": 0}  # one per group, on its reader
+    assert by_name["LowerCollectivesPass"].diff.empty  # no collective left to lower
     assert by_name["AssignDevicesPass"].diff.aspects()["device"] == by_name["AssignDevicesPass"].diff.nodes_after
-    assert by_name["PartitionPass"].diff.aspects().keys() == {"segment"}
+    partitioned = by_name["PartitionPass"].diff
+    assert partitioned.aspects().keys() == {"segment", "inputs"}  # the sums read the other replica via Transfers
+    assert {op for _, op in partitioned.added} == {"graphdist.Transfer"} and not partitioned.removed
+    assert {c.op for c in partitioned.changed if any(a.startswith("inputs") for a in c.aspects)} == {"Sum"}
     assert by_name["PartitionPass"].stage == "partitioned"
     # chained diffs add up; the re-run ends where compilation ended and leaves the compiled graphs alone
     for first, second in zip(report.passes, report.passes[1:]):
@@ -109,13 +115,25 @@ def test_strategy_pass_diffs(mirrored: gd.ConcreteFunction) -> None:
     assert mirrored.graph("traced").stage == "traced"
     text = report.format()
     assert text.splitlines()[0].startswith("passes of MirroredStrategy on cpu:0, cpu:1 for 'mlp_train_step'")
-    lower = names.index("LowerCollectivesPass") + 1
-    assert f"[{lower}] LowerCollectivesPass (stage traced)" in text and "attrs +algorithm" in text
+    lower = names.index("LowerSingleReaderAllReducesPass") + 1
+    assert f"[{lower}] LowerSingleReaderAllReducesPass (stage traced)" in text
     # a pass that changed nothing gets a summary line and no detail section
     graph = gd.trace(lambda x: (x + 1, x * 2)[0], np.ones(2, np.float32))
     twice = pipeline_diffs(graph, [EliminateDeadNodesPass(), EliminateDeadNodesPass()], PassContext(dump_dir=None))
     text = twice.format()
     assert "2  EliminateDeadNodesPass" in text and "no change" in text and "[2]" not in text
+
+
+def test_packed_all_reduces_stay_collectives_and_get_their_algorithm() -> None:
+    step, args = make_step(gd.MirroredStrategy(["cpu:0", "cpu:1"], cross_device_ops=gd.NcclAllReduce(num_packs=2)))
+    report = strategy_pass_diffs(step.get_concrete_function(*args))
+    names = [p.name for p in report.passes]
+    assert "LowerSingleReaderAllReducesPass" not in names  # packs asked for: the all-reduces stay
+    lowered = {p.name: p for p in report.passes}["LowerCollectivesPass"].diff
+    assert lowered.aspects() == {"attrs": 10} and not lowered.added and not lowered.removed
+    lower = names.index("LowerCollectivesPass") + 1
+    text = report.format()
+    assert f"[{lower}] LowerCollectivesPass (stage traced)" in text and "attrs +algorithm" in text
 
 
 def test_pass_manager_calls_on_pass_after_each_pass() -> None:

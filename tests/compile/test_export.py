@@ -124,8 +124,9 @@ def test_plan_json_schema(mirrored_plan) -> None:
     assert {s["device"] for s in doc["segments"]} == {"cpu:0", "cpu:1"}
     for seg in doc["segments"]:
         assert (directory / seg["file"]).is_file() and len(seg["sha256"]) == 64
-    # the gradients' all-reduces, and each replica's labels check (graphdist.ir.check_ops)
-    assert {c["op"] for c in doc["collectives"]} == {"AllReduce", "AssertInRange"}
+    # each gradient summed by the replica that updates it, the other's read through a Transfer; and each
+    # replica's labels check (graphdist.ir.check_ops)
+    assert {c["op"] for c in doc["collectives"]} == {"Transfer", "AssertInRange"}
     ids = [t["id"] for t in doc["tasks"]]
     assert all(set(t["deps"]) <= set(ids[:i]) for i, t in enumerate(doc["tasks"]))  # topological order
     assert doc["outputs"]["counts"] == [None, 2]
@@ -261,10 +262,12 @@ def test_loaded_graphs_and_summary(mirrored_plan) -> None:
     loaded = gd.load_plan(mirrored_plan[0])
     traced = loaded.graph("traced")  # one replica, cross-replica ops still abstract
     assert traced.find_nodes("ReplicaAllReduce", "graphdist") and not traced.find_nodes("AllReduce", "graphdist")
-    assert loaded.graph("rewritten").find_nodes("AllReduce", "graphdist")
+    sums = loaded.graph("rewritten").find_nodes("Sum")  # the gradients, summed where they are read
+    assert sums and not loaded.graph("rewritten").find_nodes("AllReduce", "graphdist")
+    assert {loaded.graph("partitioned").find_nodes("Sum")[i].device for i in range(len(sums))} == {"cpu:0", "cpu:1"}
     partitioned = loaded.graph("partitioned")
     assert partitioned.stage == "partitioned" and {n.device for n in partitioned.nodes} == {"cpu:0", "cpu:1"}
-    assert "AllReduce" in loaded.summary() and "cpu1" in loaded.summary()
+    assert "Transfer" in loaded.summary() and "cpu1" in loaded.summary()
     with pytest.raises(gd.PlanError, match="no 'optimized' graph"):
         loaded.graph("optimized")
 

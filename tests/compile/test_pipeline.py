@@ -85,11 +85,25 @@ def test_mirrored_with_nccl_packs() -> None:
     assert names.index("LowerCollectivesPass") + 1 == names.index("BucketCollectivesPass")
 
 
+def test_mirrored_default_sums_gradients_at_their_readers() -> None:
+    strategy = gd.MirroredStrategy(TWO)  # no cross_device_ops: graphdist picks
+    config = strategy.pipeline_config()
+    assert config.reduce_at_readers and config.collective_attrs == {"algorithm": "ring"} and config.bucketing is None
+    pipeline = strategy.pipeline()
+    assert _filled(pipeline) == _with_extra("balance_updates", "single_readers")
+    assert type(_only(pipeline, "single_readers")).__name__ == "LowerSingleReaderAllReducesPass"
+    names = [type(p).__name__ for p in pipeline]
+    assert names.index("BalanceVariableUpdatesPass") + 1 == names.index("LowerSingleReaderAllReducesPass")
+    # packs asked for keep the all-reduces (the overlap cut needs them)
+    assert "single_readers" not in _filled(build_pipeline(config.replace(bucketing={"num_packs": 2})))
+    assert not gd.MirroredStrategy(TWO, cross_device_ops=gd.NcclAllReduce()).pipeline_config().reduce_at_readers
+
+
 def test_mirrored_with_hierarchical_copy() -> None:
     config = gd.MirroredStrategy(TWO, cross_device_ops=gd.HierarchicalCopyAllReduce()).pipeline_config()
     assert config.collective_attrs == {"algorithm": "hierarchical_copy"} and config.bucketing is None
     pipeline = build_pipeline(config)
-    assert _filled(pipeline) == _with_extra("balance_updates")
+    assert _filled(pipeline) == _with_extra("balance_updates")  # an explicit choice: every gradient all-reduced
     assert type(_only(pipeline, "balance_updates")).__name__ == "BalanceVariableUpdatesPass"
     assert _only(pipeline, "lower_collectives").collective_attrs == {"algorithm": "hierarchical_copy"}
 
@@ -167,7 +181,7 @@ def test_with_slot_replaces_one_slot_and_refuses_unknown_names() -> None:
     assert len(trimmed) == len(original) - 1
     first = original.with_slot("differentiate", FoldConstantsPass())  # inserted last, still run first
     assert isinstance(first[0], FoldConstantsPass)
-    emptied = original.with_slot("balance_updates")
+    emptied = original.with_slot("balance_updates").with_slot("single_readers")
     assert _filled(emptied) == ALWAYS
     with pytest.raises(KeyError, match="unknown pipeline slot 'optimize'"):
         original.with_slot("optimize", FoldConstantsPass())

@@ -83,8 +83,9 @@ def test_mirrored_adam_equals_one_device() -> None:
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_plan_has_a_segment_per_device_and_all_reduces() -> None:
-    strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"])
+@pytest.mark.parametrize("cross_device_ops", [None, gd.NcclAllReduce()], ids=["default", "nccl"])
+def test_plan_has_a_segment_per_device_and_all_reduces(cross_device_ops) -> None:
+    strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"], cross_device_ops=cross_device_ops)
     with strategy.scope():
         model = MLP((8, 4, 3), seed=0, trainable=True)
         optimizer = gd.optimizers.SGD(0.1)
@@ -95,8 +96,15 @@ def test_plan_has_a_segment_per_device_and_all_reduces() -> None:
     plan = concrete.plan
     assert {s.device for s in plan.segments} == {"cpu:0", "cpu:1"}
     reduces = [c for c in plan.comms if c.op == "AllReduce"]
-    assert len(reduces) == len(model.trainable_variables)
-    assert all(c.devices == ["cpu:0", "cpu:1"] and c.attrs["algorithm"] == "ring" for c in reduces)
+    if cross_device_ops is None:  # each gradient summed on the replica that updates it
+        assert not reduces
+        sums = concrete.graph("partitioned").find_nodes("Sum")
+        assert len(sums) == len(model.trainable_variables) and {s.device for s in sums} == {"cpu:0", "cpu:1"}
+        moved = [c for c in plan.comms if c.op == "Transfer"]  # the other replica's gradient, to each reader
+        assert {d for c in moved for d in c.devices} == {"cpu:0", "cpu:1"}
+    else:
+        assert len(reduces) == len(model.trainable_variables)
+        assert all(c.devices == ["cpu:0", "cpu:1"] and c.attrs["algorithm"] == "ring" for c in reduces)
     gd.verify(concrete.graph("partitioned"))
 
 

@@ -26,9 +26,23 @@ needs_dot = pytest.mark.skipif(shutil.which("dot") is None,
 
 @pytest.fixture(scope="module")
 def mirrored() -> gd.ConcreteFunction:
-    strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"])
+    # An explicit NcclAllReduce: every gradient all-reduced (the collectives these tables and pictures show;
+    # the default sums each gradient on the replica that updates it, see test_default_mirrored_plan_...).
+    strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"], cross_device_ops=gd.NcclAllReduce())
     step, args = make_step(strategy)
     return step.get_concrete_function(*args)
+
+
+def test_default_mirrored_plan_shows_the_sums_and_their_transfers() -> None:
+    step, args = make_step(gd.MirroredStrategy(["cpu:0", "cpu:1"]))
+    plan = step.get_concrete_function(*args).plan
+    text = plan.summary()
+    comm = text.split("communication:")[1].split("run-time checks")[0].splitlines()
+    transfers = [line for line in comm if " Transfer " in line]
+    assert transfers and all("->" in line for line in transfers) and "AllReduce" not in text
+    assert {"cpu:1 -> cpu:0", "cpu:0 -> cpu:1"} <= {" ".join(line.split()[-3:]) for line in transfers}
+    dot = plan.to_dot()
+    assert "Transfer" in dot or "transfer" in dot
 
 
 @pytest.fixture(scope="module")
