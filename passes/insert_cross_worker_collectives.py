@@ -29,6 +29,7 @@ Cases:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from graphdist.errors import GraphError
@@ -124,18 +125,29 @@ def _crossed(value: Value | None) -> bool:
     return producer is not None and producer.domain == GRAPHDIST_DOMAIN and producer.op_type in CROSS_WORKER_OPS
 
 
-def number_cross_worker_groups(graph: Graph) -> bool:
-    """Numbers every cross-worker group (also those other passes made) in graph order; True if any changed.
+def number_cross_worker_groups(graph: Graph, phase: Mapping[int, int] | None = None) -> bool:
+    """Numbers every cross-worker group (also those other passes made); True if any changed.
 
-    The graph order is a topological order and the same in every worker, so issuing the groups by
-    number never waits on a later group and matches the other workers. ``BucketCollectivesPass``
+    The groups are numbered in graph order, or with ``phase`` (node id -> the partition's phase) by
+    phase first, then graph order. Both are the same in every worker, so every worker issues the MPI
+    calls in one order. The graph order is topological, but the scheduler runs *segments*, each all the
+    nodes of one device and phase: a segment can hold the update read by group ``k`` and one that waits
+    for a later group (ZeRO-1 with SGD: the weight all-gather of the first variable, then the gradient
+    reduce-scatter of the second). Numbering by phase first keeps every group after the groups its
+    segments wait for, so ``PartitionPass`` numbers them again that way. ``BucketCollectivesPass``
     numbers them again after packing the gradients' groups.
     """
+    nodes = [n for n in graph.nodes if n.domain == GRAPHDIST_DOMAIN and n.op_type in CROSS_WORKER_OPS]
+    if phase is not None:
+        group_phase: dict[str, int] = {}
+        for node in nodes:
+            key = str(node.attrs.get("group_key", node.name))
+            group_phase[key] = max(group_phase.get(key, 0), phase.get(id(node), 0))
+        position = {id(n): i for i, n in enumerate(nodes)}
+        nodes.sort(key=lambda n: (group_phase[str(n.attrs.get("group_key", n.name))], position[id(n)]))
     numbers: dict[str, int] = {}
     changed = False
-    for node in graph.nodes:
-        if node.domain != GRAPHDIST_DOMAIN or node.op_type not in CROSS_WORKER_OPS:
-            continue
+    for node in nodes:
         sequence = numbers.setdefault(str(node.attrs.get("group_key", node.name)), len(numbers))
         wanted = {"sequence": sequence, "name": f"step collective {sequence}"}
         if any(node.attrs.get(k) != v for k, v in wanted.items()):

@@ -42,6 +42,9 @@ Cases:
 * collectives between replicas: segments ``cpu0.p0``, ``cpu0.p1``, ...;
 * a phase segment feeding two or more buckets (overlap on): ``cpu0.p0.s0``,
   ``cpu0.p0.s1``, ... in bucket order; feeding fewer, or overlap off: not cut;
+* cross-worker groups (MPI): numbered again by phase, then graph order, so
+  the order every worker issues them in never has a group wait for a segment
+  that waits for a later group (see ``number_cross_worker_groups``);
 * a compute node reading another device's value: a ``Transfer`` node on the
   reader's device is inserted (one per value and device);
 * graph already partitioned: unchanged.
@@ -55,6 +58,7 @@ from graphdist.errors import InvalidArgumentError
 from graphdist.ir.comm_ops import is_communication
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node
 from graphdist.passes.base import PassBase, PassContext, PassResult
+from graphdist.passes.insert_cross_worker_collectives import number_cross_worker_groups
 
 __all__ = ["PartitionPass", "segment_name", "overlap_enabled", "OVERLAP_ENV"]
 
@@ -198,6 +202,7 @@ class PartitionPass(PassBase):
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
         modified = _insert_transfers(graph)
         phase = _phases(graph)
+        modified = number_cross_worker_groups(graph, phase) or modified
         compute = [n for n in graph.nodes if not is_communication(n)]
         single = not any(is_communication(n) for n in graph.nodes) and len({n.device for n in compute}) <= 1
         device_of = {id(n): n.device or ctx.devices[0] for n in graph.nodes}

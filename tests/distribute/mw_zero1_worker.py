@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -29,13 +30,13 @@ LABELS = RNG.integers(0, SIZES[-1], (5, GLOBAL_BATCH))
 
 
 class Trainer:
-    """The MLP with Adam under ``strategy``; ``step(i)`` trains on global batch ``i``."""
+    """The MLP with Adam (or ``optimizer()``) under ``strategy``; ``step(i)`` trains on global batch ``i``."""
 
-    def __init__(self, strategy: gd.Strategy) -> None:
+    def __init__(self, strategy: gd.Strategy, optimizer: Any = None) -> None:
         self.strategy = strategy
         with strategy.scope():
             self.model = MLP(SIZES, seed=0, trainable=True)
-            self.optimizer = gd.optimizers.Adam(0.05)
+            self.optimizer = optimizer() if optimizer else gd.optimizers.Adam(0.05)
         replica_step = self.model.make_train_step(self.optimizer, GLOBAL_BATCH)
         self.train = gd.function(
             lambda x, y: strategy.reduce("SUM", strategy.run(replica_step, args=(x, y)), axis=None))
@@ -69,6 +70,14 @@ def main(directory: Path) -> None:
         plain.step(i)
         sharded.step(i)
     trained = largest_difference(sharded.state(), plain.state())
+    # SGD: no slots, but each worker still updates its shard of every weight. Each variable's gather used to
+    # be numbered before the next one's scatter while one segment held both updates: no step could finish.
+    sgd_plain = Trainer(gd.MultiWorkerMirroredStrategy(), lambda: gd.optimizers.SGD(0.1))
+    sgd_sharded = Trainer(gd.MultiWorkerMirroredStrategy(shard_optimizer_state=True), lambda: gd.optimizers.SGD(0.1))
+    for i in range(3):
+        sgd_plain.step(i)
+        sgd_sharded.step(i)
+    sgd = largest_difference(sgd_sharded.state(), sgd_plain.state())
     rewritten = sharded.train.get_concrete_function(*sharded.batch(0)).graph("rewritten")
     scatters = len(rewritten.find_nodes("CrossWorkerReduceScatter", gd.ir.GRAPHDIST_DOMAIN))
     slots = [v for v in sharded.optimizer.variables() if v._worker_shard is not None]
@@ -92,7 +101,7 @@ def main(directory: Path) -> None:
     back.step(4)
     resumed = largest_difference(back.state(), sharded.state())
     print(f"worker {worker} ok trained {trained:.1e} resumed {resumed:.1e} scatters {scatters} slots {len(slots)} "
-          f"stored {stored} whole {whole}", flush=True)
+          f"stored {stored} whole {whole} sgd {sgd:.1e}", flush=True)
 
 
 def keras_fit(directory: Path) -> None:
