@@ -3,26 +3,9 @@
 ``gd.experimental.TPUStrategy`` is ``gd.TPUStrategy``, and so on: the seeds use
 both spellings (``tf.distribute.experimental.MultiWorkerMirroredStrategy``).
 ``gd.experimental.CommunicationOptions`` (``tf.distribute.experimental.CommunicationOptions``)
-configures ``MultiWorkerMirroredStrategy``'s collectives. The same names are
-also ``gd.distribute.experimental.*``.
+configures ``MultiWorkerMirroredStrategy``'s collectives. The names are
+:mod:`graphdist.distribute.experimental`'s (also ``gd.distribute.experimental.*``).
 """
 
-from graphdist.distribute.central_storage import CentralStorageStrategy
-from graphdist.distribute.multi_worker import (
-    CollectiveCommunication,
-    CommunicationImplementation,
-    CommunicationOptions,
-    MultiWorkerMirroredStrategy,
-)
-from graphdist.distribute.parameter_server import ParameterServerStrategy
-from graphdist.distribute.tpu import TPUStrategy
-
-__all__ = [
-    "CentralStorageStrategy",
-    "CollectiveCommunication",
-    "CommunicationImplementation",
-    "CommunicationOptions",
-    "MultiWorkerMirroredStrategy",
-    "ParameterServerStrategy",
-    "TPUStrategy",
-]
+from graphdist.distribute.experimental import *  # noqa: F403 - the same names, one list
+from graphdist.distribute.experimental import __all__  # noqa: F401

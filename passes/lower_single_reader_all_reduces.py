@@ -54,6 +54,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
+from graphdist.ir.liveness import live_nodes
 from graphdist.passes.base import PassBase, PassContext, PassResult
 
 __all__ = ["LowerSingleReaderAllReducesPass", "SUMMED_GROUP", "SUMMED_REPLICAS"]
@@ -73,7 +74,9 @@ class LowerSingleReaderAllReducesPass(PassBase):
         groups = _local_groups(graph)
         if not groups:
             return PassResult(graph, modified=False)
-        live = _live_nodes(graph, groups)
+        # A member counts only through its readers; a live member needs every member's input.
+        group_of = {id(m): members for members in groups.values() for m in members}
+        live = live_nodes(graph, through_readers=group_of.keys(), together=group_of)
         outputs = {id(v) for v in graph.outputs}
         lowered = 0
         for key, members in groups.items():
@@ -113,26 +116,6 @@ def _lowerable(members: list[Node]) -> bool:
         return False
     return all(str(m.attrs.get("reduce_op", "SUM")).upper() == op and m.inputs[0].dtype == dtype
                and m.inputs[0].shape == first.inputs[0].shape for m in members)
-
-
-def _live_nodes(graph: Graph, groups: dict[str, list[Node]]) -> set[int]:
-    """Ids of the nodes a graph output or a side effect depends on.
-
-    The candidate groups' members are side effects only through their readers: a member is live when its
-    result is needed, and then every member of its group is (the group needs all inputs).
-    """
-    group_of = {id(m): members for members in groups.values() for m in members}
-    stack = [v.producer for v in graph.outputs if v.producer is not None]
-    stack += [n for n in graph.nodes if n.meta.get("side_effect") and id(n) not in group_of]
-    live: set[int] = set()
-    while stack:
-        node = stack.pop()
-        if id(node) in live:
-            continue
-        live.add(id(node))
-        stack.extend(v.producer for v in node.inputs if v is not None and v.producer is not None)
-        stack.extend(group_of.get(id(node), ()))
-    return live
 
 
 def _is_read(value: Value, live: set[int], outputs: set[int]) -> bool:

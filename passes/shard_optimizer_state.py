@@ -84,6 +84,7 @@ import numpy as np
 
 import graphdist.runtime.comm.reduce_scatter  # noqa: F401 - registers the local ReduceScatter handler
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Node, Value
+from graphdist.ir.liveness import live_nodes
 from graphdist.ir.placement import PlacementSpec, VariablePlacement, variable_specs
 from graphdist.passes.base import PassBase, PassContext, PassResult
 
@@ -144,7 +145,7 @@ class ShardOptimizerStatePass(PassBase):
         return bool(ctx.options.get(REPLICA_PARTS_OPTION, False))
 
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
-        live = _live_nodes(graph)
+        live = live_nodes(graph)
         specs = {spec.uid: (name, spec) for name, spec in variable_specs(graph)}
         updated = {name: uid for name, uid in graph.meta.get("variable_updates", [])}
         parts = self._wants_parts(ctx)
@@ -207,20 +208,6 @@ class ShardOptimizerStatePass(PassBase):
             logger.debug("ShardOptimizerStatePass: group %s left unsharded: %s", key, reason)
             return None
         return _Update(members, owner, nodes, results, dead, parts)
-
-
-def _live_nodes(graph: Graph) -> set[int]:
-    """Ids of the nodes whose results reach a graph output or a side-effecting node."""
-    live: set[int] = set()
-    stack = [v.producer for v in graph.outputs if v.producer is not None]
-    stack += [n for n in graph.nodes if n.meta.get("side_effect")]
-    while stack:
-        node = stack.pop()
-        if id(node) in live:
-            continue
-        live.add(id(node))
-        stack.extend(v.producer for v in node.inputs if v is not None and v.producer is not None)
-    return live
 
 
 def _gradient_groups(graph: Graph) -> dict[str, list[Node]]:

@@ -1,19 +1,21 @@
-"""``gd.distribute.experimental``: the same names as ``gd.experimental``.
+"""``gd.distribute.experimental``: the strategies tf.distribute lists under ``tf.distribute.experimental``.
 
-``tf.distribute.experimental.X`` is ``gd.experimental.X`` (the spelling of
-API.md) and also ``gd.distribute.experimental.X``, e.g.
-``gd.distribute.experimental.CommunicationOptions(bytes_per_pack=...)``.
+``gd.distribute.experimental.TPUStrategy`` is ``gd.TPUStrategy``, and so on: the
+seeds use both spellings (``tf.distribute.experimental.MultiWorkerMirroredStrategy``).
+``CommunicationOptions`` (``tf.distribute.experimental.CommunicationOptions``)
+configures ``MultiWorkerMirroredStrategy``'s collectives. ``gd.experimental``
+(the spelling of API.md) holds the same names.
 """
 
-from graphdist.experimental import (
-    CentralStorageStrategy,
+from graphdist.distribute.central_storage import CentralStorageStrategy
+from graphdist.distribute.multi_worker import (
     CollectiveCommunication,
     CommunicationImplementation,
     CommunicationOptions,
     MultiWorkerMirroredStrategy,
-    ParameterServerStrategy,
-    TPUStrategy,
 )
+from graphdist.distribute.parameter_server import ParameterServerStrategy
+from graphdist.distribute.tpu import TPUStrategy
 
 __all__ = [
     "CentralStorageStrategy",
