@@ -32,17 +32,16 @@ import numpy as np
 
 from graphdist import nest, stats
 from graphdist.compile.build import compile_traced
-from graphdist.compile.interface import ArgumentFeed, Resolved, ResultLeaf, StepInterface, rebuild_results
+from graphdist.compile.interface import Resolved, StepInterface, rebuild_results
 from graphdist.compile.pipeline import PipelineConfig, build_pipeline
+from graphdist.compile.step_io import is_distributed, make_inputs, per_replica_batch, result_leaf, specs_of
 from graphdist.errors import InvalidArgumentError, TracingError
-from graphdist.ir.batch import BatchDim
 from graphdist.ir.graph import Graph
 from graphdist.ir.placement import PlacementSpec, VariablePlacement
 from graphdist.passes.shard_optimizer_state import REPLICA_PARTS_OPTION
 from graphdist.trace import context
-from graphdist.trace.tensor import Tensor
 from graphdist.trace.tracer import TensorSpec, TraceContext, call_user_function, current_trace
-from graphdist.trace.values import DistributedValues, PerReplica, TracedPerReplica
+from graphdist.trace.values import DistributedValues
 from graphdist.trace.variables import Variable, VariableLocks, WorkerShard, read_variable
 
 __all__ = ["function", "Function", "ConcreteFunction", "DEFAULT_MAX_SIGNATURES"]
@@ -53,10 +52,6 @@ STAGES = ("traced", "rewritten", "partitioned")
 
 #: Compiled signatures a ``gd.function`` keeps by default (least recently used ones are dropped).
 DEFAULT_MAX_SIGNATURES = 64
-
-
-def _is_distributed(value: Any) -> bool:
-    return isinstance(value, DistributedValues)
 
 
 def _is_dataset(value: Any) -> bool:
@@ -114,9 +109,9 @@ def signature_of(args: tuple, kwargs: dict) -> tuple[Any, list[Any]]:
         # Fast path for the common call (positional arrays only); same key as the general path.
         treedef = _ARRAY_ARGS_TREEDEFS.get(len(args))
         if treedef is None:
-            treedef = _ARRAY_ARGS_TREEDEFS[len(args)] = nest.flatten((tuple(args), {}), is_leaf=_is_distributed)[1]
+            treedef = _ARRAY_ARGS_TREEDEFS[len(args)] = nest.flatten((tuple(args), {}), is_leaf=is_distributed)[1]
         return (treedef, tuple((a.shape, a.dtype.str) for a in args)), list(args)
-    leaves, treedef = nest.flatten((args, kwargs), is_leaf=_is_distributed)
+    leaves, treedef = nest.flatten((args, kwargs), is_leaf=is_distributed)
     arrays: list[Any] = []
     key = (treedef, tuple(_leaf_signature(leaf, arrays) for leaf in leaves))
     return key, arrays
@@ -459,7 +454,7 @@ class Function:
                                     treedef)
         concrete._signature = key
         concrete._batch_args = batch_args
-        concrete._function, concrete._example = self, _specs(args, kwargs)
+        concrete._function, concrete._example = self, specs_of(args, kwargs)
         self._remember(key, concrete)
         logger.info("compiled %s for signature #%d: %d nodes, %d segment(s)", self._name, self._traces,
                     len(graphs["partitioned"].nodes), len(plan.segments))
@@ -479,7 +474,7 @@ class Function:
                 "global_batch_size counts the replicas and micro-batches itself)")
         if batch is None or traced.meta.get("replica_variants") or int(batch) % steps:
             return  # AccumulateGradientsPass says what is wrong with the batch
-        check = check_batch_follows(self, _specs(args, kwargs), traced, int(batch) // steps, batch_args=batch_args)
+        check = check_batch_follows(self, specs_of(args, kwargs), traced, int(batch) // steps, batch_args=batch_args)
         if not check["verified"]:
             raise TracingError(f"{self._name}: accumulate_steps={steps} runs the step on micro-batches of "
                                f"{int(batch) // steps} rows, and {check['reason']}; compute shapes from x.shape "
@@ -501,15 +496,15 @@ class Function:
         ctx = TraceContext(self._name)
         ctx.replicated = True  # the strategy's pipeline makes the replicas
         with ctx.activate():
-            proxy_args, proxy_kwargs, feeds = _make_inputs(ctx, args, kwargs, batch_args)
+            proxy_args, proxy_kwargs, feeds = make_inputs(ctx, args, kwargs, batch_args)
             with _strategy_scope(self._strategy):
                 result = call_user_function(self._fn, proxy_args, proxy_kwargs)
             result = nest.map_structure(lambda v: read_variable(v) if isinstance(v, Variable) else v, result)
-            leaves, treedef = nest.flatten(result, is_leaf=_is_distributed)
+            leaves, treedef = nest.flatten(result, is_leaf=is_distributed)
             flat: list[Any] = []
-            results = [_result_leaf(ctx, leaf, flat) for leaf in leaves]
+            results = [result_leaf(ctx, leaf, flat) for leaf in leaves]
             ctx.set_outputs(flat)
-        ctx.graph.meta["batch"] = _per_replica_batch(ctx.graph)
+        ctx.graph.meta["batch"] = per_replica_batch(ctx.graph)
         if count:
             stats.increment("traces")
         return ctx.graph, StepInterface(feeds, results), dict(ctx.variables), list(ctx.strategies), treedef
@@ -558,137 +553,6 @@ def _strategy_scope(strategy: Any) -> Any:
     if strategy is None or context.current_strategy() is strategy:
         return contextlib.nullcontext()
     return strategy.scope()
-
-
-def _make_inputs(ctx: TraceContext, args: tuple, kwargs: dict,
-                 batch_args: bool = False) -> tuple[tuple, dict, list[ArgumentFeed]]:
-    """Graph inputs for every array leaf; a per-replica leaf gets one input per distinct component shape.
-    With ``batch_args`` (one replica, gradient accumulation), array leaves of rank >= 1 are the one
-    replica's batch: per-replica inputs fed by the array itself.
-    """
-    leaves, treedef = nest.flatten((args, kwargs), is_leaf=_is_distributed)
-    feeds: list[ArgumentFeed] = []
-
-    def make(leaf: Any, hint: str) -> Any:
-        if isinstance(leaf, (np.ndarray, np.generic, TensorSpec)):
-            batch = batch_args and len(np.shape(leaf) if not isinstance(leaf, TensorSpec) else leaf.shape) > 0
-            proxy = _input(ctx, leaf, hint, per_replica=batch)
-            if batch:
-                ctx.graph.meta.setdefault("per_replica_inputs", {})[proxy.value.name] = None
-            feeds.append(ArgumentFeed("tensor", (proxy.value.name,)))
-            return proxy
-        if isinstance(leaf, DistributedValues):
-            replica_values, names = _per_replica_inputs(ctx, leaf.values, hint)
-            feeds.append(ArgumentFeed("per_replica", tuple(names)))
-            return TracedPerReplica(replica_values)
-        feeds.append(ArgumentFeed("none"))
-        return leaf
-
-    proxies = [make(leaf, f"arg{i}") for i, leaf in enumerate(leaves)]
-    new_args, new_kwargs = nest.unflatten(treedef, proxies)
-    return new_args, new_kwargs, feeds
-
-
-def _input(ctx: TraceContext, leaf: Any, hint: str, per_replica: bool = False) -> Any:
-    spec = leaf if isinstance(leaf, TensorSpec) else TensorSpec(np.shape(leaf), np.asarray(leaf).dtype)
-    if any(d is None for d in spec.shape):
-        raise TracingError(f"input {hint}: symbolic dimensions are not supported by gd.function yet; "
-                           "give a full static shape")
-    shape = tuple(spec.shape)
-    if per_replica and shape:
-        # The per-replica batch size: a symbol the step's constants remember (graphdist.ir.batch).
-        shape = (BatchDim(shape[0]), *shape[1:])
-    return ctx.input(spec.name or hint, spec.dtype, shape)
-
-
-def _per_replica_inputs(ctx: TraceContext, components: tuple[Any, ...], hint: str) -> tuple[list[Any], list[Any]]:
-    """One input per distinct (shape, dtype) among the array components; a variant per group when they differ."""
-    groups: dict[Any, list[int]] = {}
-    for replica, component in enumerate(components):
-        if isinstance(component, (np.ndarray, np.generic, TensorSpec)):
-            spec = component if isinstance(component, TensorSpec) else np.asarray(component)
-            groups.setdefault((tuple(spec.shape), np.dtype(spec.dtype).str), []).append(replica)
-    values: list[Any] = list(components)
-    names: list[Any] = [None] * len(components)
-    per_replica = ctx.graph.meta.setdefault("per_replica_inputs", {})
-    for replicas in groups.values():
-        proxy = _input(ctx, components[replicas[0]], hint, per_replica=True)
-        per_replica[proxy.value.name] = None if len(replicas) == len(components) else new_variant(ctx, replicas)
-        for replica in replicas:
-            values[replica], names[replica] = proxy, proxy.value.name
-    return values, names
-
-
-def _specs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """The arguments with every array (per-replica components too) replaced by its ``TensorSpec``, kept
-    to trace the step again (``graphdist.compile.step.check_rebatch``) without holding its data.
-    """
-    def spec(leaf: Any) -> Any:
-        if isinstance(leaf, (np.ndarray, np.generic)):
-            return TensorSpec(np.shape(leaf), np.asarray(leaf).dtype)
-        if isinstance(leaf, DistributedValues) and not isinstance(leaf, TracedPerReplica):
-            return PerReplica(tuple(spec(v) for v in leaf.values))
-        return leaf
-
-    leaves, treedef = nest.flatten((tuple(args), dict(kwargs)), is_leaf=_is_distributed)
-    new_args, new_kwargs = nest.unflatten(treedef, [spec(leaf) for leaf in leaves])
-    return tuple(new_args), dict(new_kwargs)
-
-
-def _per_replica_batch(graph: Graph) -> int | None:
-    """The per-replica batch size every per-replica input shares (their first dimension), or ``None``
-    (no per-replica input, a scalar one, or replicas of different batch sizes).
-    """
-    per_replica = graph.meta.get("per_replica_inputs", {})
-    if not per_replica or graph.meta.get("replica_variants"):
-        return None
-    sizes = {v.shape[0] if v.shape else None for v in graph.inputs if v.name in per_replica}
-    return int(sizes.pop()) if len(sizes) == 1 and None not in sizes else None
-
-
-def new_variant(ctx: TraceContext, replicas: list[int] | tuple[int, ...]) -> str:
-    """Registers a replica variant (replicas traced together because their arguments had one shape)."""
-    variants = ctx.graph.meta.setdefault("replica_variants", {})
-    for key, members in variants.items():
-        if list(members) == list(replicas):
-            return key
-    key = f"v{len(variants) + 1}"
-    variants[key] = list(replicas)
-    return key
-
-
-def _result_leaf(ctx: TraceContext, leaf: Any, flat: list[Any]) -> ResultLeaf:
-    """Appends ``leaf``'s values to the traced outputs ``flat``; says how the result is rebuilt."""
-    if isinstance(leaf, TracedPerReplica) and all(isinstance(v, Tensor) for v in leaf.replica_values):
-        positions: dict[int, int] = {}
-        per_replica = ctx.graph.meta.setdefault("per_replica_outputs", {})
-        outputs = []
-        for value in leaf.replica_values:
-            if id(value) not in positions:
-                positions[id(value)] = len(flat)
-                members = [r for r, v in enumerate(leaf.replica_values) if v is value]
-                variant = None if len(members) == len(leaf) else new_variant(ctx, members)
-                per_replica[len(flat)] = variant
-                flat.append(_replica_output(ctx, value, variant, flat))
-            outputs.append(positions[id(value)])
-        return ResultLeaf("per_replica", tuple(outputs))
-    if isinstance(leaf, DistributedValues):
-        start = len(flat)
-        flat.extend(leaf.values)
-        return ResultLeaf("components", tuple(range(start, len(flat))))
-    flat.append(leaf)
-    return ResultLeaf("plain", (len(flat) - 1,))
-
-
-def _replica_output(ctx: TraceContext, value: Tensor, variant: str | None, flat: list[Any]) -> Tensor:
-    """``value`` as a replica output: a per-replica input, or a value already output, gets an
-    ``Identity`` in the replica region (each output needs its own node, and each replica's copy its own).
-    """
-    if value.value.producer is not None and not any(f is value for f in flat):
-        return value
-    region = {"context": "replica"} if variant is None else {"context": "replica", "variant": variant}
-    with ctx.region(**region):
-        return ctx.emit1("Identity", [value.value], name="output")
 
 
 #: A function traced this many times gets one warning (tf.function warns after 5 retraces too).

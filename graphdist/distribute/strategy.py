@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from graphdist import nest
-from graphdist.compile.function import new_variant
 from graphdist.compile.pipeline import Pipeline, PipelineConfig, build_pipeline
+from graphdist.compile.step_io import new_variant
 from graphdist.distribute.reduce_op import ReduceOp
 from graphdist.distribute.replica_context import ReplicaContext, emit_cross_replica, new_group_key, replica_region
 from graphdist.errors import AxisError, InvalidArgumentError

@@ -95,7 +95,7 @@ def _node_proto(node: Node, keep_meta: bool = False) -> onnx.NodeProto:
         if text is not None:
             entry = proto.metadata_props.add()
             entry.key, entry.value = key, str(text)
-    for key in _KEPT_META if keep_meta else ():
+    for key in (*_KEPT_META, *_SUMMED_META) if keep_meta else _SUMMED_META:
         if node.meta.get(key) not in (None, False):
             entry = proto.metadata_props.add()
             entry.key, entry.value = f"graphdist.{key}", str(node.meta[key])
@@ -106,13 +106,21 @@ def _node_proto(node: Node, keep_meta: bool = False) -> onnx.NodeProto:
 #: back: a traced graph stored in a plan directory keeps which nodes each replica computes and which
 #: must always run. (Other stages leave them out: segments' bytes key the compile cache.)
 _KEPT_META = ("context", "variant", "side_effect", "source")
+#: Written at every stage: which all-reduce group a sum on its reader replaced
+#: (``LowerSingleReaderAllReducesPass``), so a loaded plan's summary lists it like the compiled one's.
+_SUMMED_META = ("summed_group", "summed_replicas")
 
 
 def _restore_meta(node: Node, proto: onnx.NodeProto) -> None:
     for prop in proto.metadata_props:
         key = prop.key.removeprefix("graphdist.")
-        if prop.key.startswith("graphdist.") and key in _KEPT_META:
-            node.meta[key] = True if key == "side_effect" else prop.value
+        if prop.key.startswith("graphdist.") and key in (*_KEPT_META, *_SUMMED_META):
+            value: Any = prop.value
+            if key == "side_effect":
+                value = True
+            elif key == "summed_replicas":
+                value = int(prop.value)
+            node.meta[key] = value
 
 
 def to_onnx(graph: Graph, *, opset: int | None = None, doc: str = "") -> onnx.ModelProto:
