@@ -4,8 +4,9 @@ As the tf.distribute guide shows for Keras: create the model and its
 optimizer inside ``strategy.scope()`` of ``gd.MirroredStrategy(["cpu:0",
 "cpu:1"])`` (two logical CPU devices), ``compile``, then ``fit`` distributes
 itself: every global batch of 64 is split 32 + 32 between the replicas, the
-whole step (two replicas' forward and backward passes, an all-reduce per
-gradient, the Adam update, the loss and accuracy sums) is one compiled plan.
+whole step (two replicas' forward and backward passes, each gradient summed
+on the replica that updates it, the Adam updates spread over both devices,
+the loss and accuracy sums) is one compiled plan.
 Data: scikit-learn's bundled digits (1,797 8x8 images, 80/20 split).
 
 Shows a progress bar per epoch (one line per epoch when the output is not a

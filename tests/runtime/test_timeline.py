@@ -187,3 +187,36 @@ def test_a_device_gets_its_next_segment_while_another_device_computes() -> None:
     b, c = scheduler.run({"x": np.ones(2)})
     np.testing.assert_array_equal(b, [3.0, 3.0])
     np.testing.assert_array_equal(c, [3.0, 3.0])
+
+
+def test_the_calling_thread_runs_a_segment_every_later_task_waits_for() -> None:
+    """Data parallel: each device's update reads both devices' gradients. Every later task waits for either
+    first segment, so the calling thread runs one of them itself (no hand-off to a device thread and back),
+    and one of the last two; the others run on the device threads, at the same time."""
+    ran_on: dict[str, str] = {}
+    both = threading.Barrier(2, timeout=10)
+
+    def segment(name: str, out: str, reads: tuple[str, ...], meet: bool = False):
+        def run(feeds):
+            ran_on[name] = threading.current_thread().name
+            if meet:
+                both.wait()  # the two first segments run at the same time
+            return [sum(feeds[r] for r in reads)]
+        return _Exe(run)
+
+    segments = [SimpleNamespace(name="g0", device="cpu:0", inputs=["x"], outputs=["a"]),
+                SimpleNamespace(name="g1", device="cpu:1", inputs=["x"], outputs=["b"]),
+                SimpleNamespace(name="u0", device="cpu:0", inputs=["a", "b_on0"], outputs=["c"]),
+                SimpleNamespace(name="u1", device="cpu:1", inputs=["a_on1", "b"], outputs=["d"])]
+    comms = [CommTask("t0", "Transfer", {}, ["b"], ["b_on0"], ["cpu:0"]),
+             CommTask("t1", "Transfer", {}, ["a"], ["a_on1"], ["cpu:1"])]
+    plan = SimpleNamespace(segments=segments, comms=comms, constants={}, input_names=["x"],
+                           output_names=["c", "d"], devices=["cpu:0", "cpu:1"], graph=SimpleNamespace(name="fake"))
+    executables = [segment("g0", "a", ("x",), meet=True), segment("g1", "b", ("x",), meet=True),
+                   segment("u0", "c", ("a", "b_on0")), segment("u1", "d", ("a_on1", "b"))]
+    c, d = Scheduler(plan, executables).run({"x": np.ones(2)})
+    np.testing.assert_array_equal(c, [2.0, 2.0])
+    np.testing.assert_array_equal(d, [2.0, 2.0])
+    caller = threading.current_thread().name
+    assert [ran_on[n] == caller for n in ("g0", "g1")].count(True) == 1
+    assert [ran_on[n] == caller for n in ("u0", "u1")].count(True) == 1
