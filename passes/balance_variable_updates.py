@@ -17,10 +17,12 @@ update in ``graph.meta["variable_updates"]`` is computed by the replica the
 balance chose. The balance works on *units*: updates whose computations share
 an intermediate value of more than one element (a momentum or Adam slot and
 its weight) form one unit, so nothing large is computed twice. Each unit
-weighs the bytes it writes back. Units that cannot move are counted first,
-on the replica that computes them; then the movable units, largest first
-(ties in write-back order), go to the local replica with the fewest bytes so
-far (ties: the highest replica, so the largest unit stays on the last one).
+weighs the bytes it writes back plus ``NODE_COST_BYTES`` (16 KiB) per node
+computing it (a node's fixed cost on a CPU backend, which dominates tiny
+updates). Units that cannot move are counted first, on the replica that
+computes them; then the movable units, heaviest first (ties in write-back
+order), go to the local replica with the least weight so far (ties: the
+highest replica, so the heaviest unit stays on the last one).
 The graph order of the nodes is unchanged (no node is created, except an
 ``Identity`` as below), so every replica's update still follows its sums.
 
@@ -35,7 +37,7 @@ Cases:
 * ZeRO-1 (``ShardOptimizerStatePass`` ran before): its updates read the
   ``ReduceScatter`` / ``AllGather`` groups (or their ``CrossWorker``
   forms), so they stay; they are already spread, so their bytes count
-  ``1/N`` on every replica;
+  ``1/N`` on every replica (and their nodes fully: each replica runs them);
 * an ``AllReduce`` group spanning other workers (``group_size`` above its
   local members, MultiWorkerMirrored): ``InsertCrossWorkerCollectivesPass``
   later makes every local member's readers read the member's cross-worker
@@ -43,7 +45,7 @@ Cases:
   other workers on every local replica, so the update is balanced within
   the process like a local one;
 * the optimizer's ``iterations`` counter (the variable plus a constant): a
-  unit of its own, of 8 bytes;
+  unit of its own, of 8 bytes and one node;
 * scalars shared by several updates (a learning-rate schedule, Adam's bias
   correction from ``iterations``, a global-norm clip factor) do not tie
   units together: every replica that updates something computes its own
@@ -70,7 +72,7 @@ from graphdist.ir.compare import same_attr
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
 from graphdist.passes.base import PassBase, PassContext, PassResult
 
-__all__ = ["BalanceVariableUpdatesPass"]
+__all__ = ["BalanceVariableUpdatesPass", "NODE_COST_BYTES"]
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +100,7 @@ class _Update:
 
 
 class BalanceVariableUpdatesPass(PassBase):
-    """Writes each replica-invariant variable update back from a replica chosen to balance the bytes."""
+    """Writes each replica-invariant variable update back from a replica chosen to balance the work."""
 
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
         replication = graph.meta.get("replication")
@@ -290,12 +292,24 @@ def _elements(value: Value) -> int:
     return int(np.prod(value.shape, dtype=np.int64)) if value.is_static else 1 << 62
 
 
+#: What one node of an update costs, in bytes written back: running a node costs a backend on a CPU
+#: about 1-2 us, the time one core takes to stream ~16 KiB. Without it, tiny updates (a ConvNet's biases
+#: and small kernels, each an Adam update of ~10 nodes) all landed on one device.
+NODE_COST_BYTES = 16 * 1024
+
+
+def _weight(unit: list[_Update]) -> float:
+    """A unit's cost: the bytes it writes back plus ``NODE_COST_BYTES`` per node computing it."""
+    nodes = {id(n) for update in unit for n in update.nodes}
+    return sum(u.nbytes for u in unit) + NODE_COST_BYTES * len(nodes)
+
+
 def _balance(units: list[list[_Update]], replicas: int, twins: _Twins) -> dict[int, int]:
     """Target replica of each movable unit (keyed by ``id`` of its first update)."""
     loads = [0.0] * replicas
     movable = []
     for unit in units:
-        nbytes = sum(u.nbytes for u in unit)
+        nbytes = _weight(unit)
         for update in unit:
             missing = [r for r in range(replicas) if twins.twin(update.value, update.nodes, r) is None]
             if update.problem is None and missing:
@@ -305,10 +319,11 @@ def _balance(units: list[list[_Update]], replicas: int, twins: _Twins) -> dict[i
             for update in unit:
                 logger.debug("BalanceVariableUpdatesPass: %s stays on replica %d (%s)", update.uid, update.replica,
                              "; ".join(problems))
-                if update.spread:
-                    loads = [load + update.nbytes / replicas for load in loads]
+                if update.spread:  # every replica runs the nodes on its slice of the bytes
+                    share = update.nbytes / replicas + NODE_COST_BYTES * len(update.nodes)
+                    loads = [load + share for load in loads]
                 elif 0 <= update.replica < replicas:
-                    loads[update.replica] += update.nbytes
+                    loads[update.replica] += _weight([update])
         else:
             movable.append((nbytes, unit))
     targets = {}
