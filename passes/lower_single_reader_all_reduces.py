@@ -53,14 +53,12 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from graphdist.ir.comm_ops import SUMMED_GROUP, SUMMED_REPLICAS
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
 from graphdist.ir.liveness import live_nodes
 from graphdist.passes.base import PassBase, PassContext, PassResult
 
 __all__ = ["LowerSingleReaderAllReducesPass", "SUMMED_GROUP", "SUMMED_REPLICAS"]
-
-#: ``node.meta`` keys of the nodes that replace a group: the group key they sum, and its member count.
-SUMMED_GROUP, SUMMED_REPLICAS = "summed_group", "summed_replicas"
 
 logger = logging.getLogger(__name__)
 

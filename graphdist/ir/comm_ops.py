@@ -36,8 +36,8 @@ from graphdist.errors import GraphError
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Node
 from graphdist.ir.ops import OpDef, TypeList, _in, _unary, normalize_axis, register_op
 
-__all__ = ["COMMUNICATION_OPS", "CROSS_WORKER_OPS", "RUNTIME_CHECK_OPS", "is_communication", "is_runtime_check",
-           "register_comm_ops"]
+__all__ = ["COMMUNICATION_OPS", "CROSS_WORKER_OPS", "RUNTIME_CHECK_OPS", "SUMMED_GROUP", "SUMMED_REPLICAS",
+           "is_communication", "is_runtime_check", "register_comm_ops"]
 
 #: graphdist ops run by a communicator; the only nodes that may read values placed on another device.
 COMMUNICATION_OPS = frozenset({"AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Send", "Recv", "Transfer",
@@ -49,6 +49,11 @@ COMMUNICATION_OPS = frozenset({"AllReduce", "AllGather", "ReduceScatter", "Broad
 
 #: The collectives between worker processes (run through MPI by ``graphdist.runtime.comm.mpi``).
 CROSS_WORKER_OPS = ("CrossWorkerAllReduce", "CrossWorkerAllGather", "CrossWorkerReduceScatter")
+
+#: ``node.meta`` keys of the nodes that replace an ``AllReduce`` group read by one replica (a sum on that
+#: replica, ``LowerSingleReaderAllReducesPass``): the group key they sum, and its member count. Summaries
+#: list them; plan files keep them.
+SUMMED_GROUP, SUMMED_REPLICAS = "summed_group", "summed_replicas"
 
 #: The tasks of :data:`COMMUNICATION_OPS` that check values instead of moving them: scheduled like
 #: communication (between segments), but summaries list them apart from the collectives.

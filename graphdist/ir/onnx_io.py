@@ -17,6 +17,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from graphdist.errors import GraphError
+from graphdist.ir.comm_ops import SUMMED_GROUP, SUMMED_REPLICAS
 from graphdist.ir.fold import fold_node
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Node, Value
 from graphdist.ir.onnx_schema_ops import generic_opdef, type_of
@@ -108,7 +109,7 @@ def _node_proto(node: Node, keep_meta: bool = False) -> onnx.NodeProto:
 _KEPT_META = ("context", "variant", "side_effect", "source")
 #: Written at every stage: which all-reduce group a sum on its reader replaced
 #: (``LowerSingleReaderAllReducesPass``), so a loaded plan's summary lists it like the compiled one's.
-_SUMMED_META = ("summed_group", "summed_replicas")
+_SUMMED_META = (SUMMED_GROUP, SUMMED_REPLICAS)
 
 
 def _restore_meta(node: Node, proto: onnx.NodeProto) -> None:
@@ -118,7 +119,7 @@ def _restore_meta(node: Node, proto: onnx.NodeProto) -> None:
             value: Any = prop.value
             if key == "side_effect":
                 value = True
-            elif key == "summed_replicas":
+            elif key == SUMMED_REPLICAS:
                 value = int(prop.value)
             node.meta[key] = value
 

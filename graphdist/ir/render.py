@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from graphdist.errors import GraphdistError, InvalidArgumentError
-from graphdist.ir.comm_ops import is_communication, is_runtime_check
+from graphdist.ir.comm_ops import SUMMED_GROUP, SUMMED_REPLICAS, is_communication, is_runtime_check
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
 from graphdist.ir.placement import VariableSpec, placement_of, variable_specs
 from graphdist.ir.printer import format_table
@@ -148,13 +148,13 @@ def _check_lines(checks: Iterable[tuple[str, dict[str, Any], Sequence[str]]]) ->
 def _summed_lines(nodes: Iterable[Node]) -> str:
     """The ``summed on the reader`` section: groups replaced by a sum on the one replica that reads them.
 
-    ``LowerSingleReaderAllReducesPass`` marks those nodes with ``meta["summed_group"]`` (``""`` if none).
+    ``LowerSingleReaderAllReducesPass`` marks those nodes with ``meta[SUMMED_GROUP]`` (``""`` if none).
     """
     last: dict[str, Node] = {}
     for node in nodes:
-        if "summed_group" in node.meta:
-            last[str(node.meta["summed_group"])] = node  # the chain's last node holds the result
-    rows = [[_short(key), node.device or "-", str(node.meta.get("summed_replicas", "?")),
+        if SUMMED_GROUP in node.meta:
+            last[str(node.meta[SUMMED_GROUP])] = node  # the chain's last node holds the result
+    rows = [[_short(key), node.device or "-", str(node.meta.get(SUMMED_REPLICAS, "?")),
              format_bytes(node.outputs[0].nbytes if node.outputs else None)] for key, node in last.items()]
     if not rows:
         return ""

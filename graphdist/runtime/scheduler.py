@@ -240,6 +240,16 @@ class Scheduler:
             for other in running:
                 other.cancel()
 
+        def collect(finished: Sequence[Future]) -> None:
+            for future in finished:
+                task = running.pop(future)
+                try:
+                    outputs = future.result()
+                except BaseException:
+                    cancel_running()
+                    raise
+                self._finish(task, outputs, env, done, remaining)
+
         while remaining or running:
             launch = ready()
             while launch:
@@ -272,13 +282,7 @@ class Scheduler:
                         cancel_running()
                         raise
                     self._finish(inline_segment, outputs, env, done, remaining)
-                    for future in [f for f in running if f.done()]:  # what finished meanwhile, without waiting
-                        try:
-                            outputs = future.result()
-                        except BaseException:
-                            cancel_running()
-                            raise
-                        self._finish(running.pop(future), outputs, env, done, remaining)
+                    collect([f for f in running if f.done()])  # what finished meanwhile, without waiting
                 launch = ready()
             if not running:
                 if remaining:
@@ -286,14 +290,7 @@ class Scheduler:
                     raise PlanError(f"plan {self._plan.graph.name!r} cannot make progress; waiting tasks: {stuck}")
                 break
             finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
-            for future in finished:
-                task = running.pop(future)
-                try:
-                    outputs = future.result()
-                except BaseException:
-                    cancel_running()
-                    raise
-                self._finish(task, outputs, env, done, remaining)
+            collect(list(finished))
 
     def _inline_choice(self, segments: list[_Task], comms: list[_Task],
                        remaining: dict[int, set[int]]) -> _Task | None:
