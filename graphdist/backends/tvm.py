@@ -199,6 +199,7 @@ def tune_trials() -> int:
 # ---------------------------------------------------------------------------- targets
 
 
+@functools.cache
 def _host_cpu() -> str:
     """LLVM's name for the host CPU (``skylake-avx512``, ``znver3``...), or ``""`` when unknown."""
     tvm = _tvm()
@@ -596,11 +597,16 @@ class TvmBackend:
         return f"tvm-{_tvm().__version__}-s{SCHEDULE_VERSION}.{_code_version()}{schedules}{tuned}"
 
     def target(self, device: Device | str) -> str:
-        """``"llvm"`` for ``cpu:N``, ``"cuda:N"`` for GPUs, ``"tpu"`` for the simulated TPU-like cores."""
+        """``"llvm"`` for ``cpu:N``, ``"cuda:N"`` for GPUs, ``"tpu"`` for the simulated TPU-like cores,
+        each followed by the host CPU the code is built for (``"llvm -mcpu=znver4"``).
+
+        Part of the cache key: all three build host code for this CPU (the GPU's too, around its
+        kernels), so a cache copied between an Intel and an AMD host never runs the other's code.
+        """
         device = parse_device(device)
-        if device.kind == "cpu":
-            return "llvm"
-        return "tpu" if device.kind == "tpu" else str(device)
+        kind = "llvm" if device.kind == "cpu" else "tpu" if device.kind == "tpu" else str(device)
+        cpu = _host_cpu()
+        return f"{kind} -mcpu={cpu}" if cpu else kind
 
     def compile(self, model: onnx.ModelProto, device: Device | str, *, threads: int | None = None,
                 cache_dir: Path | None = None,

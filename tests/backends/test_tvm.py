@@ -19,7 +19,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 import graphdist as gd
 from graphdist import stats
+import graphdist.backends.tvm as tvm_backend_module
 from graphdist.backends import CompileCache, get_backend
+from graphdist.backends.base import cache_key
 from graphdist.backends.tvm import MODULE_FILE, TvmBackend, build, structure_key, tune_trials
 from graphdist.backends.tvm_onnx import prepare_for_tvm
 from graphdist.compile.plan import Plan
@@ -50,9 +52,25 @@ def dense_model(rows: int = 6, inner: int = 40, cols: int = 24) -> tuple[onnx.Mo
 
 def test_targets() -> None:
     backend = TvmBackend()
-    assert [backend.target(d) for d in ("cpu:0", "cpu:3", "tpu:2", "cuda:1")] == ["llvm", "llvm", "tpu", "cuda:1"]
+    cpu = tvm_backend_module._host_cpu()
+    assert cpu  # LLVM knows every host of this machine kind (Intel and AMD seen)
+    assert [backend.target(d) for d in ("cpu:0", "cpu:3", "tpu:2", "cuda:1")] == [
+        f"llvm -mcpu={cpu}", f"llvm -mcpu={cpu}", f"tpu -mcpu={cpu}", f"cuda:1 -mcpu={cpu}"]
     assert backend.version.startswith("tvm-0.27")
     assert get_backend("tvm").name == "tvm"
+
+
+def test_code_built_for_one_cpu_is_cached_apart_from_another(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache copied from an Intel host to an AMD one (or back) never hands out the other's code."""
+    model, _, _ = dense_model(4, 8, 3)
+    backend = TvmBackend()
+    keys = {}
+    for cpu in ("sapphirerapids", "znver4"):
+        monkeypatch.setattr(tvm_backend_module, "_host_cpu", lambda cpu=cpu: cpu)
+        keys[cpu] = (cache_key(backend, model, Device("cpu", 0)),
+                     structure_key(model, backend.target("cpu:0"), backend.version, 2))
+    assert keys["sapphirerapids"][0] != keys["znver4"][0]
+    assert keys["sapphirerapids"][1] != keys["znver4"][1]
 
 
 @pytest.mark.parametrize("shape", [(256, 784, 512), (7, 33, 10), (64, 16, 130)])

@@ -278,6 +278,42 @@ def test_max_of_a_row_of_minus_infinity_is_minus_infinity() -> None:
     np.testing.assert_array_equal(exe.run({"x": x})[0], reference(model, [x])[0])
 
 
+EMPTY_REDUCTIONS = [
+    ("ReduceSum", TensorProto.FLOAT), ("ReduceProd", TensorProto.FLOAT), ("ReduceMax", TensorProto.FLOAT),
+    ("ReduceMin", TensorProto.FLOAT), ("ReduceL1", TensorProto.FLOAT), ("ReduceL2", TensorProto.FLOAT),
+    ("ReduceLogSum", TensorProto.FLOAT), ("ReduceLogSumExp", TensorProto.FLOAT),
+    ("ReduceSumSquare", TensorProto.FLOAT), ("ReduceMean", TensorProto.FLOAT),
+    ("ReduceSum", TensorProto.INT64), ("ReduceProd", TensorProto.INT32), ("ReduceMax", TensorProto.INT64),
+    ("ReduceMin", TensorProto.INT32), ("ReduceMax", TensorProto.BOOL), ("ReduceMin", TensorProto.BOOL),
+]
+
+
+@pytest.mark.parametrize("keepdims", [0, 1])
+@pytest.mark.parametrize(("op", "elem"), EMPTY_REDUCTIONS,
+                         ids=[f"{op}-{helper.tensor_dtype_to_np_dtype(e)}" for op, e in EMPTY_REDUCTIONS])
+def test_reductions_over_an_empty_axis_give_the_identity(op: str, elem: int, keepdims: int) -> None:
+    """A TIR reduction initialises its output in its first iteration: over an empty axis it wrote nothing,
+    and the output was uninitialised memory (wrong on an AMD host, right by luck on an Intel one). Each run
+    follows a run of the same shapes over a non-empty axis, so memory reused from it holds other values.
+    """
+    dtype = helper.tensor_dtype_to_np_dtype(elem)
+    axes = onnx.numpy_helper.from_array(np.array([1], np.int64), "axes")
+    node = helper.make_node(op, ["x", "axes"], ["y"], keepdims=keepdims)
+    empty = single_node_model(node, [("x", elem, [3, 0, 5])], ["y"], initializers=[axes])
+    full = single_node_model(node, [("x", elem, [3, 4, 5])], ["y"], initializers=[axes])
+    values = (RNG.standard_normal((3, 4, 5)) * 3 + 1).astype(dtype)
+    backend = TvmBackend()
+    assert isinstance(backend.compile(full, CPU0), TvmExecutable)
+    exe = backend.compile(empty, CPU0)
+    assert isinstance(exe, TvmExecutable)  # computed by TVM, not by the fallback
+    x = np.zeros((3, 0, 5), dtype)
+    for _ in range(3):
+        backend.compile(full, CPU0).run({"x": values})
+        got, expected = exe.run({"x": x})[0], reference(empty, [x])[0]
+        assert got.dtype == expected.dtype and got.shape == expected.shape
+        np.testing.assert_array_equal(got, expected)
+
+
 def test_float16_matmul_accumulates_in_float32() -> None:
     """TVM accumulated a float16 MatMul in float16 (36% off over 64 products); now as the reference."""
     a = RNG.standard_normal((2, 4, 64)).astype(np.float16)
