@@ -18,8 +18,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import graphdist as gd
-from graphdist import stats
 import graphdist.backends.tvm as tvm_backend_module
+from graphdist import stats
 from graphdist.backends import CompileCache, get_backend
 from graphdist.backends.base import cache_key
 from graphdist.backends.tvm import MODULE_FILE, TvmBackend, build, structure_key, tune_trials
