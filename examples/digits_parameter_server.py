@@ -6,7 +6,9 @@ Run it through ``graphdist launch``::
     graphdist launch --workers 2 --ps 2 -- python examples/digits_parameter_server.py --shards 2
 
 ``graphdist launch`` starts the ps tasks as the built-in server
-(``gd.Server``) and runs this program on every worker. Variables live on the
+(``gd.Server``) and runs this program on every worker. Or start every task
+by hand, each with its ``TF_CONFIG`` (as the seeds do, on any hosts): a ps
+task runs ``gd.Server(...).join()`` here, the workers train. Variables live on the
 ps tasks (round-robin; ``--shards N`` splits each along its first axis with
 ``gd.FixedShardsPartitioner``); each step pulls them, and pushes the
 optimizer's update, which the ps applies as it arrives. Each worker reads
@@ -36,6 +38,10 @@ def main() -> int:
     parser.add_argument("--shards", type=int, default=0, help="shard every variable over N ps tasks")
     args = parser.parse_args()
 
+    resolver = gd.cluster_resolver.TFConfigClusterResolver()
+    if resolver.task_type == "ps":  # started by hand with TF_CONFIG: this task serves variables
+        gd.Server(resolver.cluster_spec(), job_name="ps", task_index=resolver.task_id).join()
+        return 0
     partitioner = gd.FixedShardsPartitioner(args.shards) if args.shards else None
     strategy = gd.ParameterServerStrategy(variable_partitioner=partitioner)
     with strategy.scope():

@@ -75,8 +75,7 @@ from graphdist.ir import Graph, Node, Value, verify
 from graphdist.runtime.ps_server import Server
 from graphdist.trace import Tensor, TensorSpec, nn, trace
 from graphdist.trace.tape import GradientTape, grad, stop_gradient, value_and_grad
-
-__version__ = "0.1.0"
+from graphdist.version import __version__
 
 __all__ = [
     "__version__",

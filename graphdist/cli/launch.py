@@ -37,7 +37,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -46,11 +45,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from graphdist.errors import GraphdistError, InvalidArgumentError
+from graphdist.errors import InvalidArgumentError
 from graphdist.runtime import launch_status
+from graphdist.runtime.comm.mpi_join import find_mpiexec
 
 __all__ = ["add_launch_parser", "cmd_launch", "build_roles", "core_shares", "mpiexec_command", "find_mpiexec",
            "check_hosts", "rank_wrapper", "resolve_python"]
@@ -149,18 +148,6 @@ def core_shares(roles: Sequence[dict[str, Any]], cores: Sequence[int]) -> dict[i
         return {rank: [cores[i % len(cores)]] for i, rank in enumerate(ranks)}
     per = len(cores) // len(ranks)
     return {rank: cores[i * per:(i + 1) * per] for i, rank in enumerate(ranks)}
-
-
-def find_mpiexec() -> str:
-    """``mpiexec`` next to this Python (the venv's, from the ``mpich`` wheel), else on ``PATH``."""
-    beside = Path(sys.executable).parent / "mpiexec"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("mpiexec")
-    if found is None:
-        raise GraphdistError("mpiexec was not found next to this Python or on PATH; install MPI with "
-                             "`pip install 'graphdist[mpi]'` (mpi4py and the mpich wheel; `make install` does)")
-    return found
 
 
 def mpiexec_command(roles: Sequence[dict[str, Any]], command: Sequence[str], status_dir: str,

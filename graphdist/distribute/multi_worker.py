@@ -59,6 +59,7 @@ from graphdist.distribute.strategy import (
 )
 from graphdist.distribute.variables import MirroredVariable
 from graphdist.errors import ClusterConfigError, InvalidArgumentError
+from graphdist.runtime import rendezvous
 from graphdist.runtime.devices import num_gpus
 from graphdist.runtime.launch_status import launch_dir
 from graphdist.trace.values import DistributedValues, ValueContext, regroup
@@ -249,7 +250,7 @@ class MultiWorkerMirroredStrategy(Strategy):
     def _connect(self, spec: Any) -> Any:
         from graphdist.runtime.comm.mpi import MPICommunicator, register_group, world
 
-        comm = world()
+        comm = world(spec, self._resolver.task_type, self._resolver.task_id)
         size, rank = comm.Get_size(), comm.Get_rank()
         if size != self._num_workers:
             raise ClusterConfigError(
@@ -376,6 +377,11 @@ def _abort_job_on_uncaught_exception(comm: Any) -> None:
 
     def hook(kind: type[BaseException], value: BaseException, traceback: Any) -> None:
         previous(kind, value, traceback)
+        joined = rendezvous.current()
+        if joined is not None:  # a job of tasks started on their own: tell the others, then end
+            first_line = (str(value).strip().splitlines() or [""])[0]
+            joined.announce_failure(f"{kind.__name__}: {first_line}")
+            _end_this_process(interrupted=issubclass(kind, KeyboardInterrupt))
         if launch_dir() is not None:
             _end_this_process(interrupted=issubclass(kind, KeyboardInterrupt))
         if issubclass(kind, KeyboardInterrupt):
@@ -485,6 +491,9 @@ def _is_chief(spec: Any, task_type: str | None, task_id: int | None) -> bool:
 def _rank_name(spec: Any, rank: int) -> str:
     from graphdist.distribute.cluster import rank_task
 
+    joined = rendezvous.current()
+    if joined is not None:
+        return joined.describe(rank)  # with the task's host
     job, index = rank_task(spec, rank)
     return f"{job} {index} (rank {rank})"
 

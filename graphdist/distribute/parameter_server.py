@@ -214,7 +214,7 @@ class ParameterServerStrategy(Strategy):
         self._ps_tasks = spec.task_indices("ps")
         self._next_ps = itertools.count()
         self._keys: dict[str, int] = {}
-        self._client = _shared_client(spec)
+        self._client = _shared_client(spec, resolver.task_type, resolver.task_id)
         workers = [(job, i) for job in ("chief", "worker") if job in spec.jobs for i in spec.task_indices(job)]
         self._num_workers = len(workers)
         self._worker_index = workers.index((resolver.task_type, resolver.task_id))
@@ -349,7 +349,7 @@ def _run_ps_task(op: str, attrs: dict[str, Any], buffers: list[np.ndarray]) -> l
 _clients: list[Any] = []
 
 
-def _shared_client(spec: Any) -> Any:
+def _shared_client(spec: Any, task_type: str, task_id: int) -> Any:
     """One client per process and cluster (it tells the ps tasks once that this worker stopped)."""
     from graphdist.runtime.ps_server import PSClient
 
@@ -358,7 +358,7 @@ def _shared_client(spec: Any) -> Any:
             _clients.remove(client)
             _clients.append(client)
             return client
-    client = PSClient(spec)
+    client = PSClient(spec, task=(task_type, task_id))
     _clients.append(client)
     return client
 

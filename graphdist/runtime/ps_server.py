@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 
 from graphdist.errors import ClusterConfigError, CollectiveTimeoutError, GraphdistError, InvalidArgumentError
-from graphdist.runtime import launch_status
+from graphdist.runtime import launch_status, rendezvous
 from graphdist.runtime.cluster_spec import ClusterSpec, environment_config, rank_task, task_rank
 
 __all__ = ["Server", "PSClient", "TAG_REQUEST", "TAG_PAYLOAD", "TAG_REPLY", "TAG_REFUSAL", "main"]
@@ -127,7 +127,7 @@ class Server:
                                      "run the training program with a strategy instead")
         self.task_index = 0 if task_index is None else int(task_index)
         self._rank = task_rank(self._spec, "ps", self.task_index)
-        self._comm = world()
+        self._comm = world(self._spec, "ps", self.task_index)
         if self._comm.Get_size() != sum(self._spec.num_tasks(j) for j in self._spec.jobs if j != "evaluator"):
             raise ClusterConfigError(f"the cluster {self._spec.as_dict()} does not match this MPI job of "
                                      f"{self._comm.Get_size()} process(es); start it with graphdist launch")
@@ -195,14 +195,14 @@ class Server:
                     f"; lost: {self._names(self._lost)}" if self._lost else "")
 
     def _drop_ended(self, waiting: set[int]) -> None:
-        """Stops waiting for workers whose process ended (launch status folder) without saying ``stop``."""
+        """Stops waiting for workers whose process ended without saying ``stop``."""
         for rank in sorted(waiting):
-            status = launch_status.read_exit(rank)
-            if status is None:
+            ended, how = _task_exit(rank)
+            if not ended:
                 continue
             waiting.discard(rank)
-            if status["returncode"] != 0:
-                self._lose(rank, launch_status.describe_exit(int(status["returncode"])))
+            if how is not None:
+                self._lose(rank, how)
 
     def _lose(self, rank: int, how: str) -> None:
         if rank not in self._lost:
@@ -211,11 +211,11 @@ class Server:
                            self._names([rank]), how)
 
     def _ended(self, rank: int) -> bool:
-        """Whether ``rank`` ended (launch status folder) while the server waits on it; then it is lost."""
-        status = launch_status.read_exit(rank)
-        if status is not None:
-            self._lose(rank, launch_status.describe_exit(int(status["returncode"])))
-        return status is not None
+        """Whether ``rank`` ended while the server waits on it; then it is lost."""
+        ended, how = _task_exit(rank)
+        if ended:
+            self._lose(rank, how or "it ended")
+        return ended
 
     def _names(self, ranks: Any) -> str:
         return ", ".join(f"{job} {i} (rank {r})" for r in sorted(ranks) for job, i in [rank_task(self._spec, r)])
@@ -307,6 +307,20 @@ class Server:
                                      f"within {self.timeout:g} s (dead or stuck)")
 
 
+def _task_exit(rank: int) -> tuple[bool, str | None]:
+    """``(ended, how it failed)`` of task ``rank``: from the launch status folder under ``graphdist launch``,
+    else from the job's connections (tasks started on their own); ``how`` is ``None`` for a clean end.
+    """
+    status = launch_status.read_exit(rank)
+    if status is not None:
+        code = int(status["returncode"])
+        return True, None if code == 0 else launch_status.describe_exit(code)
+    outcome = rendezvous.task_ended(rank)
+    if outcome is None:
+        return False, None
+    return True, None if outcome == "finished" else outcome
+
+
 def _parse_header(header: bytearray) -> dict[str, Any]:
     try:
         request = json.loads(header.decode())
@@ -341,16 +355,19 @@ class PSClient:
     Args:
         spec: The cluster.
         timeout: Seconds to wait for a reply (default ``GRAPHDIST_COLLECTIVE_TIMEOUT`` or 300).
+        task: This worker's ``(task_type, task_id)``: a worker started on its own joins the job's
+            tasks (:func:`graphdist.runtime.comm.mpi.world`).
 
     Raises:
         ClusterConfigError: The MPI job does not match the cluster.
     """
 
-    def __init__(self, spec: ClusterSpec, timeout: float | None = None) -> None:
+    def __init__(self, spec: ClusterSpec, timeout: float | None = None,
+                 task: tuple[str, int] | None = None) -> None:
         from graphdist.runtime.comm.mpi import default_timeout, world
 
         self._spec = spec
-        self._comm = world()
+        self._comm = world(spec, *task) if task is not None else world()
         expected = sum(spec.num_tasks(j) for j in spec.jobs if j != "evaluator")
         if self._comm.Get_size() != expected:
             raise ClusterConfigError(

@@ -53,12 +53,13 @@ import numpy as np
 
 from graphdist.errors import CollectiveTimeoutError, GraphdistError, InvalidArgumentError
 from graphdist.ir import comm_ops
-from graphdist.runtime import timeline
+from graphdist.runtime import rendezvous, timeline
 
 __all__ = [
     "MPICommunicator",
     "CollectiveMismatchError",
     "CommunicatorBrokenError",
+    "TaskLostError",
     "world",
     "default_communicator",
     "set_default_communicator",
@@ -89,12 +90,44 @@ class CommunicatorBrokenError(CollectiveTimeoutError):
     """A previous collective failed; the communicator cannot be used any more."""
 
 
-def world() -> Any:
-    """``MPI.COMM_WORLD`` (initialising MPI on first use).
+class TaskLostError(CollectiveTimeoutError):
+    """Another task of the job ended (killed, crashed, failed) while this one waited for it."""
+
+
+def world(spec: Any = None, task_type: str | None = None, task_id: int | None = None) -> Any:
+    """The communicator of every task of the job (initialising MPI on first use).
+
+    Under an MPI launcher (``graphdist launch``, ``mpiexec -n N``, ``srun``)
+    that is ``MPI.COMM_WORLD``. A task started on its own with a multi-task
+    cluster (``spec``, with this task's ``task_type`` / ``task_id``) joins the
+    other tasks first (:func:`graphdist.runtime.comm.mpi_join.join`); later
+    calls return the same communicator.
 
     Raises:
         GraphdistError: mpi4py or an MPI library is not installed.
+        ClusterConfigError: The tasks cannot meet or join.
     """
+    global _joined
+    if _joined is not None:
+        return _joined
+    if spec is not None and task_type is not None and task_id is not None:
+        from graphdist.runtime.comm import mpi_join
+
+        if len(mpi_join.meeting_ranks(spec)) > 1 and task_type != "evaluator":
+            _joined = mpi_join.join(spec, task_type, int(task_id))
+            return _joined
+    return world_of_launcher()
+
+
+_joined: Any = None
+
+
+def world_of_launcher() -> Any:
+    """``MPI.COMM_WORLD``: the processes the MPI launcher started together (initialising MPI)."""
+    return _import_mpi().COMM_WORLD
+
+
+def _import_mpi() -> Any:
     from graphdist.runtime import launch_status
 
     # graphdist launch ends a job whose rank ended without MPI while another waits in MPI_Init (for ever).
@@ -105,7 +138,7 @@ def world() -> Any:
         raise GraphdistError(f"multi-process training needs mpi4py and an MPI library ({err}); install them with "
                              "`pip install 'graphdist[mpi]'` (mpi4py and the mpich wheel)") from None
     launch_status.record_mpi("ready")
-    return MPI.COMM_WORLD
+    return MPI
 
 
 def default_timeout() -> float:
@@ -351,6 +384,9 @@ class MPICommunicator:
                 if polls % 64:
                     continue  # MPI progresses the collective only inside Test(): poll tightly
                 self._serve_pings()
+                lost = rendezvous.first_loss()
+                if lost is not None:
+                    self._fail_lost(f"{kind} {name or ''}".strip(), lost)
                 now = time.monotonic()
                 if now > deadline:
                     self._fail(f"{kind} {name or ''}".strip(), f"did not complete within {self.timeout:g} s")
@@ -394,6 +430,20 @@ class MPICommunicator:
             pass  # a peer that died makes sends fail; it is reported as not answering
         return replies
 
+    def _fail_lost(self, what: str, lost: str) -> None:
+        message = (f"{self.rank_names[self.rank]}: collective {self._current} cannot complete: {lost}. The job "
+                   "cannot go on without it; check that task's output and restart the job (from the last "
+                   "checkpoint)")
+        self._break(message)
+        logger.debug("collective failed (%s): %s", what, message)
+        raise TaskLostError(message)
+
+    def _break(self, message: str) -> None:
+        self._broken = message
+        if not _broken_processes:
+            atexit.register(_skip_finalize_when_broken)
+        _broken_processes.append(message)
+
     def _fail(self, what: str, reason: str) -> None:
         grace = min(2.0, max(0.2, self.timeout / 4))
         replies = self._probe_peers(grace)
@@ -402,7 +452,7 @@ class MPICommunicator:
                      if seq is not None and seq != self._seq]
         details = []
         if silent:
-            details.append(f"no answer from {', '.join(silent)} (dead, or stuck outside graphdist)")
+            details.append(f"no answer from {', '.join(silent)} (dead, unreachable, or stuck outside graphdist)")
         if elsewhere:
             details.append("; ".join(elsewhere))
         if not details:
@@ -410,10 +460,7 @@ class MPICommunicator:
         message = (f"{self.rank_names[self.rank]}: collective {self._current} {reason}: "
                    f"{'; '.join(details)}. Check the output of those processes; raise the limit with "
                    "GRAPHDIST_COLLECTIVE_TIMEOUT (or graphdist launch --timeout) if a step is just slow")
-        self._broken = message
-        if not _broken_processes:
-            atexit.register(_skip_finalize_when_broken)
-        _broken_processes.append(message)
+        self._break(message)
         logger.debug("collective failed (%s): %s", what, message)
         raise CollectiveTimeoutError(message)
 
