@@ -269,7 +269,7 @@ class Rendezvous:
         refused: list[_Arrival] = []
         problems: list[str] = []
         with self._arrived:
-            while expected - set(arrivals):
+            while expected - set(arrivals) - {a.rank for a in refused}:
                 if not self._arrivals:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
