@@ -11,7 +11,9 @@ interface shapes its link (rate, delay, loss); taking that interface down
 cuts the host off (a network partition). Kernels without ``netem`` (this
 project's CI VMs) shape the rate only, with a token bucket (``tbf``).
 
-A :class:`HostBed` creates the namespaces when entered and deletes them, and
+:meth:`HostBed.start_sshd` runs an ssh server in every host (a key made for
+the bed only), for ``graphdist launch --hosts`` through mpiexec's ssh
+launcher. A :class:`HostBed` creates the namespaces when entered and deletes them, and
 every process left in them, when left (also at interpreter exit). Creating
 namespaces needs root (``CAP_SYS_ADMIN`` and ``CAP_NET_ADMIN``) and
 iproute2's ``ip`` and ``tc``; :func:`unavailable_reason` says why not, so
@@ -22,9 +24,11 @@ from __future__ import annotations
 
 import atexit
 import os
+import shlex
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -101,6 +105,7 @@ class HostBed:
         self._processes: list[subprocess.Popen] = []
         self._made: list[str] = []
         self.shaping = "unshaped"
+        self._folders: list[str] = []
 
     # ---------------------------------------------------------------- set-up
     def __enter__(self) -> HostBed:
@@ -200,6 +205,58 @@ class HostBed:
             values.append(int(read.stdout))
         return values[0], values[1]
 
+    # ------------------------------------------------------------------- ssh
+    def start_sshd(self, private: Sequence[str] = ()) -> str:
+        """Starts an ssh server in every host (root logins with a key made for the bed only); returns the path
+        of an ``ssh`` client script that logs into them (for ``HYDRA_LAUNCHER_EXEC``, what mpiexec's ssh
+        launcher runs).
+
+        ``private``: directories that each host's logins see as an empty folder of their own (a tmpfs in
+        the ssh server's mount namespace), as on another machine; the rest of the file system is shared.
+
+        Raises:
+            RuntimeError: Debian's ``openssh-server`` is not installed (``make test`` installs it as root).
+        """
+        sshd = shutil.which("sshd") or "/usr/sbin/sshd"
+        if not os.path.exists(sshd) or shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:
+            raise RuntimeError("the ssh launcher tests need Debian's openssh-server and openssh-client "
+                               "(apt-get install -y openssh-server)")
+        folder = tempfile.mkdtemp(prefix="graphdist-ssh-")
+        self._folders.append(folder)
+        for key in ("host_key", "client_key"):
+            _check(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", f"{folder}/{key}"])
+        shutil.copy(f"{folder}/client_key.pub", f"{folder}/authorized_keys")
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege separation directory
+        for index, name in enumerate(self.names):
+            config = f"{folder}/sshd_config{index}"
+            with open(config, "w") as handle:
+                handle.write(_SSHD_CONFIG.format(address=self.addresses[index], folder=folder, index=index))
+            mounts = "".join(f"mount -t tmpfs tmpfs {shlex.quote(path)} && " for path in private)
+            server = f"{mounts}exec {sshd} -D -e -f {shlex.quote(config)}"
+            self._processes.append(subprocess.Popen(
+                ["ip", "netns", "exec", name, "unshare", "--mount", "--propagation", "private", "sh", "-c", server],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        with open(f"{folder}/ssh_config", "w") as handle:
+            handle.write(_SSH_CONFIG.format(folder=folder))
+        client = f"{folder}/ssh"
+        with open(client, "w") as handle:
+            handle.write(f'#!/bin/sh\nexec ssh -F {folder}/ssh_config "$@"\n')
+        os.chmod(client, 0o700)
+        self._wait_for_sshd(client)
+        return client
+
+    def _wait_for_sshd(self, client: str, limit_s: float = 20.0) -> None:
+        deadline = time.monotonic() + limit_s
+        for index, address in enumerate(self.addresses):
+            while True:
+                probe = subprocess.run(["ip", "netns", "exec", self.names[index], client, address, "true"],
+                                       capture_output=True, text=True, check=False)
+                if probe.returncode == 0:
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"sshd in host {index} did not answer: {probe.stderr.strip()}")
+                time.sleep(0.1)
+
     # --------------------------------------------------------------- tear-down
     def close(self) -> None:
         """Kills every process left in the hosts and deletes the namespaces."""
@@ -222,6 +279,9 @@ class HostBed:
         for name in reversed(self._made):
             subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
         self._made.clear()
+        for folder in self._folders:
+            shutil.rmtree(folder, ignore_errors=True)
+        self._folders.clear()
         if self in _beds:
             _beds.remove(self)
 
@@ -236,6 +296,31 @@ class HostBed:
     @staticmethod
     def _in(name: str, *argv: str) -> None:
         _check(["ip", "netns", "exec", name, *argv])
+
+
+_SSHD_CONFIG = """\
+ListenAddress {address}
+Port 22
+HostKey {folder}/host_key
+AuthorizedKeysFile {folder}/authorized_keys
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+PidFile {folder}/sshd{index}.pid
+"""
+
+_SSH_CONFIG = """\
+Host *
+  IdentityFile {folder}/client_key
+  IdentitiesOnly yes
+  StrictHostKeyChecking no
+  UserKnownHostsFile /dev/null
+  LogLevel ERROR
+  BatchMode yes
+  ConnectTimeout 10
+"""
 
 
 def _has_netem(namespace: str) -> bool:

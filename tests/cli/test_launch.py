@@ -43,7 +43,7 @@ def test_bad_roles(kwargs: dict, fragment: str) -> None:
 
 def test_mpiexec_command_runs_each_rank_under_the_wrapper() -> None:
     roles = build_roles(1, ps=1)
-    argv = mpiexec_command(roles, ["python", "train.py"], "/tmp/status", timeout=7, explicit_hosts=False)
+    argv = mpiexec_command(roles, ["python", "train.py"], "/tmp/status", timeout=7)
     assert argv[0].endswith("mpiexec") and argv[1] == "-disable-auto-cleanup"
     sections = " ".join(argv[2:]).split(" : ")
     assert len(sections) == 2

@@ -66,7 +66,15 @@ def main() -> None:
     out = Path(args.out)
     values = {f"var{i}": np.asarray(v.numpy()) for i, v in enumerate(model.trainable_variables)}
     np.savez(out / f"rank{rank}.npz", losses=np.array(losses), seen=np.array(seen, np.int64),
-             iterations=np.asarray(optimizer.iterations.numpy()), **values)
+             iterations=np.asarray(optimizer.iterations.numpy()), addresses=_addresses(), **values)
+
+
+def _addresses() -> str:
+    """This host's IPv4 addresses (which namespace host a rank ran on, in tests/multihost)."""
+    import subprocess
+
+    listing = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True, check=False)
+    return " ".join(field.split("/")[0] for line in listing.stdout.splitlines() for field in line.split()[3:4])
 
 
 if __name__ == "__main__":
