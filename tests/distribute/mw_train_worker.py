@@ -34,11 +34,16 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--die-at-step", type=int, default=-1)
     parser.add_argument("--raise-at-step", type=int, default=-1)
+    parser.add_argument("--slurm-port-base", type=int, default=0,
+                        help="roles from the Slurm step (gd.cluster_resolver.SlurmClusterResolver) with this port base")
     parser.add_argument("--noise-lines", type=int, default=0,
                         help="lines written to stderr just before raising (output that must not be lost)")
     args = parser.parse_args()
 
-    strategy = gd.MultiWorkerMirroredStrategy(devices=[f"cpu:{i}" for i in range(args.devices)])
+    resolver = gd.cluster_resolver.SlurmClusterResolver(port_base=args.slurm_port_base) if args.slurm_port_base \
+        else None
+    strategy = gd.MultiWorkerMirroredStrategy(devices=[f"cpu:{i}" for i in range(args.devices)],
+                                              cluster_resolver=resolver)
     rank = strategy.cluster_resolver.task_id
     with strategy.scope():
         model = MLP(SIZES, seed=100 + rank, trainable=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -164,3 +165,55 @@ def test_server_is_for_ps_tasks_only() -> None:
         gd.Server(CLUSTER, job_name="worker", task_index=0)
     with pytest.raises(gd.ClusterConfigError, match="does not match this MPI job"):
         gd.Server(CLUSTER, job_name="ps", task_index=0)
+
+
+# ------------------------------------------------------------------ Slurm
+def _slurm(monkeypatch: pytest.MonkeyPatch, procid: int, tasks: int, nodes: str, per_node: str) -> None:
+    for name in list(os.environ):
+        if name.startswith("SLURM_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("SLURM_PROCID", str(procid))
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", str(tasks))
+    monkeypatch.setenv("SLURM_STEP_NODELIST", nodes)
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", per_node)
+
+
+def test_slurm_host_lists_and_tasks_per_node_expand_as_slurm_writes_them() -> None:
+    from graphdist.distribute.cluster import expand_hostlist, expand_tasks_per_node
+
+    assert expand_hostlist("n[1-2],m5,o[03-04,6,7-9]") == ["n1", "n2", "m5", "o03", "o04", "o6", "o7", "o8", "o9"]
+    assert expand_hostlist("gpu-[08-10]") == ["gpu-08", "gpu-09", "gpu-10"]
+    assert expand_hostlist("solo") == ["solo"]
+    assert expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    for bad in ("n[1-2", "n[a-b]"):
+        with pytest.raises(gd.ClusterConfigError, match="Slurm host list"):
+            expand_hostlist(bad)
+    with pytest.raises(gd.ClusterConfigError, match="is not N or N"):
+        expand_tasks_per_node("2(xa)")
+
+
+def test_slurm_step_gives_roles_and_addresses(monkeypatch: pytest.MonkeyPatch) -> None:
+    # srun -N 3 -n 5 (block distribution: 2, 2, 1), this process the fourth task.
+    _slurm(monkeypatch, 3, 5, "node[1-3]", "2(x2),1")
+    resolver = gd.cluster_resolver.SlurmClusterResolver(jobs={"worker": 4, "ps": 1}, port_base=2222)
+    assert resolver.cluster_spec().as_dict() == {
+        "worker": ["node1:2222", "node1:2223", "node2:2222", "node2:2223"], "ps": ["node3:2222"]}
+    assert (resolver.task_type, resolver.task_id) == ("worker", 3)
+    assert resolver.master() == "node2:2223"
+    _slurm(monkeypatch, 0, 2, "198.18.0.[1-2]", "1(x2)")
+    default = gd.cluster_resolver.SlurmClusterResolver()
+    assert default.cluster_spec().as_dict() == {"worker": ["198.18.0.1:8888", "198.18.0.2:8888"]}
+    assert (default.task_type, default.task_id) == ("worker", 0)
+
+
+def test_slurm_errors_name_the_variable_or_the_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    _slurm(monkeypatch, 0, 2, "n1", "2")
+    monkeypatch.delenv("SLURM_PROCID")
+    with pytest.raises(gd.ClusterConfigError, match="SLURM_PROCID is not set; it works inside a Slurm job step"):
+        gd.cluster_resolver.SlurmClusterResolver()
+    _slurm(monkeypatch, 0, 2, "n1", "2")
+    with pytest.raises(gd.ClusterConfigError, match=r"jobs \{'worker': 3\} ask for 3 tasks but the step has 2"):
+        gd.cluster_resolver.SlurmClusterResolver(jobs={"worker": 3})
+    _slurm(monkeypatch, 0, 3, "n1", "2")
+    with pytest.raises(gd.ClusterConfigError, match="the step has 3 tasks but its nodes hold 2"):
+        gd.cluster_resolver.SlurmClusterResolver()

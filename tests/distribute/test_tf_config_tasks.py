@@ -55,6 +55,22 @@ def test_two_workers_started_by_hand_train_like_one_device(tmp_path) -> None:
     _assert_trained_like_one_device(tmp_path)
 
 
+def test_tasks_of_a_slurm_step_train_like_one_device(tmp_path) -> None:
+    """The environment ``srun -N 1 -n 2`` gives its tasks (Slurm itself is not installed here), without an MPI
+    plugin: the tasks find each other from SlurmClusterResolver's addresses and join as tasks started by hand.
+    """
+    base = free_ports(1)[0]
+    tasks = {}
+    for procid in (1, 0):
+        slurm = {"SLURM_PROCID": str(procid), "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "localhost",
+                 "SLURM_STEP_TASKS_PER_NODE": "2"}
+        tasks[procid] = Task(["tests/distribute/mw_train_worker.py", "--steps", "4", "--out", str(tmp_path),
+                              "--slurm-port-base", str(base)], "", tmp_path / f"task{procid}.log", **slurm)
+    codes = {procid: task.wait() for procid, task in tasks.items()}
+    assert codes == {1: 0, 0: 0}, "\n".join(t.output[-2000:] for t in tasks.values())
+    _assert_trained_like_one_device(tmp_path)
+
+
 def test_keras_fit_and_the_chiefs_saved_model_by_hand(tmp_path) -> None:
     cluster = _cluster(2)
     tasks = start_all(["tests/keras/keras_mw_worker.py", "--out", str(tmp_path)], cluster, tmp_path,
