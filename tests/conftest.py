@@ -18,6 +18,19 @@ def _private_compile_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _no_reexecution(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A strategy given a multi-task cluster in a process no MPI launcher started re-executes that process
+    # under mpiexec (graphdist.runtime.comm.mpi_join): in an in-process test, that would be pytest itself.
+    from graphdist.runtime.comm import mpi_join
+
+    def refuse(spec: object, rank: int) -> None:
+        raise AssertionError(f"an in-process test asked to re-execute this process under mpiexec (rank {rank} of "
+                             f"{spec}); start the tasks as separate processes")
+
+    monkeypatch.setattr(mpi_join, "_reexecute", refuse)
+
+
+@pytest.fixture(autouse=True)
 def _no_leaked_strategy() -> None:
     import graphdist as gd
 
