@@ -48,7 +48,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client, Connection, Listener, wait
+from multiprocessing.connection import Client, Connection, Listener, answer_challenge, deliver_challenge, wait
 from typing import Any
 
 from graphdist.errors import ClusterConfigError
@@ -74,6 +74,7 @@ CONNECT_TIMEOUT_ENV = "GRAPHDIST_CONNECT_TIMEOUT"
 DEFAULT_CONNECT_TIMEOUT_S = 3600.0
 _RETRY_S = 0.25
 _GRACE_AFTER_PROBLEM_S = 10.0
+_HELLO_WAIT_S = 30.0  # a connection that says nothing for this long is not a task
 _MESSAGE_LIMIT = 1 << 20
 
 
@@ -334,9 +335,6 @@ class Rendezvous:
         while not self._closing:
             try:
                 conn = self._listener.accept()
-            except (AuthenticationError, EOFError, ConnectionError) as err:
-                logger.debug("%s: refused a connection: %s", self.name, err)
-                continue
             except OSError:
                 return  # closed
             threading.Thread(target=self._greet, args=(conn,), daemon=True).start()
@@ -344,8 +342,14 @@ class Rendezvous:
     def _greet(self, conn: Connection) -> None:
         peer = _peer(conn)
         try:
-            hello = _receive(conn, self.timeout)
-        except (EOFError, OSError):
+            # The HMAC challenge runs here, not in the accept loop: a client that connects and never answers
+            # holds only its own thread.
+            deliver_challenge(conn, _job_key())
+            answer_challenge(conn, _job_key())
+            hello = _receive(conn, min(self.timeout, _HELLO_WAIT_S))
+        except (AuthenticationError, EOFError, OSError) as err:
+            logger.debug("%s: refused a connection from %s: %s", self.name, peer, err)
+            conn.close()
             return
         if hello is None:
             conn.close()
@@ -500,7 +504,7 @@ def _listen(address: str, label: str) -> Listener:
     for bind_ip in (ip, "::" if family == socket.AF_INET6 else "0.0.0.0"):
         try:
             return Listener((bind_ip, port), family="AF_INET6" if family == socket.AF_INET6 else "AF_INET",
-                            backlog=64, authkey=_job_key())
+                            backlog=64)  # authenticated per connection (Rendezvous._greet)
         except OSError as err:
             if err.errno == errno.EADDRNOTAVAIL:
                 continue  # not this host's address (a service address): listen on every interface

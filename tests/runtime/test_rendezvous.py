@@ -258,3 +258,21 @@ def test_the_connect_timeout_comes_from_the_environment(monkeypatch: pytest.Monk
         monkeypatch.setenv("GRAPHDIST_CONNECT_TIMEOUT", bad)
         with pytest.raises(ClusterConfigError, match="GRAPHDIST_CONNECT_TIMEOUT must be"):
             rendezvous.connect_timeout()
+
+
+def test_a_silent_connection_or_a_wrong_key_does_not_hold_up_the_meeting() -> None:
+    """A port scanner that connects and says nothing, and a program with another GRAPHDIST_JOB_KEY: refused
+    each in its own thread while the tasks meet."""
+    from multiprocessing import AuthenticationError
+
+    spec = cluster(2)
+    hub = Task(spec, "worker", 0)
+    hub.start()
+    host, port = split_address(spec.task_address("worker", 0), "hub")
+    time.sleep(0.3)
+    silent = socket.create_connection((host, port))
+    with pytest.raises(AuthenticationError):
+        Client((host, port), authkey=b"another job")
+    meetings = meet(Task(spec, "worker", 1))
+    assert meetings[0].port == "the-mpi-port" and hub.finish().port == "the-mpi-port"
+    silent.close()
