@@ -20,14 +20,7 @@ from graphdist.errors import ClusterConfigError
 from graphdist.runtime import rendezvous
 from graphdist.runtime.cluster_spec import ClusterSpec
 from graphdist.runtime.rendezvous import Rendezvous, hub_rank, split_address
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.create_server(("127.0.0.1", 0)) for _ in range(count)]
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
+from tests.distribute.tf_config_tasks import free_ports
 
 
 def cluster(workers: int = 2, ps: int = 0) -> ClusterSpec:
@@ -207,13 +200,25 @@ def test_a_task_that_meets_at_a_non_hub_is_told_the_clusters_differ() -> None:
     listener.close()
 
 
+def watched_job(spec: ClusterSpec) -> list[Rendezvous]:
+    """Every task of ``spec`` met, each watching the others."""
+    tasks = [Task(spec, "worker", i) for i in range(spec.num_tasks("worker"))]
+    meet(*tasks)
+    for task in tasks:
+        task.rendezvous.watch()
+    return [task.rendezvous for task in tasks]
+
+
+def first_loss_within(point: Rendezvous, seconds: float = 5) -> str | None:
+    deadline = time.monotonic() + seconds
+    while point.first_loss() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return point.first_loss()
+
+
 def test_a_lost_task_is_reported_to_every_other_task_and_a_finished_one_is_not() -> None:
     spec = cluster(3)
-    tasks = [Task(spec, "worker", i) for i in range(3)]
-    meet(*tasks)
-    points = [t.rendezvous for t in tasks]
-    for point in points:
-        point.watch()
+    points = watched_job(spec)
     points[2].close()  # worker 2 finishes: says goodbye
     time.sleep(0.5)
     assert points[0].finished(2) and points[0].first_loss() is None
@@ -221,10 +226,7 @@ def test_a_lost_task_is_reported_to_every_other_task_and_a_finished_one_is_not()
     for conn in list(points[1]._peers.values()):
         conn.close()
     points[1]._closing = True
-    deadline = time.monotonic() + 5
-    while points[0].first_loss() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    loss = points[0].first_loss()
+    loss = first_loss_within(points[0])
     assert loss is not None and loss.startswith(f"worker 1 at {spec.task_address('worker', 1)} (rank 1, host ")
     assert "its process ended without finishing" in loss
     assert points[0].lost() == {1: points[0].lost()[1]}
@@ -232,17 +234,9 @@ def test_a_lost_task_is_reported_to_every_other_task_and_a_finished_one_is_not()
 
 
 def test_a_failure_announced_by_a_task_reaches_the_others_with_its_error() -> None:
-    spec = cluster(3)
-    tasks = [Task(spec, "worker", i) for i in range(3)]
-    meet(*tasks)
-    points = [t.rendezvous for t in tasks]
-    for point in points:
-        point.watch()
+    points = watched_job(cluster(3))
     points[2].announce_failure("ValueError: batch 3 is corrupt")
-    deadline = time.monotonic() + 5
-    while points[1].first_loss() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert "worker 2 at" in points[1].first_loss()
+    assert "worker 2 at" in first_loss_within(points[1])
     assert "it failed: ValueError: batch 3 is corrupt" in points[1].first_loss()
     assert "it failed: ValueError: batch 3 is corrupt" in points[0].first_loss()
     for point in points:
