@@ -270,3 +270,14 @@ def test_a_silent_connection_or_a_wrong_key_does_not_hold_up_the_meeting() -> No
     meetings = meet(Task(spec, "worker", 1))
     assert meetings[0].port == "the-mpi-port" and hub.finish().port == "the-mpi-port"
     silent.close()
+
+
+def test_a_hub_behind_a_dead_link_fails_after_the_connect_timeout() -> None:
+    """198.18.255.1 is in the benchmarking range: no task answers there. The connect is dropped (it would hang
+    for the kernel's ~2 minutes) or, in this project's VMs, accepted by the host's network and never answered."""
+    spec = ClusterSpec({"worker": ["198.18.255.1:2222", f"localhost:{free_ports(1)[0]}"]})
+    start = time.monotonic()
+    outcome = meet(Task(spec, "worker", 1, timeout=2))[0]
+    assert time.monotonic() - start < 10
+    assert isinstance(outcome, ClusterConfigError)
+    assert "cannot reach worker 0 at 198.18.255.1:2222 within 2 s" in str(outcome)
