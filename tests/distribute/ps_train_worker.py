@@ -41,6 +41,7 @@ def main() -> None:
     partitioner = gd.FixedShardsPartitioner(args.shards) if args.shards else None
     strategy = gd.ParameterServerStrategy(variable_partitioner=partitioner,
                                           devices=[f"cpu:{i}" for i in range(args.devices)])
+    print(f"worker {strategy.worker_index} joined", flush=True)
     with strategy.scope():
         model = MLP((64, 32, 10), seed=strategy.worker_index, trainable=True)
         optimizer = gd.optimizers.SGD(0.3)

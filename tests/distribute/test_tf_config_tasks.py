@@ -10,6 +10,7 @@ variables, collective mismatch detection; and the start-up errors are clear grap
 from __future__ import annotations
 
 import socket
+import time
 
 import numpy as np
 import pytest
@@ -17,10 +18,17 @@ import pytest
 import graphdist as gd
 from graphdist.models.datasets import digits
 from tests.distribute.test_multi_worker import _reference
-from tests.distribute.tf_config_tasks import Task, free_ports, start_all, tf_config, wait_all
+from tests.distribute.tf_config_tasks import Task, free_ports, kill_leftovers, start_all, tf_config, wait_all
 from tests.keras.test_keras_multi_worker import _one_device
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _no_task_left() -> None:
+    yield
+    kill_leftovers()
+
 
 TRAIN = ["tests/distribute/mw_train_worker.py", "--steps", "4", "--out", "{out}"]
 
@@ -117,6 +125,26 @@ def test_a_lost_parameter_server_worker_lets_the_others_finish(tmp_path) -> None
     with np.load(tmp_path / "worker0.npz") as got:
         assert int(got["steps"]) == 6 * (len(digits().x_train[0::2]) // 32)  # every batch of its shard
         assert float(got["accuracy"]) > 0.85
+
+
+def test_a_lost_parameter_server_ends_the_workers_at_once_naming_it(tmp_path) -> None:
+    cluster = _cluster(2, ps=1)
+    tasks = start_all(["tests/distribute/ps_train_worker.py", "--out", str(tmp_path), "--epochs", "200"],
+                      cluster, tmp_path, [("ps", 0), ("worker", 0), ("worker", 1)],
+                      GRAPHDIST_COLLECTIVE_TIMEOUT="120")
+    deadline = time.monotonic() + 60
+    while not all("joined" in tasks["worker", i].output for i in range(2)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)
+    tasks["ps", 0].process.kill()
+    killed = time.monotonic()
+    codes = wait_all(tasks, timeout=60)
+    assert codes["worker", 0] != 0 and codes["worker", 1] != 0
+    for index in range(2):
+        worker = tasks["worker", index]
+        assert worker.ended - killed < 15  # not the 120 s timeout
+        assert "TaskLostError" in worker.output
+        assert f"ps 0 at {cluster['ps'][0]} (rank 2, host {socket.gethostname()}) was lost" in worker.output
 
 
 def test_a_failing_worker_ends_the_other_at_once_naming_it_and_its_error(tmp_path) -> None:

@@ -14,6 +14,17 @@ from typing import Any
 from tests.distribute import mpi_jobs
 
 HARD_TIMEOUT = 150  # seconds: nothing a test starts may hang the suite
+_started: list[Task] = []
+
+
+def kill_leftovers() -> None:
+    """Kills every task a test started that still runs (a test that failed before waiting for them)."""
+    while _started:
+        task = _started.pop()
+        if task.process.poll() is None:
+            task.process.kill()
+            task.process.wait()
+        task._file.close()
 
 
 def free_ports(count: int) -> list[int]:
@@ -45,6 +56,7 @@ class Task:
                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.started = time.monotonic()
         self.ended: float | None = None
+        _started.append(self)
 
     def wait(self, timeout: float = HARD_TIMEOUT) -> int:
         try:
@@ -83,5 +95,12 @@ def start_all(argv: list[str], cluster: dict[str, list[str]], out: Path, order: 
 
 
 def wait_all(tasks: dict[tuple[str, int], Task], timeout: float = HARD_TIMEOUT) -> dict[tuple[str, int], int]:
+    """Every task's exit status; a task still running after ``timeout`` fails the test, and none is left."""
     deadline = time.monotonic() + timeout
-    return {key: task.wait(max(1.0, deadline - time.monotonic())) for key, task in tasks.items()}
+    try:
+        return {key: task.wait(max(1.0, deadline - time.monotonic())) for key, task in tasks.items()}
+    finally:
+        for task in tasks.values():
+            if task.process.poll() is None:
+                task.process.kill()
+                task.process.wait()

@@ -20,13 +20,19 @@ import pytest
 from benchmarks.netns import HostBed, unavailable_reason
 from tests.distribute import mpi_jobs
 from tests.distribute.test_multi_worker import _reference
-from tests.distribute.tf_config_tasks import start_all, wait_all
+from tests.distribute.tf_config_tasks import kill_leftovers, start_all, wait_all
 
 pytestmark = pytest.mark.slow
 
 _REASON = unavailable_reason()
 if _REASON:
     pytestmark = [pytest.mark.slow, pytest.mark.skip(reason=f"multi-host test bed unavailable: {_REASON}")]
+
+@pytest.fixture(autouse=True)
+def _no_task_left() -> None:
+    yield
+    kill_leftovers()
+
 
 CLUSTER = {"worker": ["198.18.0.1:2222", "198.18.0.2:2222"]}  # one port: each host has its own
 HOSTS = {("worker", 0): 0, ("worker", 1): 1}
