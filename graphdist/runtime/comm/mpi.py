@@ -136,8 +136,9 @@ def _import_mpi() -> Any:
     try:
         from mpi4py import MPI  # MPI_Init: returns once every rank of the job called it
     except ImportError as err:  # mpi4py is an optional dependency (the [mpi] extra)
-        raise GraphdistError(f"multi-process training needs mpi4py and an MPI library ({err}); install them with "
-                             "`pip install 'graphdist[mpi]'` (mpi4py and the mpich wheel)") from None
+        from graphdist.runtime.comm.mpi_join import missing_mpi_message
+
+        raise GraphdistError(missing_mpi_message(err)) from None
     launch_status.record_mpi("ready")
     return MPI
 

@@ -54,8 +54,8 @@ from graphdist.runtime import rendezvous
 from graphdist.runtime.cluster_spec import ClusterSpec, rank_task, task_rank
 from graphdist.version import __version__
 
-__all__ = ["REEXEC_ENV", "IFACE_ENV", "WATCH_ENV", "find_mpiexec", "under_mpi_launcher", "meeting_ranks", "join",
-           "network_settings", "interface_towards", "reexec_command"]
+__all__ = ["REEXEC_ENV", "IFACE_ENV", "WATCH_ENV", "find_mpiexec", "require_mpi4py", "missing_mpi_message",
+           "under_mpi_launcher", "meeting_ranks", "join", "network_settings", "interface_towards", "reexec_command"]
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +147,24 @@ def network_settings(spec: ClusterSpec, rank: int) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------ re-exec
+def require_mpi4py() -> None:
+    """Raises the error that names the ``[mpi]`` extra when mpi4py cannot be imported (MPI is not initialised).
+
+    Raises:
+        GraphdistError: mpi4py is not installed.
+    """
+    try:
+        import mpi4py  # noqa: F401 - the package only: importing mpi4py.MPI would initialise MPI
+    except ImportError as err:
+        raise GraphdistError(missing_mpi_message(err)) from None
+
+
+def missing_mpi_message(err: ImportError) -> str:
+    """What to install when mpi4py or the MPI library is missing."""
+    return (f"multi-process training needs mpi4py and an MPI library ({err}); install them with "
+            "`pip install 'graphdist[mpi]'` (mpi4py and the mpich wheel)")
+
+
 def find_mpiexec() -> str:
     """``mpiexec`` next to this Python (the venv's, from the ``mpich`` wheel), else on ``PATH``.
 
@@ -218,6 +236,7 @@ def join(spec: ClusterSpec, task_type: str, task_id: int) -> Any:
         job, index = rank_task(spec, other)
         rendezvous.split_address(spec.task_address(job, index), f"{job} {index}'s TF_CONFIG address")
     if not under_mpi_launcher():
+        require_mpi4py()  # before the process is replaced: without it the job can never start
         _reexecute(spec, rank)
     from graphdist.runtime.comm.mpi import world_of_launcher
 
