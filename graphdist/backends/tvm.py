@@ -38,14 +38,16 @@ Disk cache: the built module is exported with ``export_library`` to
 ``module.so`` in the segment's cache directory (temporary name, then an
 atomic rename), with its SHA-256 and cache key in ``module.so.sha256``, only
 when the cache directory is private to this user (owned by them, not
-writable by group or others; otherwise no ``.so`` is loaded from it or
-written to it, with a warning: see
-:func:`graphdist.backends.base.native_code_allowed`). A later process
+writable by group or others, no symbolic links; otherwise no ``.so`` is loaded
+from it or written to it, with a warning: see
+:func:`graphdist.backends.base.cache_entry_allowed`). A later process
 with the same cache key (segment bytes, target, TVM version, schedule version)
 loads it with ``tvm.runtime.load_module`` instead of compiling
 (``disk_cache_hits`` instead of ``compiles`` in :mod:`graphdist.stats`). A
-missing checksum, a mismatch or a library that does not load is discarded and
-the segment is compiled again.
+missing checksum, a mismatch, a library that does not load, or one that loads
+but is no Relax executable (the VM cannot start on it: "Module has no function
+'vm_load_executable'") is discarded with a warning and the segment is compiled
+again.
 
 Shared builds: segments that differ only in their names (the replicas of a
 step traced once and replicated by ``ReplicatePass`` compute the same thing
@@ -97,9 +99,9 @@ import numpy as np
 from graphdist import stats
 from graphdist.backends.base import (
     cache_dir,
+    cache_entry_allowed,
     discard_artifact,
     make_cache_dir,
-    native_code_allowed,
     read_verified_artifact,
     write_artifact_checksum,
 )
@@ -634,12 +636,12 @@ class TvmBackend:
             stats.increment("shared_builds")
             return TvmExecutable(library, model, device, threads)
         if cache_dir is not None:
-            library = _load_cached(cache_dir, name)
-            if library is not None:
+            cached = _executable_from_cache(cache_dir, model, device, threads)
+            if cached is not None:
                 stats.increment("disk_cache_hits")
                 if shared is not None:
-                    shared[key] = library
-                return TvmExecutable(library, model, device, threads)
+                    shared[key] = cached.library
+                return cached
         try:
             built = build(model, device, threads=threads)
         except TvmConversionError as err:
@@ -690,7 +692,7 @@ def _store(built: BuiltModule, directory: Path, name: str) -> None:
     redundant, and the dynamic loader returns an already opened library for a path it has seen.
     """
     path = directory / MODULE_FILE
-    if not native_code_allowed(path):
+    if not cache_entry_allowed(directory):
         return
     try:
         make_cache_dir(directory)
@@ -700,11 +702,25 @@ def _store(built: BuiltModule, directory: Path, name: str) -> None:
         logger.warning("cannot write the TVM disk cache for segment %r in %s: %s", name, directory, err)
 
 
+def _executable_from_cache(directory: Path, model: onnx.ModelProto, device: Device,
+                           threads: int) -> TvmExecutable | None:
+    """An executable on the cached library, or ``None`` (after discarding a library the VM cannot run)."""
+    name = model.graph.name or "<unnamed>"
+    library = _load_cached(directory, name)
+    if library is None:
+        return None
+    try:
+        return TvmExecutable(library, model, device, threads)
+    except Exception as err:  # noqa: BLE001 - whatever TVM raises for a library that is no Relax executable
+        logger.warning("cached TVM module %s of segment %r cannot be run (%s); discarded, recompiling",
+                       directory / MODULE_FILE, name, _first_line(err))
+        discard_artifact(directory / MODULE_FILE)
+        return None
+
+
 def _load_cached(directory: Path, name: str) -> Any:
     """Returns the cached library when its checksum matches, else ``None`` (discarding bad files)."""
     path = directory / MODULE_FILE
-    if not path.exists() or not native_code_allowed(path):
-        return None
     if read_verified_artifact(path, f"cached TVM module of segment {name!r}") is None:
         return None
     try:
