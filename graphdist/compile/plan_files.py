@@ -194,14 +194,16 @@ def write_plan_directory(directory: str | os.PathLike[str], files: dict[str, byt
     and swapped in. An existing directory is replaced only with
     ``overwrite`` and only when graphdist wrote everything in it (its
     manifest, of the same ``kind``, lists every file); an empty one is
-    replaced like a missing one.
+    replaced like a missing one. The manifest is signed with this user's
+    key (:mod:`graphdist.fsutil.trust`), so the directory loads from any
+    folder for this user.
 
     Raises:
         PlanError: ``directory`` exists (without ``overwrite``), holds files graphdist did not write or
             another kind of directory, is a file, or is the working directory.
     """
     return write_directory(directory, files, kind=kind, overwrite=overwrite, error=PlanError, what=what,
-                           legacy=legacy_saved_files if kind == PLAN_KIND else legacy_model_files)
+                           legacy=legacy_saved_files if kind == PLAN_KIND else legacy_model_files, sign=True)
 
 
 def legacy_saved_files(directory: Path) -> set[str] | None:
