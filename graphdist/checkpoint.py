@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from graphdist.errors import CheckpointError
+from graphdist.errors import CheckpointError, GraphdistError, StorageError
 from graphdist.fsutil import read_npz, replace_file
 from graphdist.trace.variables import Variable
 
@@ -189,12 +189,19 @@ class Checkpoint:
         Raises:
             CheckpointError: ``path`` is a directory, or an existing file there is not a graphdist
                 checkpoint (it is never overwritten).
+            StorageError: The file cannot be written (disk full, read-only filesystem, permission
+                denied); also an ``OSError``. An earlier checkpoint at ``path`` is left intact.
         """
         return self._save(path)
 
     def _save(self, path: str | os.PathLike[str], metadata: dict[str, Any] | None = None) -> str:
         data = self._serialize(metadata)
-        replace_file(path, data, is_ours=is_checkpoint_file, error=CheckpointError, what="Checkpoint.save")
+        try:
+            replace_file(path, data, is_ours=is_checkpoint_file, error=CheckpointError, what="Checkpoint.save")
+        except GraphdistError:
+            raise
+        except OSError as err:  # the disk is full, read-only, not ours...: the old file is intact
+            raise StorageError.from_os_error(err, os.path.abspath(path), "Checkpoint.save") from None
         logger.info("saved a checkpoint to %s", path)
         return str(path)
 
