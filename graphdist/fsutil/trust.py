@@ -29,7 +29,9 @@ ignores (with one warning) a key file that is a symbolic link, belongs to
 another user, is readable or writable by group or others, or lies in a
 directory others can write: directories are then written unsigned, and
 signatures are not verified (rule 3 applies). ``GRAPHDIST_SIGNING_KEY=off``
-writes unsigned directories and creates no key.
+writes unsigned directories and creates no key. Saving signs what is saved:
+a plan loaded with ``trust=True`` and saved again (``LoadedPlan.save``,
+``graphdist run --trust --save``) is from then on signed by this user.
 
 This module sits in :mod:`graphdist.fsutil`, below :mod:`graphdist.errors`:
 functions that refuse take the exception class to raise from their caller.
@@ -123,7 +125,7 @@ def _read_key(path: Path) -> SigningKey | None:
         if hasattr(os, "getuid") and info.st_uid != os.getuid():
             _warn_once(f"{ignored}: it belongs to user id {info.st_uid}, not to this user ({os.getuid()})")
             return None
-        if info.st_mode & 0o077:
+        if hasattr(os, "getuid") and info.st_mode & 0o077:
             _warn_once(f"{ignored}: its mode {stat.S_IMODE(info.st_mode):o} lets group or others read or change it; "
                        f"`chmod 600 {path}`")
             return None
