@@ -3,7 +3,8 @@
 A plan is code (its segments are ONNX graphs that run), so first the
 directory itself must be trusted (:func:`graphdist.fsutil.trust.check_trusted`):
 signed with this user's key, or in a folder no other user can write, or
-loaded with ``trust=True``. Then nothing is trusted: every file, ``plan.json`` included, is checked against
+loaded with ``trust=True``. Then nothing is trusted: every file (a regular
+file, not read through a symbolic link), ``plan.json`` included, is checked against
 the SHA-256 the directory's manifest (``graphdist-manifest.json``) lists for
 it, ``plan.json`` against its schema and every other file against its
 SHA-256 there too, every array's declared size against its bytes before it
@@ -41,6 +42,7 @@ from graphdist.compile.plan_files import (
 )
 from graphdist.errors import GraphdistError, PlanError
 from graphdist.fsutil import MANIFEST_FILE, manifest_digests, read_npz, recover_directory
+from graphdist.fsutil.savedir import read_regular_file
 from graphdist.fsutil.trust import check_trusted
 from graphdist.ir.graph import Graph
 from graphdist.ir.placement import KINDS, PlacementSpec, VariablePlacement, VariableSpec
@@ -73,9 +75,12 @@ class _Reader:
                 raise self.error(f"{where}: the file {rel} is missing")
             return self.memory[rel]
         path = self.directory / rel
-        if not path.is_file():
+        if not os.path.lexists(path):
             raise self.error(f"{where}: the file {rel} is missing; the plan directory is incomplete: {REEXPORT}")
-        data = path.read_bytes()
+        try:
+            data = read_regular_file(path)
+        except OSError as err:
+            raise self.error(f"{where}: the file {rel} cannot be read ({err.strerror or err}); {REEXPORT}") from None
         if self.manifest is not None:
             if rel not in self.manifest:
                 raise self.error(f"{where}: the file {rel} is not listed in {MANIFEST_FILE}; plan.json was edited: "

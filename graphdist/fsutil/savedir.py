@@ -39,6 +39,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -52,8 +53,8 @@ from graphdist.fsutil.atomic import (
 )
 from graphdist.fsutil.trust import SIGNATURE_FILE, signature_file
 
-__all__ = ["MANIFEST_FILE", "Manifest", "manifest_digests", "recover_directory", "verify_directory",
-           "with_manifest", "write_directory"]
+__all__ = ["MANIFEST_FILE", "Manifest", "manifest_digests", "read_regular_file", "recover_directory",
+           "verify_directory", "with_manifest", "write_directory"]
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +122,23 @@ def _parse_manifest(data: bytes, error: type[Exception], where: str) -> Manifest
     return Manifest(kind, dict(files), data)
 
 
+def read_regular_file(path: Path) -> bytes:
+    """The bytes of the regular file ``path``, not read through a symbolic link: a plan or model directory in a
+    folder others can write (its signature lets it load) could otherwise point a file at ``/dev/zero`` or a FIFO.
+
+    Raises:
+        OSError: ``path`` is missing, a symbolic link (``ELOOP``), not a regular file, or unreadable.
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read()
+    finally:
+        os.close(fd)
+
+
 def manifest_digests(directory: Path, *, kind: str | None, error: type[Exception], where: str) -> Manifest | None:
     """The validated manifest of ``directory``, or ``None`` when it has none.
 
@@ -131,9 +149,9 @@ def manifest_digests(directory: Path, *, kind: str | None, error: type[Exception
     if not path.is_file():
         return None
     try:
-        data = path.read_bytes()
+        data = read_regular_file(path)
     except OSError as err:
-        raise error(f"{where}: cannot read {path}: {err}") from None
+        raise error(f"{where}: cannot read {path}: {err.strerror or err}") from None
     manifest = _parse_manifest(data, error, where)
     if kind is not None and manifest.kind != kind:
         raise error(f"{where}: {directory} holds a {manifest.kind}, not a {kind}")
@@ -163,9 +181,11 @@ def verify_directory(directory: Path, *, kind: str | None, error: type[Exception
     files = {}
     for rel, digest in manifest.files.items():
         try:
-            data = (Path(directory) / rel).read_bytes()
-        except OSError:
+            data = read_regular_file(Path(directory) / rel)
+        except FileNotFoundError:
             raise error(f"{where}: {rel} is missing; the directory is incomplete") from None
+        except OSError as err:
+            raise error(f"{where}: {rel} cannot be read ({err.strerror or err}); save the directory again") from None
         if _sha256(data) != digest:
             raise error(f"{where}: {rel} fails its SHA-256 checksum in {MANIFEST_FILE} (it was edited, truncated "
                         "or corrupted after it was written)")

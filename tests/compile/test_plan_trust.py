@@ -137,6 +137,29 @@ def test_a_plan_signed_by_this_user_loads_from_any_folder(exported: Path, tmp_pa
     assert _warnings(caplog) == []
 
 
+@pytest.mark.parametrize("kind", ["plan", "model"])
+def test_a_signed_directory_in_a_shared_folder_reads_regular_files_only(exported: Path, tmp_path: Path,
+                                                                        kind: str) -> None:
+    # Its signature lets it load from a folder others can write, so a file there could be replaced by a link to
+    # /dev/zero or by a FIFO: either is refused at once (not read forever, not waited on).
+    if kind == "plan":
+        directory = _copy(exported, tmp_path)
+        victim, load, error = next((directory / "segments").iterdir()), gd.load_plan, gd.PlanError
+    else:
+        model = gd.keras.Sequential([gd.keras.layers.Dense(3, input_shape=(6,))])
+        directory = Path(model.save(tmp_path / "model"))
+        victim, load, error = directory / "variables.npz", gd.keras.load_model, gd.CheckpointError
+    directory.chmod(0o777)
+    victim.unlink()
+    victim.symlink_to("/dev/zero")
+    with pytest.raises(error, match="cannot be read"):
+        load(directory)
+    victim.unlink()
+    os.mkfifo(victim)
+    with pytest.raises(error, match="cannot be read .*not a regular file"):
+        load(directory)
+
+
 def test_a_plan_signed_by_another_user_needs_a_private_folder(exported: Path, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     directory = _copy(exported, tmp_path)
