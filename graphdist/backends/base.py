@@ -338,9 +338,9 @@ def cache_entry_allowed(path: Path) -> bool:
     if problem not in _warned_unsafe:
         _warned_unsafe.add(problem)
         logger.warning("not using the compile cache %s: %s, so another user could have put code there that "
-                       "graphdist would run; compiling in memory instead. Fix it with `chmod go-w` on that directory "
-                       "(remove a symbolic link, `rm -r` what another user owns), or point GRAPHDIST_CACHE_DIR at a "
-                       "directory only you can write", root, problem)
+                       "graphdist would run; compiling without it (in memory) instead. Fix it with `chmod go-w` on "
+                       "that directory (remove a symbolic link, `rm -r` what another user owns), or point "
+                       "GRAPHDIST_CACHE_DIR at a directory only you can write", root, problem)
     return False
 
 

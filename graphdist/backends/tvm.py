@@ -21,8 +21,9 @@ releases):
      comparisons). With ``GRAPHDIST_TVM_TUNE=<trials>`` MetaSchedule tunes the segment
      instead (``tune_relax`` with that trial budget, database in
      ``<cache dir>/tvm-tuning``, shared by all segments and reused by later
-     runs), and the tuned records are applied by ``compile_relax``; any
-     function tuning did not cover keeps the hand-written schedule.
+     runs when no other user can write it, else a temporary one), and the
+     tuned records are applied by ``compile_relax``; any function tuning did
+     not cover keeps the hand-written schedule.
    * ``cuda:N`` -> ``cuda`` with dlight's default GPU rules. Code generation
      needs no GPU (:func:`build` + :meth:`BuiltModule.export` work anywhere);
      running needs one.
@@ -86,6 +87,7 @@ import logging
 import os
 import re
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -405,6 +407,21 @@ def _tuning_dir() -> Path:
     return cache_dir() / "tvm-tuning"
 
 
+@contextlib.contextmanager
+def _tuning_work_dir() -> Iterator[Path]:
+    """Where MetaSchedule keeps its database: ``<cache dir>/tvm-tuning`` when no other user could have written
+    records there (they decide the generated code: :func:`~graphdist.backends.base.cache_entry_allowed`, which
+    warns otherwise), else a fresh private temporary directory, deleted afterwards.
+    """
+    work_dir = _tuning_dir()
+    if cache_entry_allowed(work_dir):
+        make_cache_dir(work_dir)
+        yield work_dir
+        return
+    with tempfile.TemporaryDirectory(prefix="graphdist-tvm-tuning-") as scratch:
+        yield Path(scratch)
+
+
 def _missing_modules(*names: str) -> list[str]:
     """The named modules that cannot be imported (optional dependencies not installed)."""
     missing = []
@@ -432,16 +449,14 @@ def _build_tuned(tvm: Any, mod: Any, target: Any, trials: int, name: str) -> Any
 
     from graphdist.backends.tvm_schedules import cpu_rules
 
-    work_dir = _tuning_dir()
-    work_dir.mkdir(parents=True, exist_ok=True)
     with target:
         fused = _cpu_passes(tvm)(mod)
-    logger.info("tuning segment %r with MetaSchedule: %d trials (database %s)", name, trials, work_dir)
     start = time.perf_counter()
     # A smaller population than MetaSchedule's default (512): on 2 cores the default spends minutes
     # evolving candidates before the first measurement of a small budget.
     search = ms.search_strategy.EvolutionarySearch(population_size=64, init_min_unmeasured=16, genetic_num_iters=2)
-    with _loggers_kept():
+    with _tuning_work_dir() as work_dir, _loggers_kept():
+        logger.info("tuning segment %r with MetaSchedule: %d trials (database %s)", name, trials, work_dir)
         database = ms.relax_integration.tune_relax(
             mod=fused, params={}, target=target, work_dir=str(work_dir), max_trials_global=trials,
             num_trials_per_iter=min(64, trials), strategy=search,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -318,3 +319,21 @@ def test_a_cached_tvm_module_that_is_no_executable_is_rebuilt(tmp_path: Path, ca
     np.testing.assert_allclose(exe.run({"x": x})[0], x @ W, rtol=1e-5, atol=1e-6)
     assert "vm_load_executable" in caplog.text and "recompiling" in caplog.text
     assert base.read_verified_artifact(library, "module") is not None   # the rebuilt module replaced it
+
+
+def test_the_tuning_database_is_used_only_where_no_one_else_can_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    pytest.importorskip("tvm")
+    from graphdist.backends import tvm as tvm_backend
+
+    root = tmp_path / "cache"
+    monkeypatch.setenv("GRAPHDIST_CACHE_DIR", str(root))
+    monkeypatch.setattr(base, "_warned_unsafe", set())
+    with tvm_backend._tuning_work_dir() as work_dir:   # private: the shared database, created 0700
+        assert work_dir == root / "tvm-tuning" and stat.S_IMODE(work_dir.stat().st_mode) == 0o700
+    work_dir.chmod(0o777)   # MetaSchedule's records decide the generated code: others could plant some
+    caplog.set_level(logging.WARNING)
+    with tvm_backend._tuning_work_dir() as scratch:
+        assert scratch != work_dir and stat.S_IMODE(scratch.stat().st_mode) == 0o700
+    assert not scratch.exists()
+    assert len(_warnings(caplog)) == 1 and "tvm-tuning is writable by" in _warnings(caplog)[0]
