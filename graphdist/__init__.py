@@ -69,6 +69,7 @@ from graphdist.errors import (
     GraphError,
     InvalidArgumentError,
     PlanError,
+    StorageError,
     TracingError,
 )
 from graphdist.ir import Graph, Node, Value, verify
@@ -150,4 +151,5 @@ __all__ = [
     "CheckpointError",
     "ClusterConfigError",
     "CollectiveTimeoutError",
+    "StorageError",
 ]

@@ -1,4 +1,4 @@
-"""Test-wide settings: a private compile cache, verification after every pass, a clean strategy stack."""
+"""Test-wide settings: a private compile cache and signing key, verify() after every pass, a clean strategy stack."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ os.environ.setdefault("GRAPHDIST_VERIFY", "passes")
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_compile_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
-    # Keep the tests' on-disk compile cache out of the user's ~/.cache.
+    # Keep the tests' on-disk compile cache and the key that signs their plans out of the user's ~/.cache
+    # and ~/.config.
     os.environ.setdefault("GRAPHDIST_CACHE_DIR", str(tmp_path_factory.mktemp("graphdist-cache")))
+    os.environ.setdefault("GRAPHDIST_SIGNING_KEY", str(tmp_path_factory.mktemp("graphdist-config") / "signing-key"))
 
 
 @pytest.fixture(autouse=True)
