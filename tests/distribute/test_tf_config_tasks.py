@@ -139,12 +139,13 @@ def test_a_lost_parameter_server_ends_the_workers_at_once_naming_it(tmp_path) ->
     tasks["ps", 0].process.kill()
     killed = time.monotonic()
     codes = wait_all(tasks, timeout=60)
-    assert codes["worker", 0] != 0 and codes["worker", 1] != 0
+    logs = "\n".join(f"--- {t.name}\n{t.output[-2500:]}" for t in tasks.values())
+    assert codes["worker", 0] != 0 and codes["worker", 1] != 0, logs
     for index in range(2):
         worker = tasks["worker", index]
-        assert worker.ended - killed < 15  # not the 120 s timeout
-        assert "TaskLostError" in worker.output
-        assert f"ps 0 at {cluster['ps'][0]} (rank 2, host {socket.gethostname()}) was lost" in worker.output
+        assert worker.ended - killed < 15, logs  # not the 120 s timeout
+        assert "TaskLostError" in worker.output, logs
+        assert f"ps 0 at {cluster['ps'][0]} (rank 2, host {socket.gethostname()}) was lost" in worker.output, logs
 
 
 def test_a_failing_worker_ends_the_other_at_once_naming_it_and_its_error(tmp_path) -> None:

@@ -241,14 +241,22 @@ class MPICommunicator:
         if result.shape != send.shape or result.dtype != send.dtype:
             raise InvalidArgumentError(f"all_reduce: out is {result.dtype}{list(result.shape)}, the buffer is "
                                        f"{send.dtype}{list(send.shape)}")
-        self._begin("all_reduce", name, f"{op} {algorithm}", send)
+        pending = self._announce("all_reduce", name, f"{op} {algorithm}", send)
         if self.size == 1:
+            self._confirm(pending)
             np.copyto(result, send)
         elif algorithm == "ring":
+            self._confirm(pending)
             self._ring_all_reduce(send, result, op, name)
         else:
+            # The payload starts with the fingerprints, not after them: one round trip between hosts instead of
+            # two. Its result is used only once the fingerprints agree; when they differ the payload's request
+            # (perhaps of other sizes on other ranks: MPI refuses it, or it never completes) is abandoned with
+            # the communicator, whose mismatch report goes over the control communicator.
             mpi_op = self._mpi_op(op, send.dtype)
-            self._wait(self._comm.Iallreduce(_mpi_buffer(send), _mpi_buffer(result), mpi_op), "all_reduce", name)
+            payload = self._comm.Iallreduce(_mpi_buffer(send), _mpi_buffer(result), mpi_op)
+            self._confirm(pending)
+            self._wait(payload, "all_reduce", name)
         if op == "MEAN":
             if result.dtype.kind in "iu":
                 np.floor_divide(result, self.size, out=result)
@@ -350,17 +358,28 @@ class MPICommunicator:
         return {"SUM": mpi.SUM, "MEAN": mpi.SUM, "MAX": mpi.MAX, "MIN": mpi.MIN}[op]
 
     def _begin(self, kind: str, name: str, detail: str, buffer: np.ndarray) -> None:
+        self._confirm(self._announce(kind, name, detail, buffer))
+
+    def _announce(self, kind: str, name: str, detail: str, buffer: np.ndarray) -> tuple[Any, ...] | None:
+        """Numbers the collective and starts the fingerprint all-reduce (``None`` when nothing is checked)."""
         if self._broken is not None:
             raise CommunicatorBrokenError(f"the MPI communicator is unusable after an earlier failure: {self._broken}")
         self._seq += 1
         description = f"#{self._seq} {kind} {name or '-'} {detail} {buffer.dtype}{list(buffer.shape)}"
         self._current = description
         if not self.check or self.size == 1:
-            return
+            return None
         fingerprint = zlib.crc32(description.encode()) | (self._seq << 32)
         header = np.array([fingerprint, -fingerprint], np.int64)
         result = np.empty_like(header)
-        self._wait(self._comm.Iallreduce(header, result, self._MPI.MAX), kind, name)
+        return self._comm.Iallreduce(header, result, self._MPI.MAX), header, result, description, kind, name
+
+    def _confirm(self, pending: tuple[Any, ...] | None) -> None:
+        """Waits for the fingerprints; raises :class:`CollectiveMismatchError` when the ranks' calls differ."""
+        if pending is None:
+            return
+        request, _, result, description, kind, name = pending
+        self._wait(request, kind, name)
         if result[0] != -result[1]:
             self._raise_mismatch(description)
 
@@ -368,7 +387,8 @@ class MPICommunicator:
         encoded = description.encode()[:_DESCRIPTION_BYTES].ljust(_DESCRIPTION_BYTES, b" ")
         mine = np.frombuffer(encoded, np.uint8).copy()
         everyone = np.empty((self.size, _DESCRIPTION_BYTES), np.uint8)
-        self._wait(self._comm.Iallgather(mine, everyone), "mismatch report", "")
+        # On the control communicator: a payload that started with the fingerprints may hold this one.
+        self._wait(self._control.Iallgather(mine, everyone), "mismatch report", "")
         listing = "; ".join(f"{self.rank_names[r]} called {bytes(everyone[r]).decode(errors='replace').strip()}"
                             for r in range(self.size))
         message = (f"ranks called different collectives at the same point ({listing}); every process must run "

@@ -232,11 +232,12 @@ def join(spec: ClusterSpec, task_type: str, task_id: int) -> Any:
             :class:`graphdist.runtime.rendezvous.Rendezvous`).
     """
     rank = task_rank(spec, task_type, task_id)
-    for other in meeting_ranks(spec):  # every address has a port (before this process is replaced)
-        job, index = rank_task(spec, other)
-        rendezvous.split_address(spec.task_address(job, index), f"{job} {index}'s TF_CONFIG address")
     if not under_mpi_launcher():
-        require_mpi4py()  # before the process is replaced: without it the job can never start
+        # Before the process is replaced: every address has a port, and mpi4py is there.
+        for other in meeting_ranks(spec):
+            job, index = rank_task(spec, other)
+            rendezvous.split_address(spec.task_address(job, index), f"{job} {index}'s TF_CONFIG address")
+        require_mpi4py()
         _reexecute(spec, rank)
     from graphdist.runtime.comm.mpi import world_of_launcher
 
