@@ -12,6 +12,7 @@ from graphdist import (
     cluster_resolver,
     config,
     data,
+    debugging,
     experimental,
     keras,
     nest,
@@ -68,6 +69,7 @@ from graphdist.errors import (
     GraphdistError,
     GraphError,
     InvalidArgumentError,
+    NumericsError,
     PlanError,
     TracingError,
 )
@@ -80,6 +82,7 @@ from graphdist.version import __version__
 __all__ = [
     "__version__",
     "config",
+    "debugging",
     "experimental",
     "tpu",
     "nest",
@@ -150,4 +153,5 @@ __all__ = [
     "CheckpointError",
     "ClusterConfigError",
     "CollectiveTimeoutError",
+    "NumericsError",
 ]

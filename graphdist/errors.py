@@ -20,6 +20,7 @@ __all__ = [
     "CheckpointError",
     "ClusterConfigError",
     "CollectiveTimeoutError",
+    "NumericsError",
 ]
 
 
@@ -73,3 +74,10 @@ class ClusterConfigError(GraphdistError, ValueError):
 
 class CollectiveTimeoutError(GraphdistError, TimeoutError):
     """A collective or remote wait did not complete within its timeout."""
+
+
+class NumericsError(InvalidArgumentError, FloatingPointError):
+    """A NaN or an infinity appeared in a step's values while ``gd.debugging.enable_check_numerics()`` is on
+    (TF raises ``InvalidArgumentError`` there, Python's floating-point checks ``FloatingPointError``: both
+    catch it). The message names the op that made it, its step and device.
+    """
