@@ -201,3 +201,12 @@ def test_checkpoint_and_model_save_warn_once_per_save_about_non_finite_weights(t
     restored.restore(tmp_path / "bad.npz")  # saved as they are
     assert np.isnan(kernel.numpy()[0, 0]) and np.isinf(kernel.numpy()[1, 0])
 
+
+
+def test_a_loaded_plan_is_checked_too(checks, tmp_path) -> None:
+    w, train_step = _log_step()
+    concrete = train_step.get_concrete_function(np.ones(3, np.float32))
+    concrete.export(tmp_path / "plan")
+    loaded = gd.load_plan(tmp_path / "plan")
+    with pytest.raises(gd.NumericsError, match=r"in %\w+ \(output 0 of op Log \(node 'log'.*step 'train_step'"):
+        loaded(np.array([1, 2, -3], np.float32))
