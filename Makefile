@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install lint bench clean graphviz multi-worker-demo dist docs gpu-check
+.PHONY: demo test install lint bench clean system-deps multi-worker-demo dist docs gpu-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -27,21 +27,25 @@ multi-worker-demo: $(STAMP)
 
 # The in-process tests on 2 pytest-xdist workers, then the multi-process ones (marked slow: their
 # processes and timeouts want the cores to themselves) one at a time.
-test: $(STAMP) graphviz
+test: $(STAMP) system-deps
 	$(PY) -m pytest -q -n 2 -m "not slow"
 	$(PY) -m pytest -q -m slow
 
-# Graphviz's `dot` renders graph pictures (a system package, not on PyPI). Installed with apt-get
-# when missing and possible (root or passwordless sudo); otherwise the picture tests are skipped.
-graphviz:
-	@command -v dot >/dev/null 2>&1 || { \
+# System packages the tests use, installed with apt-get when missing and possible (root or passwordless
+# sudo): Graphviz's `dot` renders graph pictures (not on PyPI); openssh-server runs the ssh servers of the
+# multi-host tests (graphdist launch --hosts in network-namespace hosts). Otherwise those tests are skipped.
+system-deps:
+	@missing=""; command -v dot >/dev/null 2>&1 || missing="$$missing graphviz"; \
+	  [ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
+	  if [ -n "$$missing" ]; then \
 	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then SUDO=; \
 	  elif command -v apt-get >/dev/null 2>&1 && sudo -n true 2>/dev/null; then SUDO=sudo; \
 	  else SUDO=none; fi; \
-	  if [ "$$SUDO" != none ] && $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq graphviz >/dev/null; \
-	  then echo "installed Graphviz (dot) with apt-get"; \
-	  else echo "warning: Graphviz's 'dot' is missing and could not be installed here (needs apt-get as root);" \
-	    "install the 'graphviz' package to render SVG/PNG pictures; the tests that render will be skipped" >&2; fi; }
+	  if [ "$$SUDO" != none ] && $$SUDO apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	  then echo "installed$$missing with apt-get"; \
+	  else echo "warning:$$missing missing and could not be installed here (needs apt-get as root);" \
+	    "the tests that need them will be skipped" >&2; fi; fi
 
 # ruff, then the package layering contract in pyproject.toml ([tool.importlinter]).
 lint: $(STAMP)

@@ -71,6 +71,7 @@ from graphdist.errors import (
     InvalidArgumentError,
     NumericsError,
     PlanError,
+    StorageError,
     TracingError,
 )
 from graphdist.ir import Graph, Node, Value, verify
@@ -153,5 +154,6 @@ __all__ = [
     "CheckpointError",
     "ClusterConfigError",
     "CollectiveTimeoutError",
+    "StorageError",
     "NumericsError",
 ]

@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from graphdist.errors import CheckpointError
+from graphdist.errors import CheckpointError, GraphdistError, StorageError
 from graphdist.fsutil import read_npz, replace_file
 from graphdist.runtime.numerics import warn_non_finite
 from graphdist.trace.variables import Variable
@@ -193,12 +193,19 @@ class Checkpoint:
         Raises:
             CheckpointError: ``path`` is a directory, or an existing file there is not a graphdist
                 checkpoint (it is never overwritten).
+            StorageError: The file cannot be written (disk full, read-only filesystem, permission
+                denied); also an ``OSError``. An earlier checkpoint at ``path`` is left intact.
         """
         return self._save(path)
 
     def _save(self, path: str | os.PathLike[str], metadata: dict[str, Any] | None = None) -> str:
         data = self._serialize(metadata)
-        replace_file(path, data, is_ours=is_checkpoint_file, error=CheckpointError, what="Checkpoint.save")
+        try:
+            replace_file(path, data, is_ours=is_checkpoint_file, error=CheckpointError, what="Checkpoint.save")
+        except GraphdistError:
+            raise
+        except OSError as err:  # the disk is full, read-only, not ours...: the old file is intact
+            raise StorageError.from_os_error(err, os.path.abspath(path), "Checkpoint.save") from None
         logger.info("saved a checkpoint to %s", path)
         return str(path)
 
@@ -215,10 +222,14 @@ class Checkpoint:
         self._restore(path)
         return self
 
-    def _restore(self, path: str | os.PathLike[str], require: str | None = None) -> dict[str, Any]:
-        """:meth:`restore`; returns the metadata saved with the checkpoint (which must hold ``require``)."""
+    def _restore(self, path: str | os.PathLike[str], require: str | None = None,
+                 data: bytes | None = None) -> dict[str, Any]:
+        """:meth:`restore`; returns the metadata saved with the checkpoint (which must hold ``require``).
+
+        ``data``: the file's bytes, already read and verified by the caller (``path`` then only names it).
+        """
         path = Path(path)
-        manifest, saved = _read_checkpoint(path)
+        manifest, saved = _read_checkpoint(path, data)
         if require is not None and not isinstance(manifest.get("metadata", {}).get(require), dict):
             raise CheckpointError(f"checkpoint {path} holds no {require!r} state; it was not written for this use: "
                                   "delete it or pass another path")
@@ -343,12 +354,15 @@ def _read_manifest(path: Path, archive: zipfile.ZipFile) -> dict[str, Any]:
     return manifest
 
 
-def _read_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """The validated manifest and the arrays by key (each checked before it is allocated, then its checksum)."""
-    if not path.is_file():
+def _read_checkpoint(path: Path, data: bytes | None = None) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The validated manifest and the arrays by key (each checked before it is allocated, then its checksum),
+    from ``path`` or from its bytes ``data``.
+    """
+    if data is None and not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist; pass the path that save() returned")
+    source: bytes | Path = path if data is None else data
     try:
-        with zipfile.ZipFile(path) as archive:
+        with zipfile.ZipFile(path if data is None else io.BytesIO(data)) as archive:
             manifest = _read_manifest(path, archive)
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as err:
         if isinstance(err, CheckpointError):
@@ -358,7 +372,7 @@ def _read_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]
     wanted = dict(_check_entry(path, key, info) for key, info in manifest["variables"].items())
     if len(wanted) != len(manifest["variables"]):
         raise _schema_error(path, "two variables name the same entry")
-    arrays = read_npz(path, wanted, error=CheckpointError, where=f"checkpoint {path}")
+    arrays = read_npz(source, wanted, error=CheckpointError, where=f"checkpoint {path}")
     saved = {}
     for key, info in manifest["variables"].items():
         array = arrays[info["entry"][: -len(".npy")]]

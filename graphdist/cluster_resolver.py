@@ -1,7 +1,8 @@
 """``gd.cluster_resolver``: where a process learns the cluster and its role.
 
 ``TFConfigClusterResolver`` (``GRAPHDIST_CONFIG`` / ``TF_CONFIG``),
-``SimpleClusterResolver``, ``MPIClusterResolver`` and ``ClusterSpec`` (see
+``SimpleClusterResolver``, ``MPIClusterResolver``, ``SlurmClusterResolver`` (a Slurm job step)
+and ``ClusterSpec`` (see
 :mod:`graphdist.distribute.cluster`); ``TPUClusterResolver`` (TPU-like cores,
 see :mod:`graphdist.distribute.tpu`).
 """
@@ -11,6 +12,7 @@ from graphdist.distribute.cluster import (
     ClusterSpec,
     MPIClusterResolver,
     SimpleClusterResolver,
+    SlurmClusterResolver,
     TFConfigClusterResolver,
 )
 from graphdist.distribute.tpu import TPUClusterResolver
@@ -21,5 +23,6 @@ __all__ = [
     "TFConfigClusterResolver",
     "SimpleClusterResolver",
     "MPIClusterResolver",
+    "SlurmClusterResolver",
     "TPUClusterResolver",
 ]

@@ -17,11 +17,17 @@ so a killed process never leaves half a file behind. Next to each artefact a
 ``.sha256`` file records its SHA-256 and the key it was stored under
 (``<backend>/<key>/<file>``): a backend that finds an unreadable artefact, a
 checksum mismatch, or a copy of another entry's files discards it and
-compiles again. Native code (TVM's ``.so``) is loaded, or written, only when
-the cache directory is private to this user (owned by them, not writable by
-group or others: :func:`native_code_allowed`); otherwise the segment is
-compiled without the disk cache, with a warning. Cache directories are
-created with mode ``0o700``.
+compiles again.
+
+Every entry holds code graphdist runs (TVM's native ``.so``, ONNX Runtime's
+optimized model), and a checksum stops no one who can write the directory: an
+entry is read or written only when no other user could have put it there
+(:func:`cache_entry_allowed`: the file, its entry and the cache directory belong
+to this user, are not writable by group or others and are no symbolic links,
+and the directories above the cache directory are safe from renames by
+others; see :mod:`graphdist.fsutil.private`). Otherwise the segment is
+compiled in memory, without the disk cache, with one warning per reason that
+says how to fix it. Cache directories are created with mode ``0o700``.
 
 The disk cache holds at most ``$GRAPHDIST_CACHE_MAX_BYTES`` bytes (default
 2 GiB): after each compile that wrote an entry, the least recently used
@@ -67,11 +73,11 @@ __all__ = [
     "cache_key",
     "cache_max_bytes",
     "default_cache",
+    "cache_entry_allowed",
     "get_backend",
     "discard_artifact",
     "evict_least_recently_used",
     "make_cache_dir",
-    "native_code_allowed",
     "prepare_model",
     "read_verified_artifact",
     "register_backend",
@@ -243,9 +249,9 @@ def _checksum_path(path: Path) -> Path:
 
 
 def _entry_parts(path: Path) -> tuple[Path, str] | None:
-    """``(cache root, key)`` of the entry ``path`` lies in (``<root>/<backend>/<key>/...``), else ``None``."""
+    """``(cache root, key)`` of the entry ``path`` is (``<root>/<backend>/<key>``) or lies in, else ``None``."""
     parts = Path(os.path.abspath(path)).parts
-    for index in range(len(parts) - 2, 1, -1):
+    for index in range(len(parts) - 1, 1, -1):
         if _KEY.match(parts[index]):
             return Path(*parts[: index - 1]), "/".join(parts[index - 1:])
     return None
@@ -283,14 +289,18 @@ def _verify(path: Path, data: bytes, sidecar: bytes) -> str | None:
 def read_verified_artifact(path: Path, what: str) -> bytes | None:
     """Returns the bytes of a cached artefact whose checksum file matches, else ``None``.
 
-    A missing artefact or checksum is a plain miss; an unreadable one is logged; a
-    mismatch (or an artefact stored under another key) is logged and both files are
-    discarded (the caller compiles again). A hit marks the entry as recently used.
+    A missing artefact or checksum is a plain miss; an artefact another user could have
+    written (:func:`cache_entry_allowed`) is left alone and not read (warned once); an
+    unreadable one is logged; a mismatch (or an artefact stored under another key) is
+    logged and both files are discarded (the caller compiles again). A hit marks the
+    entry as recently used.
 
     Args:
         path: The artefact.
         what: What it is, for log messages (``"cached model"``).
     """
+    if not os.path.lexists(path) or not cache_entry_allowed(path):
+        return None
     try:
         data = path.read_bytes()
         sidecar = _checksum_path(path).read_bytes()
@@ -309,25 +319,28 @@ def read_verified_artifact(path: Path, what: str) -> bytes | None:
     return data
 
 
-def native_code_allowed(path: Path) -> bool:
-    """Whether native code (a ``.so``) at ``path`` in the disk cache may be loaded or written.
+def cache_entry_allowed(path: Path) -> bool:
+    """Whether the disk cache may read ``path`` (an artefact) or write there (an entry's directory).
 
-    Only when no other user could have put it there (:func:`graphdist.fsutil.private_problem`: the
-    cache directory and everything below it belong to this user and are not writable by group or
-    others), as ssh and pip require. Otherwise warns once per reason and returns ``False``: the
-    segment is compiled without the disk cache.
+    Only when no other user could have put anything there (:func:`graphdist.fsutil.private_problem`:
+    ``path``, or the nearest part of it that exists, and every directory up to the cache directory
+    belong to this user, are not writable by group or others and are no symbolic links; above the
+    cache directory, directories belong to this user or root and are not writable by others unless
+    sticky), as ssh and pip require. Otherwise warns once per reason and returns ``False``: the
+    segment is compiled in memory, without the disk cache.
     """
     parts = _entry_parts(path)
     root = parts[0] if parts is not None else Path(os.path.abspath(path)).parent
-    existing = path if path.exists() else next(p for p in (path, *path.parents) if p.exists())
+    existing = next(p for p in (path, *path.parents) if os.path.lexists(p))
     problem = private_problem(existing, root)
     if problem is None:
         return True
     if problem not in _warned_unsafe:
         _warned_unsafe.add(problem)
-        logger.warning("not loading or writing compiled native code in the compile cache %s: %s, so another user "
-                       "could plant code there; compiling without the disk cache. Fix it with `chmod go-w` (or "
-                       "point GRAPHDIST_CACHE_DIR at a directory only you can write)", root, problem)
+        logger.warning("not using the compile cache %s: %s, so another user could have put code there that "
+                       "graphdist would run; compiling without it (in memory) instead. Fix it with `chmod go-w` on "
+                       "that directory (remove a symbolic link, `rm -r` what another user owns), or point "
+                       "GRAPHDIST_CACHE_DIR at a directory only you can write", root, problem)
     return False
 
 
@@ -504,10 +517,11 @@ class CompileCache:
             logger.debug(
                 "compiling %s segment for %s (key %s)", backend.name, device, key
             )
+            trusted = cache_entry_allowed(directory)
             executable = backend.compile(
-                model, device, threads=threads, cache_dir=directory, shared=self.shared
+                model, device, threads=threads, cache_dir=directory if trusted else None, shared=self.shared
             )
-            if directory.is_dir():
+            if trusted and directory.is_dir():
                 evict_least_recently_used(self.directory, keep=directory, limit=limit)
             with self._lock:
                 self._memory[key] = executable

@@ -24,7 +24,11 @@ compile of a segment creates a session at ``ORT_ENABLE_EXTENDED`` with
 ``FusedGemm``) to a temporary file in the cache directory; that file is
 renamed to ``model.ort2.onnx`` and its SHA-256, with the cache key it is
 stored under, is written next to it in ``model.ort2.onnx.sha256`` (both
-renames are atomic; a file copied from another entry is rejected). EXTENDED is the highest
+renames are atomic; a file copied from another entry is rejected). Nothing
+is read from or written to a cache directory another user could write, or
+through a symbolic link (:func:`graphdist.backends.base.cache_entry_allowed`:
+a planted model with a recomputed checksum is never run; the segment is
+compiled in memory, with one warning). EXTENDED is the highest
 level whose saved model is portable; layout optimizations (level ALL) are
 hardware specific, so they are not saved but applied again when a session is
 created. The session that runs is always created from the optimized file at
@@ -76,6 +80,7 @@ import numpy as np
 
 from graphdist import stats
 from graphdist.backends.base import (
+    cache_entry_allowed,
     discard_artifact,
     make_cache_dir,
     prepare_model,
@@ -336,9 +341,12 @@ class OrtBackend:
 
         Returns:
             The optimized model's bytes, or ``data`` unchanged when the cache
-            directory cannot be written (the compile then goes on without the
-            disk cache).
+            directory cannot be written, or another user could write it
+            (:func:`~graphdist.backends.base.cache_entry_allowed`; the compile
+            then goes on without the disk cache).
         """
+        if not cache_entry_allowed(cache_dir):
+            return data
         final = cache_dir / OPTIMIZED_MODEL_FILE
         tmp = cache_dir / f".{uuid.uuid4().hex}.tmp.onnx"
         options = self._options(threads, "ORT_ENABLE_EXTENDED")

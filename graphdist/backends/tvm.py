@@ -21,8 +21,9 @@ releases):
      comparisons). With ``GRAPHDIST_TVM_TUNE=<trials>`` MetaSchedule tunes the segment
      instead (``tune_relax`` with that trial budget, database in
      ``<cache dir>/tvm-tuning``, shared by all segments and reused by later
-     runs), and the tuned records are applied by ``compile_relax``; any
-     function tuning did not cover keeps the hand-written schedule.
+     runs when no other user can write it, else a temporary one), and the
+     tuned records are applied by ``compile_relax``; any function tuning did
+     not cover keeps the hand-written schedule.
    * ``cuda:N`` -> ``cuda`` with dlight's default GPU rules. Code generation
      needs no GPU (:func:`build` + :meth:`BuiltModule.export` work anywhere);
      running needs one.
@@ -38,14 +39,16 @@ Disk cache: the built module is exported with ``export_library`` to
 ``module.so`` in the segment's cache directory (temporary name, then an
 atomic rename), with its SHA-256 and cache key in ``module.so.sha256``, only
 when the cache directory is private to this user (owned by them, not
-writable by group or others; otherwise no ``.so`` is loaded from it or
-written to it, with a warning: see
-:func:`graphdist.backends.base.native_code_allowed`). A later process
+writable by group or others, no symbolic links; otherwise no ``.so`` is loaded
+from it or written to it, with a warning: see
+:func:`graphdist.backends.base.cache_entry_allowed`). A later process
 with the same cache key (segment bytes, target, TVM version, schedule version)
 loads it with ``tvm.runtime.load_module`` instead of compiling
 (``disk_cache_hits`` instead of ``compiles`` in :mod:`graphdist.stats`). A
-missing checksum, a mismatch or a library that does not load is discarded and
-the segment is compiled again.
+missing checksum, a mismatch, a library that does not load, or one that loads
+but is no Relax executable (the VM cannot start on it: "Module has no function
+'vm_load_executable'") is discarded with a warning and the segment is compiled
+again.
 
 Shared builds: segments that differ only in their names (the replicas of a
 step traced once and replicated by ``ReplicatePass`` compute the same thing
@@ -84,6 +87,7 @@ import logging
 import os
 import re
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -97,9 +101,9 @@ import numpy as np
 from graphdist import stats
 from graphdist.backends.base import (
     cache_dir,
+    cache_entry_allowed,
     discard_artifact,
     make_cache_dir,
-    native_code_allowed,
     read_verified_artifact,
     write_artifact_checksum,
 )
@@ -403,6 +407,21 @@ def _tuning_dir() -> Path:
     return cache_dir() / "tvm-tuning"
 
 
+@contextlib.contextmanager
+def _tuning_work_dir() -> Iterator[Path]:
+    """Where MetaSchedule keeps its database: ``<cache dir>/tvm-tuning`` when no other user could have written
+    records there (they decide the generated code: :func:`~graphdist.backends.base.cache_entry_allowed`, which
+    warns otherwise), else a fresh private temporary directory, deleted afterwards.
+    """
+    work_dir = _tuning_dir()
+    if cache_entry_allowed(work_dir):
+        make_cache_dir(work_dir)
+        yield work_dir
+        return
+    with tempfile.TemporaryDirectory(prefix="graphdist-tvm-tuning-") as scratch:
+        yield Path(scratch)
+
+
 def _missing_modules(*names: str) -> list[str]:
     """The named modules that cannot be imported (optional dependencies not installed)."""
     missing = []
@@ -430,16 +449,14 @@ def _build_tuned(tvm: Any, mod: Any, target: Any, trials: int, name: str) -> Any
 
     from graphdist.backends.tvm_schedules import cpu_rules
 
-    work_dir = _tuning_dir()
-    work_dir.mkdir(parents=True, exist_ok=True)
     with target:
         fused = _cpu_passes(tvm)(mod)
-    logger.info("tuning segment %r with MetaSchedule: %d trials (database %s)", name, trials, work_dir)
     start = time.perf_counter()
     # A smaller population than MetaSchedule's default (512): on 2 cores the default spends minutes
     # evolving candidates before the first measurement of a small budget.
     search = ms.search_strategy.EvolutionarySearch(population_size=64, init_min_unmeasured=16, genetic_num_iters=2)
-    with _loggers_kept():
+    with _tuning_work_dir() as work_dir, _loggers_kept():
+        logger.info("tuning segment %r with MetaSchedule: %d trials (database %s)", name, trials, work_dir)
         database = ms.relax_integration.tune_relax(
             mod=fused, params={}, target=target, work_dir=str(work_dir), max_trials_global=trials,
             num_trials_per_iter=min(64, trials), strategy=search,
@@ -634,12 +651,12 @@ class TvmBackend:
             stats.increment("shared_builds")
             return TvmExecutable(library, model, device, threads)
         if cache_dir is not None:
-            library = _load_cached(cache_dir, name)
-            if library is not None:
+            cached = _executable_from_cache(cache_dir, model, device, threads)
+            if cached is not None:
                 stats.increment("disk_cache_hits")
                 if shared is not None:
-                    shared[key] = library
-                return TvmExecutable(library, model, device, threads)
+                    shared[key] = cached.library
+                return cached
         try:
             built = build(model, device, threads=threads)
         except TvmConversionError as err:
@@ -690,7 +707,7 @@ def _store(built: BuiltModule, directory: Path, name: str) -> None:
     redundant, and the dynamic loader returns an already opened library for a path it has seen.
     """
     path = directory / MODULE_FILE
-    if not native_code_allowed(path):
+    if not cache_entry_allowed(directory):
         return
     try:
         make_cache_dir(directory)
@@ -700,11 +717,25 @@ def _store(built: BuiltModule, directory: Path, name: str) -> None:
         logger.warning("cannot write the TVM disk cache for segment %r in %s: %s", name, directory, err)
 
 
+def _executable_from_cache(directory: Path, model: onnx.ModelProto, device: Device,
+                           threads: int) -> TvmExecutable | None:
+    """An executable on the cached library, or ``None`` (after discarding a library the VM cannot run)."""
+    name = model.graph.name or "<unnamed>"
+    library = _load_cached(directory, name)
+    if library is None:
+        return None
+    try:
+        return TvmExecutable(library, model, device, threads)
+    except Exception as err:  # noqa: BLE001 - whatever TVM raises for a library that is no Relax executable
+        logger.warning("cached TVM module %s of segment %r cannot be run (%s); discarded, recompiling",
+                       directory / MODULE_FILE, name, _first_line(err))
+        discard_artifact(directory / MODULE_FILE)
+        return None
+
+
 def _load_cached(directory: Path, name: str) -> Any:
     """Returns the cached library when its checksum matches, else ``None`` (discarding bad files)."""
     path = directory / MODULE_FILE
-    if not path.exists() or not native_code_allowed(path):
-        return None
     if read_verified_artifact(path, f"cached TVM module of segment {name!r}") is None:
         return None
     try:

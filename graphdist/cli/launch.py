@@ -49,12 +49,16 @@ from typing import Any
 
 from graphdist.errors import InvalidArgumentError
 from graphdist.runtime import launch_status
-from graphdist.runtime.comm.mpi_join import find_mpiexec
+from graphdist.runtime.cluster_spec import environment_config
+from graphdist.runtime.comm.mpi_join import IFACE_ENV, WATCH_ENV, find_mpiexec, interface_towards, network_settings
 
 __all__ = ["add_launch_parser", "cmd_launch", "build_roles", "core_shares", "mpiexec_command", "find_mpiexec",
            "check_hosts", "rank_wrapper", "resolve_python"]
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_BASE_PORT = 29400
+"""First port of the tasks' addresses in a job across hosts (rank r listens on ``DEFAULT_BASE_PORT + r``)."""
 
 _EPILOG = """\
 examples:
@@ -82,6 +86,9 @@ def add_launch_parser(commands: Any, formatter: Any) -> None:
     launch.add_argument("--chief", action="store_true", help="add a chief task (rank 0) besides the workers")
     launch.add_argument("--hosts", default=None, metavar="H1,H2",
                         help="hosts to place the tasks on, round-robin (default: this host)")
+    launch.add_argument("--port", type=int, default=DEFAULT_BASE_PORT, metavar="P",
+                        help="with --hosts: rank r listens on port P+r of its host, so that every task hears at "
+                             f"once of one lost on any host (default {DEFAULT_BASE_PORT})")
     launch.add_argument("--devices-per-worker", type=int, default=1, metavar="K",
                         help="devices of each worker: cuda:0..K-1 with GPUs, else logical cpu:0..K-1 (default 1)")
     launch.add_argument("--timeout", type=float, default=None, metavar="S",
@@ -94,8 +101,12 @@ def add_launch_parser(commands: Any, formatter: Any) -> None:
 
 
 def build_roles(workers: int, ps: int = 0, chief: bool = False, hosts: Sequence[str] | None = None,
-                devices_per_worker: int = 1) -> list[dict[str, Any]]:
+                devices_per_worker: int = 1, base_port: int | None = None) -> list[dict[str, Any]]:
     """One entry per MPI rank: ``{"name", "type", "index", "host", "config"}``.
+
+    A task's address is ``host:rank``, or with ``base_port`` (jobs across hosts) ``host:base_port+rank``,
+    where the task listens so that the tasks hear at once of one lost on any host
+    (:mod:`graphdist.runtime.rendezvous`).
 
     Raises:
         InvalidArgumentError: A count is out of range or a host name is empty.
@@ -107,12 +118,17 @@ def build_roles(workers: int, ps: int = 0, chief: bool = False, hosts: Sequence[
     hosts = [h.strip() for h in hosts] if hosts else ["localhost"]
     if not all(hosts):
         raise InvalidArgumentError(f"--hosts has an empty host name ({','.join(hosts)}); give host names like h1,h2")
+    if len(set(hosts)) != len(hosts):
+        raise InvalidArgumentError(f"--hosts lists a host twice ({','.join(hosts)}); list each host once: the tasks "
+                                   "go to them round-robin, several per host when there are more tasks than hosts")
     tasks = [("chief", 0)] if chief else []
     tasks += [("worker", i) for i in range(workers)] + [("ps", i) for i in range(ps)]
     placed = [(job, index, hosts[rank % len(hosts)]) for rank, (job, index) in enumerate(tasks)]
     cluster: dict[str, list[str]] = {}
+    if base_port is not None and not (0 < base_port and base_port + len(placed) <= 65536):
+        raise InvalidArgumentError(f"--port must leave room for {len(placed)} ports below 65536, got {base_port}")
     for rank, (job, _, host) in enumerate(placed):
-        cluster.setdefault(job, []).append(f"{host}:{rank}")
+        cluster.setdefault(job, []).append(f"{host}:{rank if base_port is None else base_port + rank}")
     from graphdist.runtime.devices import num_gpus
 
     kind = "cuda" if num_gpus() >= devices_per_worker else "cpu"
@@ -151,22 +167,31 @@ def core_shares(roles: Sequence[dict[str, Any]], cores: Sequence[int]) -> dict[i
 
 
 def mpiexec_command(roles: Sequence[dict[str, Any]], command: Sequence[str], status_dir: str,
-                    timeout: float | None = None, explicit_hosts: bool = False,
+                    timeout: float | None = None, hosts: Sequence[str] | None = None,
                     cpus: dict[int, list[int]] | None = None) -> list[str]:
     """The ``mpiexec`` MPMD command line: one ``-n 1`` section per rank, joined by ``:``
-    (``cpus``: the cores each rank is bound to).
+    (``hosts``: the ``--hosts`` list, ranks placed on them round-robin through mpiexec's ssh launcher;
+    ``cpus``: the cores each rank is bound to).
     """
     argv = [find_mpiexec(), "-disable-auto-cleanup"]
+    across = []
+    if hosts:
+        # One slot per host, filled round-robin: rank r runs on hosts[r % len(hosts)], as build_roles placed
+        # it. mpiexec starts the remote ranks through ssh; they connect back to it on the interface that
+        # reaches them.
+        argv += ["-launcher", "ssh", "-hosts", ",".join(f"{host}:1" for host in hosts)]
+        iface = os.environ.get(IFACE_ENV, "").strip() or _interface_to_hosts(hosts)
+        if iface:
+            argv += ["-iface", iface]
+        across = ["-env", WATCH_ENV, "1"]
     # A parameter-server job goes on without a lost worker; MPI_Finalize's barrier would wait for it forever.
     finalize = ["-env", "MPIR_CVAR_NO_COLLECTIVE_FINALIZE", "1"] if any(r["type"] == "ps" for r in roles) else []
     for rank, role in enumerate(roles):
         if rank:
             argv.append(":")
         argv += ["-n", "1"]
-        if explicit_hosts:
-            argv += ["-host", role["host"]]
         argv += ["-env", "GRAPHDIST_CONFIG", role["config"], "-env", "GRAPHDIST_LAUNCH_DIR", status_dir,
-                 "-env", "PYTHONUNBUFFERED", "1", *finalize]
+                 "-env", "PYTHONUNBUFFERED", "1", *finalize, *across]
         if timeout is not None:
             argv += ["-env", "GRAPHDIST_COLLECTIVE_TIMEOUT", repr(float(timeout))]
         if cpus and rank in cpus:
@@ -174,6 +199,19 @@ def mpiexec_command(roles: Sequence[dict[str, Any]], command: Sequence[str], sta
         task = list(_PS_SERVER) if role["type"] == "ps" else list(command)
         argv += [sys.executable, "-m", "graphdist.cli.launch", "--rank-wrapper", str(rank), role["name"], "--", *task]
     return argv
+
+
+def _interface_to_hosts(hosts: Sequence[str]) -> str:
+    """This host's interface towards the first listed host that is not this one ('' if none resolves)."""
+    for host in hosts:
+        try:
+            ip = socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0]
+        except (OSError, UnicodeError):
+            continue
+        iface = interface_towards(ip)
+        if iface and iface != "lo":
+            return iface
+    return ""
 
 
 _BARE_PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
@@ -206,9 +244,10 @@ def cmd_launch(args: argparse.Namespace) -> int:
     command = resolve_python(command)
     if args.timeout is not None and args.timeout <= 0:
         raise UsageError(f"launch: --timeout must be > 0 seconds, got {args.timeout}")
-    hosts = args.hosts.split(",") if args.hosts else None
+    hosts = [h.strip() for h in args.hosts.split(",")] if args.hosts else None
     try:
-        roles = build_roles(args.workers, args.ps, args.chief, hosts, args.devices_per_worker)
+        roles = build_roles(args.workers, args.ps, args.chief, hosts, args.devices_per_worker,
+                            base_port=args.port if hosts else None)
     except InvalidArgumentError as err:  # bad counts or hosts on the command line: a usage error (status 2)
         raise UsageError(f"launch: {err}") from err
     if hosts:
@@ -217,7 +256,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
     with tempfile.TemporaryDirectory(prefix="graphdist-launch-") as status_dir:
         cpus = None if (hosts or args.no_bind) else core_shares(roles, sorted(os.sched_getaffinity(0)))
-        argv = mpiexec_command(roles, command, status_dir, args.timeout, explicit_hosts=bool(hosts), cpus=cpus)
+        argv = mpiexec_command(roles, command, status_dir, args.timeout, hosts=hosts, cpus=cpus)
         logger.info("launching %d process(es): %s", len(roles), " ".join(argv))
         sys.stdout.flush()
         return JobSupervisor(roles, status_dir).run(argv)
@@ -288,6 +327,10 @@ def rank_wrapper(argv: Sequence[str]) -> int:
     if cores:
         os.sched_setaffinity(0, {int(c) for c in cores.split(",")})  # inherited by the task
     environment = dict(os.environ, **{launch_status.LAUNCH_RANK_ENV: rank})
+    if environment.get(WATCH_ENV):  # a job across hosts: MPI over TCP on the interface that reaches the others
+        spec, _, _, _, _ = environment_config()
+        for key, value in network_settings(spec, int(rank)).items():
+            environment.setdefault(key, value)
     try:
         # close_fds=False: the task inherits the process manager's PMI socket.
         child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=False,

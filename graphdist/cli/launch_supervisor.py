@@ -23,7 +23,12 @@ Stopping sends ``SIGTERM`` to the running tasks, then to every process of
 the job (those below ``mpiexec``, and those seen there that became orphans:
 the supervisor is their child subreaper), then ``SIGKILL`` to those still
 alive, each after a grace period (:data:`TERM_GRACE_S`). Processes are found
-by walking ``/proc``: the supervision covers the ranks on this host.
+by walking ``/proc``: the supervision covers the ranks on this host. Ranks on
+other hosts (``--hosts``) write their reports into a folder on their own host:
+their tasks watch each other (:mod:`graphdist.runtime.rendezvous`), so a task
+lost on any host makes the others fail at once, and the supervisor sees that
+here; a rank whose report never arrives counts as succeeded when ``mpiexec``
+exits with status 0.
 """
 
 from __future__ import annotations
@@ -341,13 +346,18 @@ class JobSupervisor:
     def _report(self) -> int:
         failures = sorted((float(s["time"]), r) for r, s in self.ended.items() if s["returncode"] != 0)
         missing = [r for r in range(len(self.roles)) if r not in self.ended and r not in self.stopped]
+        status = self._mpiexec.returncode if self._mpiexec is not None else 0
+        if status == 0:
+            # A rank on another host writes its report into a folder there: mpiexec's status covers it.
+            missing = []
         lines = []
         for order, (_, rank) in enumerate(failures):
             first = " (first to fail)" if order == 0 and len(failures) > 1 else ""
             lost = " (lost; the other workers went on)" if rank in self.lost else ""
             last = self.ended[rank].get("last_line", "")
             lines.append(f"  {self._name(rank)}{first}: {self._how(rank)}{lost}" + (f": {last}" if last else ""))
-        lines += [f"  {self._name(rank)}: ended without reporting" for rank in missing]
+        lines += [f"  {self._name(rank)} (on {self.roles[rank]['host']}): ended without a report reaching this "
+                  f"host (mpiexec exited with status {status})" for rank in missing]
         if self.stopped and self.stop_reason:
             lines.append(f"  stopped by graphdist launch ({self.stop_reason}): "
                          + ", ".join(self._name(r) for r in self.stopped))
@@ -362,7 +372,6 @@ class JobSupervisor:
         if self.stopped:
             print("graphdist launch: error:\n" + "\n".join(lines), file=sys.stderr)
             return 1
-        status = self._mpiexec.returncode if self._mpiexec is not None else 0
         if status not in (0, None) and not self._hung_mpiexec:
             print(f"graphdist launch: error: mpiexec exited with status {status}", file=sys.stderr)
             return 1

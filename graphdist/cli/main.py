@@ -47,6 +47,10 @@ FORMATS = ("text", "dot", "svg", "png", "onnx")
 STRATEGIES = ("one_device", "mirrored", "central_storage", "tpu", "default")
 BACKENDS = ("ort", "tvm", "reference")
 
+#: ``--trust`` of the commands that load plan directories (``gd.load_plan(..., trust=True)``).
+TRUST_HELP = ("load the plan even from a folder other users can write, or signed by someone else (its checksums "
+              "are still checked): only for plans from people you trust")
+
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -572,7 +576,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                          "-o DIR'")
     arrays = _read_inputs(args.inputs)
     try:
-        loaded = gd.load_plan(str(directory), backend=args.backend)
+        loaded = gd.load_plan(str(directory), backend=args.backend, trust=args.trust)
     except gd.PlanError as err:
         raise UsageError(f"cannot load plan {args.plan!r}: {err}") from err
     call_args, call_kwargs = _plan_arguments(loaded, arrays, args.inputs)
@@ -773,7 +777,8 @@ _RUN_EPILOG = """\
 FILE.npz holds one array per array argument of the exported step, named arg0, arg1,
 ... (numpy.savez(path, arg0=x, arg1=labels)); where the step took per-replica values,
 give the global batch: it is split across the replicas. Every step updates the plan's
-variables (--save writes them back into DIR).
+variables (--save writes them back into DIR). A plan not signed with your key
+loads only from a folder no other user can write, unless you pass --trust.
 
 examples:
   graphdist run mlp_plan --inputs mlp_inputs.npz
@@ -865,6 +870,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_cmd.add_argument("--save", action="store_true", help="write the updated variables back into DIR")
     run_cmd.add_argument("--backend", choices=BACKENDS, default=None,
                          help="backend to compile with (default: the one recorded at export)")
+    run_cmd.add_argument("--trust", action="store_true", help=TRUST_HELP)
     run_cmd.set_defaults(handler=cmd_run)
 
     from graphdist.cli.launch import add_launch_parser

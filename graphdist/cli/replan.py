@@ -35,7 +35,7 @@ examples:
 
 def add_replan_parser(commands: Any, formatter: type) -> None:
     """Adds ``graphdist replan`` to the command parsers."""
-    from graphdist.cli.main import BACKENDS
+    from graphdist.cli.main import BACKENDS, TRUST_HELP
 
     command = commands.add_parser(
         "replan", help="re-plan an exported plan directory for another strategy or device count",
@@ -50,6 +50,7 @@ def add_replan_parser(commands: Any, formatter: type) -> None:
     command.add_argument("--overwrite", action="store_true", help="replace an existing plan directory at OUT")
     command.add_argument("--backend", choices=BACKENDS, default=None,
                          help="backend to compile with (default: the strategy's, tvm for tpu; else the plan's)")
+    command.add_argument("--trust", action="store_true", help=TRUST_HELP)
     command.set_defaults(handler=cmd_replan)
 
 
@@ -63,7 +64,7 @@ def cmd_replan(args: argparse.Namespace) -> int:
                          "-o DIR'")
     strategy = _strategy(args.strategy, args.devices)
     try:
-        loaded = gd.load_plan(args.plan, backend=args.backend)
+        loaded = gd.load_plan(args.plan, backend=args.backend, trust=args.trust)
     except gd.PlanError as err:
         raise UsageError(f"cannot load plan {args.plan!r}: {err}") from err
     replanned = loaded.replan(strategy, backend=args.backend)

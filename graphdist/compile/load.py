@@ -1,6 +1,10 @@
 """Reading a plan directory: validate every file, rebuild the plan, compile it (``gd.load_plan``).
 
-Nothing is trusted: every file, ``plan.json`` included, is checked against
+A plan is code (its segments are ONNX graphs that run), so first the
+directory itself must be trusted (:func:`graphdist.fsutil.trust.check_trusted`):
+signed with this user's key, or in a folder no other user can write, or
+loaded with ``trust=True``. Then nothing is trusted: every file (a regular
+file, not read through a symbolic link), ``plan.json`` included, is checked against
 the SHA-256 the directory's manifest (``graphdist-manifest.json``) lists for
 it, ``plan.json`` against its schema and every other file against its
 SHA-256 there too, every array's declared size against its bytes before it
@@ -38,6 +42,8 @@ from graphdist.compile.plan_files import (
 )
 from graphdist.errors import GraphdistError, PlanError
 from graphdist.fsutil import MANIFEST_FILE, manifest_digests, read_npz, recover_directory
+from graphdist.fsutil.savedir import read_regular_file
+from graphdist.fsutil.trust import check_trusted
 from graphdist.ir.graph import Graph
 from graphdist.ir.placement import KINDS, PlacementSpec, VariablePlacement, VariableSpec
 
@@ -49,8 +55,10 @@ logger = logging.getLogger(__name__)
 class _Reader:
     """Reads and validates the files of a plan directory (or of a plan made in memory: ``memory``)."""
 
-    def __init__(self, directory: Path | None, memory: dict[str, bytes] | None = None, label: str = "") -> None:
+    def __init__(self, directory: Path | None, memory: dict[str, bytes] | None = None, label: str = "",
+                 trust: bool = False) -> None:
         self.directory = directory
+        self.trust = trust
         self.memory = memory
         self.label = label or f"plan directory {directory}"
         self.files: dict[str, bytes] = {}
@@ -67,9 +75,12 @@ class _Reader:
                 raise self.error(f"{where}: the file {rel} is missing")
             return self.memory[rel]
         path = self.directory / rel
-        if not path.is_file():
+        if not os.path.lexists(path):
             raise self.error(f"{where}: the file {rel} is missing; the plan directory is incomplete: {REEXPORT}")
-        data = path.read_bytes()
+        try:
+            data = read_regular_file(path)
+        except OSError as err:
+            raise self.error(f"{where}: the file {rel} cannot be read ({err.strerror or err}); {REEXPORT}") from None
         if self.manifest is not None:
             if rel not in self.manifest:
                 raise self.error(f"{where}: the file {rel} is not listed in {MANIFEST_FILE}; plan.json was edited: "
@@ -166,6 +177,7 @@ def _read_manifest(reader: _Reader) -> None:
         raise reader.error(f"{PLAN_FILE} is missing, so this is not an exported plan (or the export did not "
                            f"finish); {REEXPORT}")
     manifest = manifest_digests(directory, kind=PLAN_KIND, error=PlanError, where=reader.label)
+    check_trusted(directory, manifest, trust=reader.trust, error=PlanError, what="gd.load_plan")
     reader.manifest = None if manifest is None else manifest.files
 
 
@@ -251,12 +263,28 @@ def _restore_placement(graph: Graph, model: onnx.ModelProto, segments: list[Segm
                 node.meta["segment"] = seg.name
 
 
-def load_plan(directory: str | os.PathLike[str], backend: str | None = None) -> LoadedPlan:
+def load_plan(directory: str | os.PathLike[str], backend: str | None = None, *, trust: bool = False) -> LoadedPlan:
     """Loads a plan directory written by ``export`` and compiles it.
+
+    A plan is code: its segments are ONNX graphs that run. Which directories load:
+
+    1. With ``trust=True``, any (rules 2 and 3 are skipped; the checksums are still checked).
+    2. A plan signed with this user's key (every export and save signs with it) loads from any folder.
+       A signature that names this user's key but does not match the plan's manifest (a file was changed
+       and its checksums rewritten: a forgery), or a malformed signature file, is refused.
+    3. Any other plan (unsigned, signed by another user, or exported before signatures) loads only from a
+       folder no other user can write: the directory, everything in it and every directory above it belong
+       to this user or root and are not writable by group or others (sticky directories such as ``/tmp``
+       above it excepted).
+
+    See :mod:`graphdist.fsutil.trust` for the signing key (``~/.config/graphdist/signing-key``,
+    ``GRAPHDIST_SIGNING_KEY``).
 
     Args:
         directory: The plan directory.
         backend: Backend to compile with (default: the one recorded at export).
+        trust: Load it even from a folder others can write, signed by someone else or with a signature
+            that does not verify: only for plans from people you trust.
 
     Returns:
         A :class:`LoadedPlan`, called like the step it was exported from.
@@ -265,9 +293,11 @@ def load_plan(directory: str | os.PathLike[str], backend: str | None = None) -> 
         PlanError: The directory or ``plan.json`` is missing, ``plan.json``
             is not valid JSON, has another format or schema version, or lacks
             a key; a file is missing or fails its SHA-256 checksum; an ONNX
-            file is invalid; the segments, collectives and tasks disagree.
+            file is invalid; the segments, collectives and tasks disagree;
+            the directory is not trusted (rules above): the message names the
+            folder, why, and the fix.
     """
-    return _load(_Reader(Path(directory).absolute()), backend)
+    return _load(_Reader(Path(directory).absolute(), trust=trust), backend)
 
 
 def load_files(files: dict[str, bytes], backend: str | None = None, label: str = "re-planned plan") -> LoadedPlan:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from graphdist import nest
-from graphdist.errors import PlanError
+from graphdist.errors import GraphdistError, PlanError, StorageError
 from graphdist.fsutil import write_directory
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "READABLE_VERSIONS", "MANIFEST_REQUIRED_FROM", "PLAN_FILE", "PLAN_KIND",
@@ -194,14 +194,23 @@ def write_plan_directory(directory: str | os.PathLike[str], files: dict[str, byt
     and swapped in. An existing directory is replaced only with
     ``overwrite`` and only when graphdist wrote everything in it (its
     manifest, of the same ``kind``, lists every file); an empty one is
-    replaced like a missing one.
+    replaced like a missing one. The manifest is signed with this user's
+    key (:mod:`graphdist.fsutil.trust`), so the directory loads from any
+    folder for this user.
 
     Raises:
         PlanError: ``directory`` exists (without ``overwrite``), holds files graphdist did not write or
             another kind of directory, is a file, or is the working directory.
+        StorageError: The directory cannot be written (disk full, read-only filesystem, permission
+            denied); also an ``OSError``, naming ``directory``. A previous copy there is left intact.
     """
-    return write_directory(directory, files, kind=kind, overwrite=overwrite, error=PlanError, what=what,
-                           legacy=legacy_saved_files if kind == PLAN_KIND else legacy_model_files)
+    try:
+        return write_directory(directory, files, kind=kind, overwrite=overwrite, error=PlanError, what=what,
+                               legacy=legacy_saved_files if kind == PLAN_KIND else legacy_model_files, sign=True)
+    except GraphdistError:
+        raise
+    except OSError as err:  # what the disk refused: the old directory is intact (see fsutil.savedir)
+        raise StorageError.from_os_error(err, os.path.abspath(directory), what) from None
 
 
 def legacy_saved_files(directory: Path) -> set[str] | None:

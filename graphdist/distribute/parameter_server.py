@@ -349,7 +349,7 @@ def _run_ps_task(op: str, attrs: dict[str, Any], buffers: list[np.ndarray]) -> l
 _clients: list[Any] = []
 
 
-def _shared_client(spec: Any, task_type: str, task_id: int) -> Any:
+def _shared_client(spec: Any, task_type: str | None = None, task_id: int | None = None) -> Any:
     """One client per process and cluster (it tells the ps tasks once that this worker stopped)."""
     from graphdist.runtime.ps_server import PSClient
 
@@ -358,7 +358,7 @@ def _shared_client(spec: Any, task_type: str, task_id: int) -> Any:
             _clients.remove(client)
             _clients.append(client)
             return client
-    client = PSClient(spec, task=(task_type, task_id))
+    client = PSClient(spec, task=(task_type, task_id) if task_type is not None and task_id is not None else None)
     _clients.append(client)
     return client
 

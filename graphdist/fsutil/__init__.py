@@ -7,8 +7,11 @@
   one graphdist wrote; swapped in with no moment without a complete copy);
 * :mod:`~graphdist.fsutil.npyfile`: ``.npz`` archives read without trusting
   their headers (declared sizes checked against the bytes before allocating);
-* :mod:`~graphdist.fsutil.private`: whether a directory is private to this
-  user (native code is loaded only from such directories).
+* :mod:`~graphdist.fsutil.private`: whether a file or directory could have
+  been put there by another user (compile-cache entries are used, and unsigned
+  plans and saved models loaded, only when not);
+* :mod:`~graphdist.fsutil.trust`: the signing key, the signatures saves write,
+  and the rules that decide which plan and model directories load.
 
 This package sits in the lowest import layer, beside :mod:`graphdist.errors`,
 so it does not import it: functions that refuse take the exception class to

@@ -188,7 +188,10 @@ def replace_file(path: str | os.PathLike[str], data: bytes, *, is_ours: Callable
         The absolute path written.
 
     Raises:
-        error: ``path`` is a directory, a symbolic link, or a file graphdist did not write.
+        error: ``path`` is a directory, a symbolic link, a path under a file, or a file graphdist did not
+            write.
+        OSError: The file cannot be written (disk full, read-only, permission denied...): the old file is
+            intact.
     """
     target = Path(os.path.abspath(path))
     if target.is_symlink():
@@ -197,9 +200,9 @@ def replace_file(path: str | os.PathLike[str], data: bytes, *, is_ours: Callable
         raise error(f"{what}: {target} is a directory; pass a file path inside it, e.g. {target / 'ckpt.npz'}")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:  # a parent is a file, or not writable
+    except (FileExistsError, NotADirectoryError) as err:  # a parent is a file (other failures: the caller's)
         raise error(f"{what}: cannot create the directory {target.parent} for {target.name}: "
-                    f"{err.strerror or err}; choose a path under a writable directory") from err
+                    f"{err.strerror or err}; choose a path under a writable directory") from None
     with directory_lock(target.parent, error=error, what=what) as locked:
         if locked:
             remove_leftovers(target.parent, target.name)

@@ -20,7 +20,10 @@ The manifest is also the mark that graphdist wrote the directory:
   (:mod:`graphdist.fsutil.atomic`).
 
 The checksums detect corruption and edits; they are not a signature: whoever
-can write the directory can also rewrite its manifest.
+can write the directory can also rewrite its manifest. Saves that pass
+``sign=True`` also write ``graphdist-signature.json``, an HMAC of the manifest
+with this user's key, and loads decide what to trust with
+:func:`graphdist.fsutil.trust.check_trusted`.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -47,9 +51,10 @@ from graphdist.fsutil.atomic import (
     remove_leftovers,
     staging_name,
 )
+from graphdist.fsutil.trust import SIGNATURE_FILE, signature_file
 
-__all__ = ["MANIFEST_FILE", "Manifest", "manifest_digests", "recover_directory", "verify_directory",
-           "with_manifest", "write_directory"]
+__all__ = ["MANIFEST_FILE", "Manifest", "manifest_digests", "read_regular_file", "recover_directory",
+           "verify_directory", "with_manifest", "write_directory"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,10 +70,13 @@ class _UnreadableError(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class Manifest:
-    """A directory's manifest: its kind and ``{relative path: SHA-256}`` of every other file."""
+    """A directory's manifest: its kind, ``{relative path: SHA-256}`` of every other file, and its bytes as read
+    (what a signature signs).
+    """
 
     kind: str
     files: dict[str, str]
+    data: bytes = b""
 
 
 def _sha256(data: bytes) -> str:
@@ -82,12 +90,19 @@ def _check_relative(rel: str, error: type[Exception], where: str) -> str:
     return rel
 
 
-def with_manifest(files: dict[str, bytes], kind: str) -> dict[str, bytes]:
-    """``files`` (relative path -> bytes) plus the manifest that lists them with their SHA-256."""
-    listed = {rel: _sha256(data) for rel, data in sorted(files.items()) if rel != MANIFEST_FILE}
+def with_manifest(files: dict[str, bytes], kind: str, sign: bool = False) -> dict[str, bytes]:
+    """``files`` (relative path -> bytes) plus the manifest that lists them with their SHA-256 and, with
+    ``sign`` and a usable signing key, the manifest's signature (:mod:`graphdist.fsutil.trust`).
+    """
+    own = (MANIFEST_FILE, SIGNATURE_FILE)
+    listed = {rel: _sha256(data) for rel, data in sorted(files.items()) if rel not in own}
     doc = {"format": _FORMAT, "version": _VERSION, "kind": kind, "files": listed}
-    return {**{rel: data for rel, data in files.items() if rel != MANIFEST_FILE},
-            MANIFEST_FILE: (json.dumps(doc, indent=1) + "\n").encode()}
+    manifest = (json.dumps(doc, indent=1) + "\n").encode()
+    out = {**{rel: data for rel, data in files.items() if rel not in own}, MANIFEST_FILE: manifest}
+    signature = signature_file(manifest) if sign else None
+    if signature is not None:
+        out[SIGNATURE_FILE] = signature
+    return out
 
 
 def _parse_manifest(data: bytes, error: type[Exception], where: str) -> Manifest:
@@ -104,7 +119,24 @@ def _parse_manifest(data: bytes, error: type[Exception], where: str) -> Manifest
         _check_relative(rel, error, f"{where}: {MANIFEST_FILE}")
         if not isinstance(digest, str) or not _HEX64.match(digest):
             raise error(f"{where}: {MANIFEST_FILE} lists {rel!r} without a SHA-256")
-    return Manifest(kind, dict(files))
+    return Manifest(kind, dict(files), data)
+
+
+def read_regular_file(path: Path) -> bytes:
+    """The bytes of the regular file ``path``, not read through a symbolic link: a plan or model directory in a
+    folder others can write (its signature lets it load) could otherwise point a file at ``/dev/zero`` or a FIFO.
+
+    Raises:
+        OSError: ``path`` is missing, a symbolic link (``ELOOP``), not a regular file, or unreadable.
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read()
+    finally:
+        os.close(fd)
 
 
 def manifest_digests(directory: Path, *, kind: str | None, error: type[Exception], where: str) -> Manifest | None:
@@ -117,32 +149,43 @@ def manifest_digests(directory: Path, *, kind: str | None, error: type[Exception
     if not path.is_file():
         return None
     try:
-        data = path.read_bytes()
+        data = read_regular_file(path)
     except OSError as err:
-        raise error(f"{where}: cannot read {path}: {err}") from None
+        raise error(f"{where}: cannot read {path}: {err.strerror or err}") from None
     manifest = _parse_manifest(data, error, where)
     if kind is not None and manifest.kind != kind:
         raise error(f"{where}: {directory} holds a {manifest.kind}, not a {kind}")
     return manifest
 
 
-def verify_directory(directory: Path, *, kind: str | None, error: type[Exception], where: str
-                     ) -> dict[str, bytes] | None:
+def verify_directory(directory: Path, *, kind: str | None, error: type[Exception], where: str,
+                     manifest: Manifest | None = None) -> dict[str, bytes] | None:
     """Every file the manifest of ``directory`` lists, after checking its SHA-256; ``None`` without manifest.
+
+    Args:
+        directory: The directory.
+        kind: The kind of directory its manifest must name (``None``: any).
+        error: Exception class raised for a bad directory.
+        where: What is read, for messages.
+        manifest: Its manifest as already read (:func:`manifest_digests`), so that the files are checked
+            against the very manifest a signature was checked on; ``None``: read it here.
 
     Raises:
         error: The manifest is malformed or of another kind, or a listed file is missing or fails its
             checksum (it was edited, truncated or corrupted after it was written).
     """
-    manifest = manifest_digests(directory, kind=kind, error=error, where=where)
+    if manifest is None:
+        manifest = manifest_digests(directory, kind=kind, error=error, where=where)
     if manifest is None:
         return None
     files = {}
     for rel, digest in manifest.files.items():
         try:
-            data = (Path(directory) / rel).read_bytes()
-        except OSError:
+            data = read_regular_file(Path(directory) / rel)
+        except FileNotFoundError:
             raise error(f"{where}: {rel} is missing; the directory is incomplete") from None
+        except OSError as err:
+            raise error(f"{where}: {rel} cannot be read ({err.strerror or err}); save the directory again") from None
         if _sha256(data) != digest:
             raise error(f"{where}: {rel} fails its SHA-256 checksum in {MANIFEST_FILE} (it was edited, truncated "
                         "or corrupted after it was written)")
@@ -202,7 +245,7 @@ def _destination(directory: str | os.PathLike[str], error: type[Exception], what
 
 def _foreign(dest: Path, manifest: Manifest) -> list[str]:
     """What ``dest`` holds that its manifest does not list (files, directories, links)."""
-    listed = set(manifest.files) | {MANIFEST_FILE}
+    listed = set(manifest.files) | {MANIFEST_FILE, SIGNATURE_FILE}
     needed_dirs = {str(parent) for rel in listed for parent in PurePosixPath(rel).parents if str(parent) != "."}
     foreign = []
     for root, dirs, files in os.walk(dest):
@@ -285,7 +328,7 @@ def _swap_in(tmp: Path, dest: Path, existing: str) -> None:
 
 def write_directory(directory: str | os.PathLike[str], files: dict[str, bytes], *, kind: str, overwrite: bool,
                     error: type[Exception], what: str,
-                    legacy: Callable[[Path], set[str] | None] | None = None) -> Path:
+                    legacy: Callable[[Path], set[str] | None] | None = None, sign: bool = False) -> Path:
     """Writes ``files`` (relative path -> bytes) and their manifest as the directory ``directory``.
 
     Args:
@@ -298,6 +341,8 @@ def write_directory(directory: str | os.PathLike[str], files: dict[str, bytes], 
         legacy: For a directory without a manifest: the files an earlier graphdist wrote there, as its own
             metadata lists and verifies them (``None``: not such a directory); it is then replaced like one
             with a manifest listing them.
+        sign: Sign the manifest with this user's key (:mod:`graphdist.fsutil.trust`; unsigned, with a
+            warning, when the key is not usable).
 
     Returns:
         The directory's absolute path.
@@ -315,7 +360,7 @@ def write_directory(directory: str | os.PathLike[str], files: dict[str, bytes], 
         existing = _existing(dest, kind, overwrite, error, what, legacy)
         tmp = dest.parent / staging_name(dest.name, "tmp")
         try:
-            _write_tree(tmp, with_manifest(files, kind), error, what)
+            _write_tree(tmp, with_manifest(files, kind, sign), error, what)
             fsync_directory(tmp)
             _swap_in(tmp, dest, existing)
         except BaseException:

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from graphdist.errors import GraphdistError, InvalidArgumentError
+from graphdist.errors import GraphdistError, InvalidArgumentError, StorageError
 from graphdist.ir.comm_ops import SUMMED_GROUP, SUMMED_REPLICAS, is_communication, is_runtime_check
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
 from graphdist.ir.placement import VariableSpec, placement_of, variable_specs
@@ -649,6 +649,7 @@ def render_dot(source: str, path: str | os.PathLike[str], *, format: str | None 
         InvalidArgumentError: Unknown format.
         GraphdistError: ``dot`` is not installed (the message says how to
             install it), failed, or ran past ``timeout`` seconds.
+        StorageError: ``path`` cannot be written (also an ``OSError``).
     """
     path = Path(path)
     fmt = (format or path.suffix.lstrip(".")).lower()
@@ -657,7 +658,10 @@ def render_dot(source: str, path: str | os.PathLike[str], *, format: str | None 
             f"cannot render to {str(path)!r}: unknown picture format {fmt or '(no suffix)'!r}; use a path ending "
             f"in .svg or .png (also .pdf, or .dot for the DOT text)")
     if fmt in ("dot", "gv"):
-        _atomic_write(path, source.encode())
+        try:
+            _atomic_write(path, source.encode())
+        except OSError as err:
+            raise StorageError.from_os_error(err, os.path.abspath(path), "render") from None
         return path
     exe = dot_executable()
     if exe is None:
@@ -678,8 +682,7 @@ def render_dot(source: str, path: str | os.PathLike[str], *, format: str | None 
     try:
         _atomic_write(path, result.stdout)
     except OSError as err:
-        raise GraphdistError(f"cannot write {str(path)!r}: {err.strerror or err}; check that the directory "
-                             "exists and is writable") from err
+        raise StorageError.from_os_error(err, os.path.abspath(path), "render") from None
     return path
 
 

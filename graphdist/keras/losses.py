@@ -26,7 +26,7 @@ import numpy as np
 
 from graphdist.errors import GraphdistError, InvalidArgumentError
 from graphdist.trace import nn
-from graphdist.trace.checks import check_class_labels
+from graphdist.trace.checks import CLASS_LABEL_DTYPES, check_class_labels
 
 __all__ = [
     "Reduction",
@@ -168,10 +168,15 @@ class MeanAbsoluteError(Loss):
 
 
 def sparse_labels(y_true: Any) -> Any:
-    """Integer labels of shape ``(batch,)`` from ``(batch,)`` or ``(batch, 1)`` targets."""
+    """Integer labels of shape ``(batch,)`` from ``(batch,)`` or ``(batch, 1)`` targets.
+
+    As Keras does, other dtypes become int64: float targets, and the integer dtypes the label check of a
+    compiled step does not run on (uint64, uint32, int16, uint16: see
+    :data:`graphdist.trace.checks.CLASS_LABEL_DTYPES`). ``fit`` checks the values' range before that.
+    """
     if len(y_true.shape) == 2 and y_true.shape[1] == 1:
         y_true = np.reshape(y_true, (y_true.shape[0],))
-    if y_true.dtype.kind not in "iu":
+    if y_true.dtype.kind not in "iu" or np.dtype(y_true.dtype).name not in CLASS_LABEL_DTYPES:
         y_true = y_true.astype(np.int64)
     return y_true
 

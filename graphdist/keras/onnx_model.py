@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from graphdist.errors import InvalidArgumentError
+from graphdist.errors import GraphError, InvalidArgumentError
 from graphdist.keras.models import Model
 from graphdist.onnx.model import OnnxModel, load
 
@@ -140,11 +140,18 @@ class OnnxKerasModel(Model):
         return {ONNX_FILE: self.onnx.to_onnx().SerializeToString()}
 
     @classmethod
-    def _from_saved(cls, directory: str | os.PathLike[str], config: dict[str, Any]) -> OnnxKerasModel:
-        """Rebuilds a saved model (in the current strategy's scope) from its ``model.onnx``."""
-        model = from_onnx(os.path.join(directory, ONNX_FILE), trainable=bool(config.get("trainable", True)),
-                          name=config.get("name"))
-        return model
+    def _from_saved(cls, directory: str | os.PathLike[str], config: dict[str, Any],
+                    files: dict[str, bytes] | None = None) -> OnnxKerasModel:
+        """Rebuilds a saved model (in the current strategy's scope) from its ``model.onnx`` (its bytes in
+        ``files`` when the caller has read and verified them).
+        """
+        source: Any = os.path.join(directory, ONNX_FILE)
+        if files is not None and ONNX_FILE in files:
+            try:
+                source = onnx.ModelProto.FromString(files[ONNX_FILE])
+            except Exception as err:  # noqa: BLE001 - protobuf's DecodeError and friends
+                raise GraphError(f"{source}: cannot be parsed as an ONNX model ({err})") from None
+        return from_onnx(source, trainable=bool(config.get("trainable", True)), name=config.get("name"))
 
     def __repr__(self) -> str:
         return (f"<OnnxKerasModel {self.name!r} onnx={self.onnx.name!r} weights={len(self._weights)} "

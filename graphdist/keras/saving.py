@@ -19,7 +19,12 @@ under a hidden name next to the target and swapped in, see
   (``gd.load_plan(dir + "/serving")`` runs it without this code, for global
   batches of ``serving_batch_size`` rows);
 * ``graphdist-manifest.json``: the SHA-256 of every other file, so
-  ``load_model`` rejects any edited, truncated or missing file.
+  ``load_model`` rejects any edited, truncated or missing file;
+* ``graphdist-signature.json`` (and ``serving/graphdist-signature.json``): the
+  manifest signed with this user's key (:mod:`graphdist.fsutil.trust`), so the
+  model loads from any folder for this user; unsigned or signed by someone
+  else, it loads only from a folder no other user can write, or with
+  ``trust=True``.
 
 ``model.save`` replaces an earlier save but never a directory holding files
 graphdist did not write, nor the working directory. ``load_model`` checks
@@ -44,7 +49,8 @@ from graphdist.checkpoint import Checkpoint
 from graphdist.compile.export import concrete_files
 from graphdist.compile.plan_files import PLAN_KIND, write_plan_directory
 from graphdist.errors import CheckpointError, GraphdistError, InvalidArgumentError
-from graphdist.fsutil import MANIFEST_FILE, recover_directory, verify_directory, with_manifest
+from graphdist.fsutil import MANIFEST_FILE, manifest_digests, recover_directory, verify_directory, with_manifest
+from graphdist.fsutil.trust import check_trusted
 from graphdist.keras import losses as losses_lib
 from graphdist.keras import metrics as metrics_lib
 from graphdist.keras.callbacks import is_chief
@@ -112,7 +118,7 @@ def save_model(model: Any, filepath: str | os.PathLike[str], overwrite: bool = T
     }
     files = {_CONFIG: json.dumps(config, indent=1).encode(),
              _VARIABLES: Checkpoint(**_trackables(model))._serialize(what="model.save")}
-    for rel, data in with_manifest(_serving_files(model, serving_batch_size), PLAN_KIND).items():
+    for rel, data in with_manifest(_serving_files(model, serving_batch_size), PLAN_KIND, sign=True).items():
         files[f"{_SERVING}/{rel}"] = data
     files.update(saved_files() if saved_files else {})
     written = write_plan_directory(dest, files, overwrite=True, kind=KIND, what="model.save")
@@ -168,13 +174,19 @@ def _check_config(config: Any, directory: Path) -> dict[str, Any]:
     return config
 
 
-def _read_config(directory: Path) -> dict[str, Any]:
-    """Verifies every file against the manifest and returns the checked ``model.json``."""
+def _read_config(directory: Path, trust: bool) -> tuple[dict[str, Any], dict[str, bytes] | None]:
+    """Checks that the directory may be loaded (:func:`graphdist.fsutil.trust.check_trusted`), verifies every
+    file against the manifest, and returns the checked ``model.json`` and the verified files (``None`` for a
+    directory saved before manifests).
+    """
     recover_directory(directory)  # an overwrite cut between its renames left the previous save aside
     if not (directory / _CONFIG).is_file():
         raise CheckpointError(f"load_model: {directory} is not a saved model (it has no {_CONFIG}); pass the "
                               "directory model.save wrote")
-    files = verify_directory(directory, kind=KIND, error=CheckpointError, where=f"load_model: {directory}")
+    where = f"load_model: {directory}"
+    manifest = manifest_digests(directory, kind=KIND, error=CheckpointError, where=where)
+    check_trusted(directory, manifest, trust=trust, error=CheckpointError, what="gd.keras.load_model")
+    files = verify_directory(directory, kind=KIND, error=CheckpointError, where=where, manifest=manifest)
     data = files[_CONFIG] if files is not None and _CONFIG in files else (directory / _CONFIG).read_bytes()
     try:
         config = json.loads(data)
@@ -187,10 +199,11 @@ def _read_config(directory: Path) -> dict[str, Any]:
                                   "its files; the directory is incomplete or was edited: save the model again")
         logger.warning("load_model: %s was saved by an older graphdist (no %s): its model.json is not covered by "
                        "a checksum; save it again to add one", directory, MANIFEST_FILE)
-    return config
+    return config, files
 
 
-def _rebuild(config: dict[str, Any], directory: Path, custom_objects: dict[str, type] | None) -> Any:
+def _rebuild(config: dict[str, Any], directory: Path, custom_objects: dict[str, type] | None,
+             files: dict[str, bytes] | None) -> Any:
     from graphdist.keras.models import FunctionalModel, Sequential
 
     class_name = config["class_name"]
@@ -201,7 +214,7 @@ def _rebuild(config: dict[str, Any], directory: Path, custom_objects: dict[str, 
     elif class_name == "OnnxKerasModel":
         from graphdist.keras.onnx_model import OnnxKerasModel
 
-        model = OnnxKerasModel._from_saved(directory, config["config"])
+        model = OnnxKerasModel._from_saved(directory, config["config"], files)
     elif custom_objects and class_name in custom_objects:
         model = custom_objects[class_name]()
     else:
@@ -226,25 +239,33 @@ def _compile(model: Any, compiled: dict[str, Any], directory: Path) -> None:
 
 
 def load_model(filepath: str | os.PathLike[str], custom_objects: dict[str, type] | None = None,
-               compile: bool = True) -> Any:  # noqa: A002 - Keras' argument name
+               compile: bool = True, *, trust: bool = False) -> Any:  # noqa: A002 - Keras' argument name
     """Rebuilds a model saved with ``model.save`` in the current strategy's scope.
+
+    A saved model is code (a ``from_onnx`` model's graph runs; its plan does), so it loads under the rules
+    of :func:`graphdist.load_plan`: with ``trust=True``; signed with this user's key (every ``model.save``
+    signs) from any folder, but never with a signature of this user's key that does not verify; otherwise
+    only from a folder no other user can write.
 
     Args:
         filepath: The saved directory.
         custom_objects: ``{class name: class}`` for subclassed models.
         compile: Compile with the saved optimizer, loss and metrics (and
             restore the optimizer's state).
+        trust: Load it even from a folder others can write, signed by someone else or with a signature that
+            does not verify: only for models from people you trust.
 
     Raises:
         CheckpointError: Missing, corrupt or edited files (every file is checked against the directory's
-            manifest), a malformed ``model.json``, an unknown format version.
+            manifest), a malformed ``model.json``, an unknown format version; a directory not trusted (the
+            message names the folder, why, and the fix).
         InvalidArgumentError: A subclassed model without its class in ``custom_objects``.
     """
     directory = Path(filepath)
-    config = _read_config(directory)
+    config, files = _read_config(directory, trust)
     compiled = config.get("compile") if compile else None
     try:
-        model = _rebuild(config, directory, custom_objects)
+        model = _rebuild(config, directory, custom_objects, files)
         if compiled is not None:
             _compile(model, compiled, directory)
     except GraphdistError:
@@ -253,5 +274,5 @@ def load_model(filepath: str | os.PathLike[str], custom_objects: dict[str, type]
         raise _bad_config(directory, f"does not describe a model this graphdist can build "
                                      f"({type(err).__name__}: {err})") from None
     checkpoint = Checkpoint(**_trackables(model)) if compiled is not None else Checkpoint(model=model)
-    checkpoint.restore(directory / _VARIABLES)
+    checkpoint._restore(directory / _VARIABLES, data=files.get(_VARIABLES) if files is not None else None)
     return model

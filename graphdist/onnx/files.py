@@ -25,7 +25,7 @@ from pathlib import Path
 import onnx
 from onnx import external_data_helper
 
-from graphdist.errors import GraphError, InvalidArgumentError
+from graphdist.errors import GraphError, InvalidArgumentError, StorageError
 from graphdist.fsutil import atomic_write_bytes
 from graphdist.ir.onnx_checks import check_model_tensors, check_single_assignment, drop_duplicate_initializers
 from graphdist.ir.onnx_io import MAX_OPSET
@@ -209,7 +209,8 @@ def write_model(model: onnx.ModelProto, path: str | os.PathLike[str]) -> str:
     atomically), as ``onnx.save(..., save_as_external_data=True)`` does.
 
     Raises:
-        GraphError: The directory cannot be written.
+        StorageError: The file cannot be written (disk full, read-only filesystem, permission denied, a
+            directory in the way); also an ``OSError``, naming ``path``. An earlier file there is intact.
     """
     dest = Path(path)
     try:
@@ -219,8 +220,7 @@ def write_model(model: onnx.ModelProto, path: str | os.PathLike[str]) -> str:
         else:
             _write_with_external_data(model, dest)
     except OSError as err:
-        raise GraphError(f"cannot write the ONNX model to {str(dest)!r}: {err.strerror or err}; check that the "
-                         "directory is writable") from err
+        raise StorageError.from_os_error(err, os.path.abspath(dest), "OnnxModel.save") from None
     return str(dest)
 
 

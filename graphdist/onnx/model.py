@@ -338,7 +338,8 @@ class OnnxModel:
             The path written.
 
         Raises:
-            GraphError: The file cannot be written.
+            StorageError: The file cannot be written (disk full, read-only filesystem, permission denied);
+                also an ``OSError``. An earlier file at ``path`` is left intact.
         """
         written = write_model(self.to_onnx(), path)
         logger.info("saved %s with %d variable(s) to %s", self.name, len(self._variables), written)

@@ -421,7 +421,7 @@ class PSClient:
                     "(dead or stuck); check its output; raise GRAPHDIST_COLLECTIVE_TIMEOUT if it is just slow")
 
             for send in sends:
-                _poll(send, self.timeout, fail)
+                _poll(send, self.timeout, fail, lambda: self._check_ps_alive(dest))
             refusal = self._wait_reply(receive, dest, fail)
         if refusal is not None:
             raise InvalidArgumentError(f"ps {ps_index} (rank {dest}) refused the {op} of {key!r}: {refusal}")
@@ -447,9 +447,25 @@ class PSClient:
             elapsed = time.monotonic() - start
             if elapsed > self.timeout:
                 fail()
+            if polls % 512 == 0:
+                self._check_ps_alive(dest)
             if elapsed > 2e-4:
                 time.sleep(min(1e-3, elapsed / 50))
         return None
+
+    def _check_ps_alive(self, dest: int) -> bool:
+        """Raises when the ps task ``dest`` was lost (a job of tasks started on their own knows at once)."""
+        how = rendezvous.lost_tasks().get(dest)
+        if how is not None:
+            from graphdist.runtime.comm.mpi import TaskLostError, skip_finalize
+
+            joined = rendezvous.current()
+            message = (f"{joined.describe(dest) if joined else f'rank {dest}'} was lost: {how}; the job cannot go "
+                       "on without the variables it held: restart it (from the last checkpoint)")
+            self._stopped = True  # nobody to say stop to
+            skip_finalize(message)
+            raise TaskLostError(message)
+        return False
 
     def stop(self) -> None:
         """Tells every ps task that this worker is done (once; also at exit)."""

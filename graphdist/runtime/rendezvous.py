@@ -30,8 +30,8 @@ ever goes through it.
   partition closes nothing: the collective timeout
   (``GRAPHDIST_COLLECTIVE_TIMEOUT``) ends those waits.
 
-The connections are :mod:`multiprocessing.connection` (the standard library's
-authenticated message connection: an HMAC challenge with the key
+The connections are :mod:`multiprocessing.connection` ``Connection`` objects
+(the standard library's authenticated message connection: an HMAC challenge with the key
 ``GRAPHDIST_JOB_KEY``, empty by default). Messages are small JSON objects sent
 with ``send_bytes``; nothing is unpickled.
 """
@@ -43,12 +43,13 @@ import json
 import logging
 import os
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client, Connection, Listener, wait
+from multiprocessing.connection import Connection, Listener, answer_challenge, deliver_challenge, wait
 from typing import Any
 
 from graphdist.errors import ClusterConfigError
@@ -74,6 +75,8 @@ CONNECT_TIMEOUT_ENV = "GRAPHDIST_CONNECT_TIMEOUT"
 DEFAULT_CONNECT_TIMEOUT_S = 3600.0
 _RETRY_S = 0.25
 _GRACE_AFTER_PROBLEM_S = 10.0
+_HELLO_WAIT_S = 30.0  # a connection that says nothing for this long is not a task
+_CONNECT_TRY_S = 5.0  # one TCP connect attempt to the hub
 _MESSAGE_LIMIT = 1 << 20
 
 
@@ -249,10 +252,12 @@ class Rendezvous:
                 problem = f"its host {host!r} does not resolve ({err})"
             else:
                 try:
-                    return Client((ip, port), authkey=_job_key())
+                    return _connect(ip, port, max(0.5, min(_CONNECT_TRY_S, deadline - time.monotonic())))
                 except AuthenticationError:
                     raise ClusterConfigError(f"{self.name}: {name} at {address} refused this task's key: the tasks' "
                                              "GRAPHDIST_JOB_KEY differ (or another program listens there)") from None
+                except (BlockingIOError, TimeoutError):
+                    problem = "no answer"
                 except (OSError, EOFError) as err:
                     problem = f"{err.strerror or err}" if isinstance(err, OSError) else "it closed the connection"
             if time.monotonic() > deadline:
@@ -269,7 +274,7 @@ class Rendezvous:
         refused: list[_Arrival] = []
         problems: list[str] = []
         with self._arrived:
-            while expected - set(arrivals):
+            while expected - set(arrivals) - {a.rank for a in refused}:
                 if not self._arrivals:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
@@ -334,9 +339,6 @@ class Rendezvous:
         while not self._closing:
             try:
                 conn = self._listener.accept()
-            except (AuthenticationError, EOFError, ConnectionError) as err:
-                logger.debug("%s: refused a connection: %s", self.name, err)
-                continue
             except OSError:
                 return  # closed
             threading.Thread(target=self._greet, args=(conn,), daemon=True).start()
@@ -344,8 +346,14 @@ class Rendezvous:
     def _greet(self, conn: Connection) -> None:
         peer = _peer(conn)
         try:
-            hello = _receive(conn, self.timeout)
-        except (EOFError, OSError):
+            # The HMAC challenge runs here, not in the accept loop: a client that connects and never answers
+            # holds only its own thread.
+            deliver_challenge(conn, _job_key())
+            answer_challenge(conn, _job_key())
+            hello = _receive(conn, min(self.timeout, _HELLO_WAIT_S))
+        except (AuthenticationError, EOFError, OSError) as err:
+            logger.debug("%s: refused a connection from %s: %s", self.name, peer, err)
+            conn.close()
             return
         if hello is None:
             conn.close()
@@ -467,6 +475,32 @@ class Rendezvous:
             pass
 
 
+def _connect(ip: str, port: int, timeout: float) -> Connection:
+    """An authenticated connection to ``ip:port`` (what ``multiprocessing.connection.Client`` makes), giving up
+    after ``timeout`` s in the TCP connect and in each read of the handshake: an address behind a dead link
+    would otherwise hold a try for the kernel's ~2 minutes, and a peer that accepts and never answers forever.
+    """
+    sock = socket.create_connection((ip, port), timeout=timeout)
+    try:
+        sock.settimeout(None)  # blocking, as Connection's reads expect; the kernel times them out meanwhile
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(timeout))
+        conn = Connection(os.dup(sock.fileno()))
+        try:
+            answer_challenge(conn, _job_key())
+            deliver_challenge(conn, _job_key())
+        except BaseException:
+            conn.close()
+            raise
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(0))
+    finally:
+        sock.close()  # the connection holds its own descriptor of the same socket
+    return conn
+
+
+def _timeval(seconds: float) -> bytes:
+    return struct.pack("ll", int(seconds), int((seconds % 1) * 1e6))
+
+
 def _try_send(conn: Connection, message: dict[str, Any]) -> None:
     try:
         _send(conn, message)
@@ -500,7 +534,7 @@ def _listen(address: str, label: str) -> Listener:
     for bind_ip in (ip, "::" if family == socket.AF_INET6 else "0.0.0.0"):
         try:
             return Listener((bind_ip, port), family="AF_INET6" if family == socket.AF_INET6 else "AF_INET",
-                            backlog=64, authkey=_job_key())
+                            backlog=64)  # authenticated per connection (Rendezvous._greet)
         except OSError as err:
             if err.errno == errno.EADDRNOTAVAIL:
                 continue  # not this host's address (a service address): listen on every interface

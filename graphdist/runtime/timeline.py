@@ -14,7 +14,8 @@ the step's start, ``pid`` and ``tid`` integers, named by ``ph: "M"``
 metadata events):
 
 * ``pid``: the worker: its MPI rank under ``graphdist launch`` (``PMI_RANK``
-  / ``OMPI_COMM_WORLD_RANK``), else 0. Each worker writes its own file: with
+  / ``OMPI_COMM_WORLD_RANK``) or in a job of tasks started on their own
+  (its task's rank), else 0. Each worker writes its own file: with
   more than one worker, rank ``r`` writes ``file.rank<r>.json``.
 * ``tid`` 0, 1, ...: the plan's devices in order (one per device): its
   segments (``cat: "segment"``);
@@ -43,6 +44,8 @@ import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from graphdist.runtime import rendezvous
 
 __all__ = ["TRACE_ENV", "TRACE_EVERY_ENV", "Event", "StepRecorder", "start_step", "current", "set_current",
            "record", "exposed_communication", "chrome_trace", "write_trace"]
@@ -225,6 +228,9 @@ def exposed_communication(events: Sequence[Event]) -> list[tuple[float, float]]:
 
 
 def _rank() -> int:
+    joined = rendezvous.current()  # a job of tasks started on their own: each is rank 0 of its own mpiexec
+    if joined is not None:
+        return joined.rank
     for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK"):
         text = os.environ.get(name, "")
         if text.isdigit():
@@ -233,6 +239,9 @@ def _rank() -> int:
 
 
 def _world_size() -> int:
+    joined = rendezvous.current()
+    if joined is not None:
+        return len(joined.ranks)
     for name in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
         text = os.environ.get(name, "")
         if text.isdigit():

@@ -16,9 +16,15 @@ from typing import Any
 
 import numpy as np
 
+from graphdist.errors import InvalidArgumentError
 from graphdist.ir.graph import GRAPHDIST_DOMAIN
 
-__all__ = ["check_indices", "check_class_labels"]
+__all__ = ["CLASS_LABEL_DTYPES", "check_indices", "check_class_labels", "check_label_dtype"]
+
+#: Integer dtypes class labels may have in traced code: those whose run-time range check (``ReduceMin`` /
+#: ``ReduceMax``) and one-hot comparison (``Equal``) every backend runs. ONNX Runtime 1.31 has no CPU kernel
+#: of ``ReduceMin`` for uint32 / uint64 and rejects int16 / uint16 in ``ReduceMax``.
+CLASS_LABEL_DTYPES: tuple[str, ...] = ("int8", "uint8", "int32", "int64")
 
 
 def check_indices(ctx: Any, indices: Any, low: int, high: int, *, op: str, argument: str, hint: str = "") -> Any:
@@ -73,3 +79,16 @@ def check_class_labels(labels: Any, classes: Any, op: str, hint: str | None = No
         if not in_range(bounds, 0, int(classes)):
             raise range_error({"low": 0, "high": int(classes), "op": op, "argument": "labels", "hint": hint}, bounds,
                               traced=False)
+
+
+def check_label_dtype(labels: Any, op: str) -> None:
+    """Refuses class ``labels`` (an array or a traced tensor) whose dtype is not one of :data:`CLASS_LABEL_DTYPES`.
+
+    Raises:
+        InvalidArgumentError: Naming ``op``, the dtype, the supported ones and the fix.
+    """
+    dtype = np.dtype(labels.dtype)
+    if dtype.kind in "iu" and dtype.name not in CLASS_LABEL_DTYPES:
+        raise InvalidArgumentError(f"{op}: labels of dtype {dtype.name} are not supported; class labels must be "
+                                   f"{', '.join(CLASS_LABEL_DTYPES[:-1])} or {CLASS_LABEL_DTYPES[-1]} (what every "
+                                   "backend's label check runs): pass labels.astype(np.int64)")

@@ -37,7 +37,7 @@ import numpy as np
 from graphdist.errors import InvalidArgumentError, TracingError
 from graphdist.ir.graph import GRAPHDIST_DOMAIN
 from graphdist.ir.ops import onnx_dtype
-from graphdist.trace.checks import check_indices
+from graphdist.trace.checks import check_indices, check_label_dtype
 from graphdist.trace.numpy_api import _as_tensor, _context, _result_dtype, cast_tensor
 from graphdist.trace.tensor import Tensor
 from graphdist.trace.tracer import TraceContext, axis_tuple, current_trace
@@ -439,7 +439,8 @@ def sparse_softmax_cross_entropy(labels: Any, logits: Any) -> Any:
         Losses of shape ``labels.shape`` in the logits' dtype.
 
     Raises:
-        InvalidArgumentError: ``labels`` is not an integer array, shapes do not
+        InvalidArgumentError: ``labels`` is not an integer array (or one of
+            another dtype than int8, uint8, int32 and int64), shapes do not
             match, or a label is outside ``[0, C)``: eagerly at once, in traced
             code when the compiled step runs (a ``graphdist.CheckIndices``
             node; on every backend and replica, naming the replica).
@@ -453,6 +454,7 @@ def sparse_softmax_cross_entropy(labels: Any, logits: Any) -> Any:
     if labels.dtype.kind not in "iu":
         raise InvalidArgumentError(f"{what}: labels must be integer class indices, got dtype {labels.dtype}; use "
                                    "labels.astype(np.int64)")
+    check_label_dtype(labels, what)
     logits_shape, labels_shape = tuple(logits.shape), tuple(labels.shape)
     if len(logits_shape) < 1 or len(labels_shape) != len(logits_shape) - 1 or any(
             isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(labels_shape, logits_shape)):

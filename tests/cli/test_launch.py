@@ -43,7 +43,7 @@ def test_bad_roles(kwargs: dict, fragment: str) -> None:
 
 def test_mpiexec_command_runs_each_rank_under_the_wrapper() -> None:
     roles = build_roles(1, ps=1)
-    argv = mpiexec_command(roles, ["python", "train.py"], "/tmp/status", timeout=7, explicit_hosts=False)
+    argv = mpiexec_command(roles, ["python", "train.py"], "/tmp/status", timeout=7)
     assert argv[0].endswith("mpiexec") and argv[1] == "-disable-auto-cleanup"
     sections = " ".join(argv[2:]).split(" : ")
     assert len(sections) == 2
@@ -52,6 +52,25 @@ def test_mpiexec_command_runs_each_rank_under_the_wrapper() -> None:
     assert "graphdist.runtime.ps_server import main" in sections[1] and "train.py" not in sections[1]
     config = json.loads(argv[argv.index("GRAPHDIST_CONFIG") + 1])
     assert config["task"] == {"type": "worker", "index": 0}
+
+
+def test_hosts_go_through_the_ssh_launcher_round_robin_with_watched_addresses(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    roles = build_roles(3, hosts=["127.0.0.1", "localhost"], base_port=29400)
+    assert [(r["host"], json.loads(r["config"])["cluster"]["worker"][i]) for i, r in enumerate(roles)] == [
+        ("127.0.0.1", "127.0.0.1:29400"), ("localhost", "localhost:29401"), ("127.0.0.1", "127.0.0.1:29402")]
+    monkeypatch.delenv("GRAPHDIST_MPI_IFACE", raising=False)
+    argv = mpiexec_command(roles, ["python", "train.py"], "/tmp/status", hosts=["127.0.0.1", "localhost"])
+    assert argv[1:6] == ["-disable-auto-cleanup", "-launcher", "ssh", "-hosts", "127.0.0.1:1,localhost:1"]
+    assert "-iface" not in argv  # only loopback reaches these hosts: mpiexec's own default
+    sections = " ".join(argv).split(" : ")
+    assert all("GRAPHDIST_WATCH 1" in section for section in sections)  # the tasks watch each other
+    monkeypatch.setenv("GRAPHDIST_MPI_IFACE", "eth7")
+    assert mpiexec_command(roles, ["true"], "/tmp/status", hosts=["a", "b"])[6:8] == ["-iface", "eth7"]
+    with pytest.raises(gd.InvalidArgumentError, match="--hosts lists a host twice"):
+        build_roles(2, hosts=["a", "a"])
+    with pytest.raises(gd.InvalidArgumentError, match="--port must leave room for 2 ports below 65536"):
+        build_roles(2, hosts=["a", "b"], base_port=65535)
 
 
 def test_core_shares_split_the_cores_among_workers() -> None:

@@ -141,7 +141,8 @@ def test_plan_json_schema(mirrored_plan) -> None:
     assert {v["input"] for v in traced["variables"]} == {v["input"] for v in doc["variables"]}
     assert doc["replicas"] == {"local": 2, "in_sync": 2, "offset": 0}
     assert sorted(p.name for p in directory.iterdir()) == [
-        "constants.npz", "graphdist-manifest.json", "graphs", "plan.json", "segments", "variables.npz"]
+        "constants.npz", "graphdist-manifest.json", "graphdist-signature.json", "graphs", "plan.json", "segments",
+        "variables.npz"]
 
 
 def test_loaded_plan_in_a_fresh_process_without_model_code(mirrored_plan, tmp_path: Path) -> None:
@@ -290,10 +291,13 @@ def _copy(source: Path, tmp_path: Path) -> Path:
 
 
 def _reseal(directory: Path) -> None:
-    """Rewrites the manifest's checksums after an edit (so the edit reaches the deeper validation)."""
+    """Rewrites the manifest's checksums after an edit and drops the signature, which would name the forgery
+    (so the edit reaches the deeper validation: an unsigned plan in a private folder loads).
+    """
     manifest = json.loads((directory / "graphdist-manifest.json").read_text())
     manifest["files"] = {rel: plan_files.sha256_of((directory / rel).read_bytes()) for rel in manifest["files"]}
     (directory / "graphdist-manifest.json").write_text(json.dumps(manifest))
+    (directory / "graphdist-signature.json").unlink(missing_ok=True)
 
 
 def _edit_json(directory: Path, edit) -> None:

@@ -4,6 +4,8 @@ rejected, and an .npy header cannot make a load allocate what the file does not 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import io
 import json
@@ -12,6 +14,7 @@ import random
 import select
 import shutil
 import signal
+import subprocess
 import time
 import tracemalloc
 import zipfile
@@ -378,14 +381,16 @@ def test_every_single_field_edit_of_model_json_is_rejected(saved: Saved, tmp_pat
 
 
 def _reseal(directory: Path) -> None:
+    """Rewrites the manifest's checksums and drops the signature (which would name the forgery)."""
     manifest = json.loads((directory / MANIFEST).read_text())
     manifest["files"] = {rel: hashlib.sha256((directory / rel).read_bytes()).hexdigest() for rel in manifest["files"]}
     (directory / MANIFEST).write_text(json.dumps(manifest))
+    (directory / "graphdist-signature.json").unlink(missing_ok=True)
 
 
 def test_a_malformed_model_json_with_a_valid_manifest_is_a_clear_error(saved: Saved, tmp_path: Path) -> None:
-    """The manifest is not a signature: whoever rewrites it too gets past the checksums, but never past the
-    schema check into a raw KeyError or TypeError."""
+    """Whoever can write a private folder can rewrite the manifest and drop the signature: that gets past the
+    checksums, but never past the schema check into a raw KeyError or TypeError."""
     directory = Path(saved.model.save(tmp_path / "model"))
     original = (directory / "model.json").read_bytes()
     doc = json.loads(original)
@@ -468,3 +473,101 @@ def test_a_plan_exported_before_manifests_is_saved_in_place(tmp_path: Path, capl
     caplog.clear()
     gd.load_plan(directory)
     assert "not covered by a checksum" not in caplog.text
+
+
+# ------------------------------------------------- full and read-only disks
+@contextlib.contextmanager
+def _small_disk(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted at ``path`` (unmounted afterwards); skips, saying why, where it cannot be."""
+    if os.geteuid() != 0:
+        pytest.skip("a full or read-only disk is simulated with a small tmpfs, and mounting one needs root")
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
+                             capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs at {path}: {mounted.stderr.strip() or mounted.returncode}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
+
+
+def _fill(disk: Path) -> None:
+    """Writes a file on ``disk`` until it is full."""
+    fd = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError as err:
+        assert err.errno == errno.ENOSPC, err
+    finally:
+        os.close(fd)
+
+
+def _snapshot(target: Path) -> dict[str, bytes]:
+    """Every file at ``target`` (a file or a directory) by relative path."""
+    if target.is_file():
+        return {"": target.read_bytes()}
+    return {str(p.relative_to(target)): p.read_bytes() for p in sorted(target.rglob("*")) if p.is_file()}
+
+
+def _saver(saved: Saved, kind: str) -> tuple[Callable[[Path], Any], Callable[[Path], Any]]:
+    """``(save(target), load(target))`` for a kind of save."""
+    if kind == "Checkpoint.save":
+        checkpoint = gd.train.Checkpoint(model=saved.model, optimizer=saved.model.optimizer)
+        return checkpoint.save, gd.train.Checkpoint(model=saved.model, optimizer=saved.model.optimizer).restore
+    if kind == "model.save":
+        return saved.model.save, keras.load_model
+    if kind == "export":
+        return lambda target: saved.concrete.export(target, overwrite=True), gd.load_plan
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "tiny",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
+                              [numpy_helper.from_array(np.eye(64, dtype=np.float32), "w")])
+    model = gd.onnx.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+    return model.save, gd.onnx.load
+
+
+@pytest.mark.parametrize("kind", ["Checkpoint.save", "model.save", "export", "OnnxModel.save"])
+@pytest.mark.parametrize("failure", ["disk-full", "read-only"])
+def test_a_full_or_read_only_disk_is_a_storage_error_naming_the_target(saved: Saved, tmp_path: Path, kind: str,
+                                                                       failure: str) -> None:
+    save, load = _saver(saved, kind)
+    with _small_disk(tmp_path / "disk", "2m") as disk:
+        target = disk / ("ckpt.npz" if kind == "Checkpoint.save" else "model.onnx" if kind == "OnnxModel.save"
+                         else "saved")
+        save(target)   # the copy that must survive
+        before = _snapshot(target)
+        if failure == "disk-full":
+            _fill(disk)
+        else:
+            subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True, capture_output=True)
+        with pytest.raises(gd.StorageError) as caught:
+            save(target)
+        err = caught.value
+        assert isinstance(err, OSError) and isinstance(err, gd.GraphdistError)
+        code = errno.ENOSPC if failure == "disk-full" else errno.EROFS
+        assert err.errno == code and err.filename == str(target)
+        message = str(err)
+        assert message.startswith(f"{kind}: cannot write {target}: ") and ".tmp" not in message, message
+        assert ("filesystem holding it is full" if failure == "disk-full" else "read-only filesystem") in message
+        assert "previous copy, if any, is unchanged" in message
+        assert err.__cause__ is None and err.__suppress_context__   # one traceback, not a chain of two
+        assert _snapshot(target) == before   # the old copy is intact
+        left = {p.name for p in disk.iterdir()}
+        assert left == ({target.name, "filler"} if failure == "disk-full" else {target.name})   # no staging left
+        if failure == "disk-full":
+            (disk / "filler").unlink()
+        load(target)
+
+
+def test_a_storage_error_says_what_to_do_for_each_reason() -> None:
+    for code, advice in ((errno.ENOSPC, "free some space"), (errno.EROFS, "read-only filesystem"),
+                         (errno.EACCES, "permission denied"), (errno.EDQUOT, "quota"), (errno.EIO, "I/O error")):
+        err = gd.StorageError.from_os_error(OSError(code, os.strerror(code), "/d/.x.abc.tmp"), "/d/x", "export")
+        assert str(err).startswith(f"export: cannot write /d/x: {os.strerror(code)} ({errno.errorcode[code]}); ")
+        assert advice in str(err) and "/d/.x.abc.tmp" not in str(err)
+        assert (err.errno, err.filename) == (code, "/d/x")
+    assert issubclass(gd.StorageError, OSError) and "StorageError" in gd.__all__

@@ -34,11 +34,16 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--die-at-step", type=int, default=-1)
     parser.add_argument("--raise-at-step", type=int, default=-1)
+    parser.add_argument("--slurm-port-base", type=int, default=0,
+                        help="roles from the Slurm step (gd.cluster_resolver.SlurmClusterResolver) with this port base")
     parser.add_argument("--noise-lines", type=int, default=0,
                         help="lines written to stderr just before raising (output that must not be lost)")
     args = parser.parse_args()
 
-    strategy = gd.MultiWorkerMirroredStrategy(devices=[f"cpu:{i}" for i in range(args.devices)])
+    resolver = gd.cluster_resolver.SlurmClusterResolver(port_base=args.slurm_port_base) if args.slurm_port_base \
+        else None
+    strategy = gd.MultiWorkerMirroredStrategy(devices=[f"cpu:{i}" for i in range(args.devices)],
+                                              cluster_resolver=resolver)
     rank = strategy.cluster_resolver.task_id
     with strategy.scope():
         model = MLP(SIZES, seed=100 + rank, trainable=True)
@@ -66,7 +71,15 @@ def main() -> None:
     out = Path(args.out)
     values = {f"var{i}": np.asarray(v.numpy()) for i, v in enumerate(model.trainable_variables)}
     np.savez(out / f"rank{rank}.npz", losses=np.array(losses), seen=np.array(seen, np.int64),
-             iterations=np.asarray(optimizer.iterations.numpy()), **values)
+             iterations=np.asarray(optimizer.iterations.numpy()), addresses=_addresses(), **values)
+
+
+def _addresses() -> str:
+    """This host's IPv4 addresses (which namespace host a rank ran on, in tests/multihost)."""
+    import subprocess
+
+    listing = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True, check=False)
+    return " ".join(field.split("/")[0] for line in listing.stdout.splitlines() for field in line.split()[3:4])
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""One worker of the multi-process ParameterServerStrategy tests (run by ``graphdist launch --ps M``).
+"""One worker of the multi-process ParameterServerStrategy tests (run by ``graphdist launch --ps M``, or
+by hand with TF_CONFIG: then a ps task serves with ``gd.Server``).
 
 Trains a small MLP on this worker's shard of digits with SGD, then writes
 to ``--out/worker<i>.npz``: the test accuracy (with the variables pulled
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -28,11 +31,17 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--shards", type=int, default=0, help="FixedShardsPartitioner(shards) when > 0")
     parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--die-at-step", type=int, default=-1, help="worker 1 kills itself (SIGKILL) at this step")
     args = parser.parse_args()
 
+    resolver = gd.cluster_resolver.TFConfigClusterResolver()
+    if resolver.task_type == "ps":  # a job started by hand (graphdist launch runs its own server)
+        gd.Server(resolver.cluster_spec(), job_name="ps", task_index=resolver.task_id).join()
+        return
     partitioner = gd.FixedShardsPartitioner(args.shards) if args.shards else None
     strategy = gd.ParameterServerStrategy(variable_partitioner=partitioner,
                                           devices=[f"cpu:{i}" for i in range(args.devices)])
+    print(f"worker {strategy.worker_index} joined", flush=True)
     with strategy.scope():
         model = MLP((64, 32, 10), seed=strategy.worker_index, trainable=True)
         optimizer = gd.optimizers.SGD(0.3)
@@ -49,6 +58,8 @@ def main() -> None:
     steps = 0
     for _ in range(args.epochs):
         for x, labels in strategy.experimental_distribute_dataset(dataset):
+            if steps == args.die_at_step and strategy.worker_index == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
             step(x, labels)
             steps += 1
     x, labels = next(iter(strategy.experimental_distribute_dataset(dataset)))

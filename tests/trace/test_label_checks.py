@@ -153,3 +153,52 @@ def test_references_of_the_check_ops_raise_like_the_plan() -> None:
         assertion(np.array([-1, 2], np.int64), replica=3, **attrs)
     empty = np.array([np.iinfo(np.int64).max, np.iinfo(np.int64).min], np.int64)  # [min, max] of no values
     np.testing.assert_array_equal(assertion(empty, **attrs)[0], empty)
+
+
+# ------------------------------------------------------------- label dtypes
+SUPPORTED = ["int8", "uint8", "int32", "int64"]
+UNSUPPORTED = ["uint64", "uint32", "int16", "uint16"]   # ONNX Runtime has no ReduceMin/ReduceMax kernel for them
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_supported_label_dtype_runs_on_every_backend(backend: str) -> None:
+    step = gd.function(_sparse_ce, backend=backend)
+    for dtype in SUPPORTED:
+        np.testing.assert_allclose(step(GOOD.astype(dtype), LOGITS), _sparse_ce(GOOD, LOGITS), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", UNSUPPORTED)
+def test_an_unsupported_label_dtype_is_named(dtype: str) -> None:
+    # Before: ONNX Runtime's "Could not find an implementation for ReduceMin(18) node with name
+    # 'check_labels_reducemin'" (uint32, uint64) or an invalid-model type error (int16, uint16).
+    expected = (rf"sparse_softmax_cross_entropy: labels of dtype {dtype} are not supported; class labels must be "
+                r"int8, uint8, int32 or int64 .*labels.astype\(np.int64\)")
+    strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"])
+
+    @gd.function
+    def step(labels, logits):
+        return strategy.run(_sparse_ce, args=(labels, logits))
+
+    for call in (lambda: step(GOOD.astype(dtype), LOGITS), lambda: _sparse_ce(GOOD.astype(dtype), LOGITS)):
+        with pytest.raises(gd.InvalidArgumentError, match=expected):
+            call()
+
+
+@pytest.mark.parametrize("dtype", UNSUPPORTED)
+@pytest.mark.parametrize("from_logits", [True, False])
+def test_keras_sparse_losses_take_any_integer_labels(dtype: str, from_logits: bool) -> None:
+    # As Keras does, the sparse losses and metrics cast labels to int64 (fit checks their range first).
+    keras = gd.keras
+    x = RNG.normal(size=(16, 4)).astype(np.float32)
+    y = np.arange(16) % 3
+    histories = []
+    for labels in (y.astype(np.int64), y.astype(dtype)):
+        keras.utils.set_random_seed(1)
+        layers = [keras.layers.Dense(3, input_shape=(4,))]
+        model = keras.Sequential(layers if from_logits else layers + [keras.layers.Softmax()])
+        model.compile(optimizer="sgd", metrics=["accuracy"],
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits))
+        histories.append(model.fit(x, labels, batch_size=8, epochs=2, verbose=0).history)
+    assert histories[1] == histories[0]
+    with pytest.raises(gd.InvalidArgumentError, match=r"labels must be class indices in \[0, 3\)"):
+        model.fit(x, np.full(16, 2**40, dtype=np.uint64), batch_size=8, epochs=1, verbose=0)

@@ -60,6 +60,7 @@ __all__ = [
     "CollectiveMismatchError",
     "CommunicatorBrokenError",
     "TaskLostError",
+    "skip_finalize",
     "world",
     "default_communicator",
     "set_default_communicator",
@@ -135,8 +136,9 @@ def _import_mpi() -> Any:
     try:
         from mpi4py import MPI  # MPI_Init: returns once every rank of the job called it
     except ImportError as err:  # mpi4py is an optional dependency (the [mpi] extra)
-        raise GraphdistError(f"multi-process training needs mpi4py and an MPI library ({err}); install them with "
-                             "`pip install 'graphdist[mpi]'` (mpi4py and the mpich wheel)") from None
+        from graphdist.runtime.comm.mpi_join import missing_mpi_message
+
+        raise GraphdistError(missing_mpi_message(err)) from None
     launch_status.record_mpi("ready")
     return MPI
 
@@ -156,6 +158,15 @@ def default_timeout() -> float:
 
 
 _broken_processes: list[str] = []
+
+
+def skip_finalize(reason: str) -> None:
+    """Makes this process leave without ``MPI_Finalize`` (after flushing, with status 1): a peer it waited
+    for is dead or unreachable, and finalizing would wait for it for ever (``reason`` says why).
+    """
+    if not _broken_processes:
+        atexit.register(_skip_finalize_when_broken)
+    _broken_processes.append(reason)
 
 
 def _skip_finalize_when_broken() -> None:
@@ -440,9 +451,7 @@ class MPICommunicator:
 
     def _break(self, message: str) -> None:
         self._broken = message
-        if not _broken_processes:
-            atexit.register(_skip_finalize_when_broken)
-        _broken_processes.append(message)
+        skip_finalize(message)
 
     def _fail(self, what: str, reason: str) -> None:
         grace = min(2.0, max(0.2, self.timeout / 4))

@@ -54,8 +54,8 @@ from graphdist.runtime import rendezvous
 from graphdist.runtime.cluster_spec import ClusterSpec, rank_task, task_rank
 from graphdist.version import __version__
 
-__all__ = ["REEXEC_ENV", "IFACE_ENV", "find_mpiexec", "under_mpi_launcher", "meeting_ranks", "join", "network_settings",
-           "interface_towards", "reexec_command"]
+__all__ = ["REEXEC_ENV", "IFACE_ENV", "WATCH_ENV", "find_mpiexec", "require_mpi4py", "missing_mpi_message",
+           "under_mpi_launcher", "meeting_ranks", "join", "network_settings", "interface_towards", "reexec_command"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +64,10 @@ REEXEC_ENV = "GRAPHDIST_REEXECUTED"
 
 IFACE_ENV = "GRAPHDIST_MPI_IFACE"
 """Overrides the network interface MPI uses between hosts (``FI_TCP_IFACE``)."""
+
+WATCH_ENV = "GRAPHDIST_WATCH"
+"""Set by ``graphdist launch --hosts``: the launched tasks also meet at their addresses, only to hear at once of
+a task lost on another host (the launcher's supervision sees only its own host)."""
 
 _LAUNCHER_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMI_FD", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE")
 _SIOCGIFADDR = 0x8915
@@ -143,6 +147,24 @@ def network_settings(spec: ClusterSpec, rank: int) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------ re-exec
+def require_mpi4py() -> None:
+    """Raises the error that names the ``[mpi]`` extra when mpi4py cannot be imported (MPI is not initialised).
+
+    Raises:
+        GraphdistError: mpi4py is not installed.
+    """
+    try:
+        import mpi4py  # noqa: F401 - the package only: importing mpi4py.MPI would initialise MPI
+    except ImportError as err:
+        raise GraphdistError(missing_mpi_message(err)) from None
+
+
+def missing_mpi_message(err: ImportError) -> str:
+    """What to install when mpi4py or the MPI library is missing."""
+    return (f"multi-process training needs mpi4py and an MPI library ({err}); install them with "
+            "`pip install 'graphdist[mpi]'` (mpi4py and the mpich wheel)")
+
+
 def find_mpiexec() -> str:
     """``mpiexec`` next to this Python (the venv's, from the ``mpich`` wheel), else on ``PATH``.
 
@@ -210,29 +232,44 @@ def join(spec: ClusterSpec, task_type: str, task_id: int) -> Any:
             :class:`graphdist.runtime.rendezvous.Rendezvous`).
     """
     rank = task_rank(spec, task_type, task_id)
+    for other in meeting_ranks(spec):  # every address has a port (before this process is replaced)
+        job, index = rank_task(spec, other)
+        rendezvous.split_address(spec.task_address(job, index), f"{job} {index}'s TF_CONFIG address")
     if not under_mpi_launcher():
+        require_mpi4py()  # before the process is replaced: without it the job can never start
         _reexecute(spec, rank)
     from graphdist.runtime.comm.mpi import world_of_launcher
 
     launched = world_of_launcher()
     if launched.Get_size() != 1:
-        return launched  # started as one MPI job (graphdist launch, mpiexec -n N, srun): its callers check sizes
+        # Started as one MPI job (graphdist launch, mpiexec -n N, srun): its callers check the sizes.
+        if os.environ.get(WATCH_ENV) and launched.Get_size() == len(meeting_ranks(spec)):
+            _watch(rendezvous.Rendezvous(spec, task_type, task_id, version=__version__), lambda: "")
+        return launched
     meeting_point = rendezvous.Rendezvous(spec, task_type, task_id, version=__version__)
     from mpi4py import MPI
 
-    meeting = meeting_point.meet(MPI.Open_port)
     done = threading.Event()
-    threading.Thread(target=_end_if_not_joined, args=(done, meeting_point), daemon=True).start()
+    meeting = _watch(meeting_point, MPI.Open_port, before=lambda: threading.Thread(
+        target=_end_if_not_joined, args=(done, meeting_point), daemon=True).start())
     comm = _merge(MPI, meeting, len(meeting_ranks(spec)), meeting_point.hub)
     done.set()
-    rendezvous.set_current(meeting_point)
-    meeting_point.watch()
-    import atexit
-
-    atexit.register(meeting_point.close)
     logger.info("%s joined the job as rank %d of %d (hosts %s)", meeting_point.name, comm.Get_rank(),
                 comm.Get_size(), meeting.hosts)
     return comm
+
+
+def _watch(meeting_point: rendezvous.Rendezvous, open_port: Any, before: Any = None) -> rendezvous.Meeting:
+    """Meets the other tasks, then watches them for the rest of the process (goodbye at a normal exit)."""
+    import atexit
+
+    meeting = meeting_point.meet(open_port)
+    if before is not None:
+        before()
+    rendezvous.set_current(meeting_point)
+    meeting_point.watch()
+    atexit.register(meeting_point.close)
+    return meeting
 
 
 def _merge(mpi: Any, meeting: rendezvous.Meeting, size: int, hub: int) -> Any:
