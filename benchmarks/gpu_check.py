@@ -130,7 +130,15 @@ def run(device: str = "cuda:0", sizes: Sequence[int] = SIZES, budget_s: float = 
     """
     import graphdist as gd
 
+    soft = gd.config.get_soft_device_placement()
     gd.config.set_soft_device_placement(False)  # a missing GPU is an error, never a silent CPU run
+    try:
+        return _run_checks(gd, device, sizes, budget_s)
+    finally:
+        gd.config.set_soft_device_placement(soft)
+
+
+def _run_checks(gd: Any, device: str, sizes: Sequence[int], budget_s: float) -> dict[str, Any]:
     started = time.perf_counter()
     host = "cpu:0"
     stand_in = not device.startswith("cuda")

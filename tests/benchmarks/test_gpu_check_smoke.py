@@ -31,7 +31,10 @@ def test_make_gpu_check_without_a_gpu_prints_one_skip_line_and_exits_0() -> None
 
 
 def test_checks_run_with_a_cpu_standing_in_for_the_gpu(capsys) -> None:
+    import graphdist as gd
+
     assert gpu_check.main(["--stand-in", "cpu:1", "--sizes", "16,8,4"]) == 0
+    assert gd.config.get_soft_device_placement() is True  # turned off for the checks only
     out = capsys.readouterr().out
     assert "stand-in: cpu:1 in the GPU's place (no GPU here; proves nothing about GPUs)" in out
     rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| check")]
