@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install lint bench clean system-deps multi-worker-demo dist docs
+.PHONY: demo test install lint bench clean system-deps multi-worker-demo dist docs gpu-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -66,6 +66,12 @@ docs: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all
+
+# On a machine with an NVIDIA GPU (under 5 minutes): ONNX Runtime's CUDA provider under OneDevice and Mirrored
+# (GPU + host), the tvm backend's CUDA module, one training step against the host's; prints a table for the
+# README. Without a GPU: one line saying it skipped, exit 0.
+gpu-check: $(STAMP)
+	$(PY) -m benchmarks.gpu_check
 
 clean:
 	rm -rf $(VENV) build dist docs/api *.egg-info .pytest_cache

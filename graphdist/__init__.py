@@ -12,6 +12,7 @@ from graphdist import (
     cluster_resolver,
     config,
     data,
+    debugging,
     experimental,
     keras,
     nest,
@@ -68,6 +69,7 @@ from graphdist.errors import (
     GraphdistError,
     GraphError,
     InvalidArgumentError,
+    NumericsError,
     PlanError,
     StorageError,
     TracingError,
@@ -81,6 +83,7 @@ from graphdist.version import __version__
 __all__ = [
     "__version__",
     "config",
+    "debugging",
     "experimental",
     "tpu",
     "nest",
@@ -152,4 +155,5 @@ __all__ = [
     "ClusterConfigError",
     "CollectiveTimeoutError",
     "StorageError",
+    "NumericsError",
 ]

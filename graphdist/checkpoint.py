@@ -44,6 +44,7 @@ import numpy as np
 
 from graphdist.errors import CheckpointError, GraphdistError, StorageError
 from graphdist.fsutil import read_npz, replace_file
+from graphdist.runtime.numerics import warn_non_finite
 from graphdist.trace.variables import Variable
 
 __all__ = ["Checkpoint", "FORMAT_VERSION", "is_checkpoint_file"]
@@ -142,10 +143,13 @@ class Checkpoint:
         return out, pending, _key_slots_by_owner(out, pending)
 
     # ----------------------------------------------------------------- save
-    def _serialize(self, metadata: dict[str, Any] | None = None) -> bytes:
-        """The checkpoint file's bytes (``metadata``: JSON data stored in its manifest)."""
+    def _serialize(self, metadata: dict[str, Any] | None = None, what: str = "Checkpoint.save") -> bytes:
+        """The checkpoint file's bytes (``metadata``: JSON data stored in its manifest); warns (``what`` saves)
+        when a weight holds NaN or Inf.
+        """
         variables, _, slots = self._variables()
         arrays = {key: np.array(var._eager_value(), order="C", copy=True) for key, var in variables.items()}
+        warn_non_finite(arrays, what)
         entries = {key: f"v{index}" for index, key in enumerate(arrays)}
         manifest = {
             "format": _FORMAT,

@@ -25,6 +25,7 @@ __all__ = [
     "ClusterConfigError",
     "CollectiveTimeoutError",
     "StorageError",
+    "NumericsError",
 ]
 
 
@@ -121,3 +122,10 @@ class StorageError(GraphdistError, OSError):
         return cls(f"{what}: cannot write {os.fspath(target)}: {reason}{f' ({code})' if code else ''}; {advice}. "
                    "The previous copy, if any, is unchanged.", errno=err.errno, strerror=err.strerror,
                    filename=os.fspath(target))
+
+
+class NumericsError(InvalidArgumentError, FloatingPointError):
+    """A NaN or an infinity appeared in a step's values while ``gd.debugging.enable_check_numerics()`` is on
+    (TF raises ``InvalidArgumentError`` there, Python's floating-point checks ``FloatingPointError``: both
+    catch it). The message names the op that made it, its step and device.
+    """

@@ -63,7 +63,7 @@ class FoldConstantsPass(PassBase):
 
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
         outputs = {id(v) for v in graph.outputs}
-        folded = 0
+        folded: list[Node] = []
         for node in list(graph.nodes):
             if node.domain != ONNX_DOMAIN or node.op_type not in FOLDABLE or node.meta.get("side_effect"):
                 continue
@@ -77,6 +77,7 @@ class FoldConstantsPass(PassBase):
                 continue
             constant = graph.add_initializer(f"{out.name}_folded", value.reshape(out.shape))
             graph.replace_all_uses_with(out, constant)
-            graph.remove_node(node)
-            folded += 1
+            node.detach_inputs()  # so that a node folded next may be removed with it
+            folded.append(node)
+        graph.remove_nodes(folded)  # one pass over the node list
         return PassResult(graph, modified=bool(folded))

@@ -71,13 +71,15 @@ class LowerCollectivesPass(PassBase):
         modified = False
         wanted = self._attrs_for(ctx)
         self._check_groups(_collectives(graph))
+        alone = []  # groups of one: the identity
         for node in _collectives(graph):
             if int(node.attrs.get("group_size", 1)) == 1:
-                graph.replace_all_uses_with(node.outputs[0], node.inputs[0])
-                graph.remove_node(node)
+                alone.append(node)
                 modified = True
                 continue
             if node.op_type == "AllReduce" and any(node.attrs.get(k) != v for k, v in wanted.items()):
                 node.attrs.update(wanted)
                 modified = True
+        graph.replace_all_uses_with_many([(node.outputs[0], node.inputs[0]) for node in alone])
+        graph.remove_nodes(alone)
         return PassResult(graph, modified)

@@ -21,7 +21,6 @@ class LowerStopGradientsPass(PassBase):
 
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
         markers = graph.find_nodes("StopGradient", GRAPHDIST_DOMAIN)
-        for node in markers:
-            graph.replace_all_uses_with(node.outputs[0], node.inputs[0])
-            graph.remove_node(node)
+        graph.replace_all_uses_with_many([(node.outputs[0], node.inputs[0]) for node in markers])
+        graph.remove_nodes(markers)
         return PassResult(graph, modified=bool(markers))

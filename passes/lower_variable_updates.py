@@ -17,7 +17,7 @@ Cases:
 
 from __future__ import annotations
 
-from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph
+from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Value
 from graphdist.passes.base import PassBase, PassContext, PassResult
 
 __all__ = ["LowerVariableUpdatesPass"]
@@ -34,16 +34,24 @@ class LowerVariableUpdatesPass(PassBase):
         for node in assigns:
             last[node.attrs["variable"]] = node
         updates = list(graph.meta.get("variable_updates", []))
+        # Linear in the graph: outputs are tracked in a set (and appended after the loop: no assign's output
+        # is among them, so the rewiring below never has to see them), assigns removed in one pass at the end.
+        taken = {id(v) for v in graph.outputs}
+        written: list[Value] = []
         for node in assigns:
             value = node.inputs[0]
+            if id(node.outputs[0]) in taken:  # an output read the assigned value: it now reads ``value``
+                taken.add(id(value))
             graph.replace_all_uses_with(node.outputs[0], value)
-            graph.remove_node(node)
+            node.detach_inputs()
             if last[node.attrs["variable"]] is not node:
                 continue
-            taken = {id(v) for v in graph.outputs}
             if value.producer is None or id(value) in taken:
                 value = graph.add_node("Identity", [value], name="update").outputs[0]
-            graph.outputs.append(value)
+            written.append(value)
+            taken.add(id(value))
             updates.append((value.name, str(node.attrs["variable"])))
+        graph.remove_nodes(assigns)
+        graph.outputs.extend(written)
         graph.meta["variable_updates"] = updates
         return PassResult(graph, modified=True)

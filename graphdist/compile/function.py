@@ -32,6 +32,7 @@ import numpy as np
 
 from graphdist import nest, stats
 from graphdist.compile.build import compile_traced
+from graphdist.compile.gc_pause import paused_gc
 from graphdist.compile.interface import Resolved, StepInterface, rebuild_results
 from graphdist.compile.pipeline import PipelineConfig, build_pipeline
 from graphdist.compile.step_io import is_distributed, make_inputs, per_replica_batch, result_leaf, specs_of
@@ -403,7 +404,8 @@ class Function:
             concrete = self._cached(key)
             if concrete is None:
                 try:
-                    concrete = self._build(key, args, kwargs)
+                    with paused_gc():  # a build makes millions of objects and frees none (see gc_pause)
+                        concrete = self._build(key, args, kwargs)
                 finally:
                     with self._lock:
                         self._building.pop(key, None)

@@ -20,6 +20,7 @@ from graphdist.errors import GraphError, PlanError
 from graphdist.ir.comm_ops import RUNTIME_CHECK_OPS, is_communication
 from graphdist.ir.graph import Graph, Node, Value
 from graphdist.runtime.devices import parse_device, thread_budget
+from graphdist.runtime.numerics import NonFiniteOutputsError
 from graphdist.runtime.tasks import CommTask, Segment, overlapping_segments
 
 __all__ = ["Segment", "CommTask", "Plan", "extract_subgraph"]
@@ -87,6 +88,8 @@ class Plan:
         used = {s.device for s in segments} | {d for c in self.comms for d in c.devices}
         self.devices = sorted(used, key=lambda d: (parse_device(d).kind, parse_device(d).index))
         self._scheduler: Any = None
+        self._backend: Any = None
+        self._calls = 0  # runs of the compiled plan: check numerics names the call that made a NaN
         self.backend_name: str | None = None
         # weakref to what exports this plan with its interface (a ConcreteFunction or LoadedPlan), if any
         self._owner: Any = None
@@ -154,6 +157,7 @@ class Plan:
         executables = [self._compile_segment(index, segment, backend, cache, threads)
                        for index, segment in enumerate(self.segments, start=1)]
         self.backend_name = backend.name
+        self._backend = backend
         self._scheduler = Scheduler(self, executables)
         return self
 
@@ -174,10 +178,21 @@ class Plan:
         return self._scheduler is not None
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        """Runs the compiled plan; ``feeds`` maps every input name to an array."""
+        """Runs the compiled plan; ``feeds`` maps every input name to an array.
+
+        Raises:
+            NumericsError: With ``gd.debugging.enable_check_numerics()``: a value of the step is NaN or
+                infinite (names the op that made it first; see :mod:`graphdist.compile.numerics`).
+        """
         if self._scheduler is None:
             raise PlanError("the plan is not compiled; call plan.compile(backend) first")
-        return self._scheduler.run(feeds)
+        self._calls += 1
+        try:
+            return self._scheduler.run(feeds)
+        except NonFiniteOutputsError as found:
+            from graphdist.compile.numerics import name_the_op
+
+            raise name_the_op(found, self, self._backend, self._calls) from None
 
     # -------------------------------------------------------------- export
     def export(self, directory: Any, *, overwrite: bool = False) -> str:

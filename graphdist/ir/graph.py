@@ -19,7 +19,7 @@ import numpy as np
 
 from graphdist.errors import GraphError
 
-__all__ = ["Value", "Node", "Graph", "Dim", "Shape", "ONNX_DOMAIN", "GRAPHDIST_DOMAIN"]
+__all__ = ["Value", "Node", "Graph", "Uses", "Dim", "Shape", "ONNX_DOMAIN", "GRAPHDIST_DOMAIN"]
 
 ONNX_DOMAIN = ""
 GRAPHDIST_DOMAIN = "graphdist"
@@ -27,6 +27,48 @@ GRAPHDIST_DOMAIN = "graphdist"
 #: A dimension is a static size or a symbolic name (e.g. ``"batch"``).
 Dim = int | str
 Shape = tuple[Dim, ...]
+
+
+class Uses(dict):
+    """The ``(node, input_index)`` pairs that read a value, in the order they were added.
+
+    A list in every way the IR uses one (``append``, ``remove``, iteration,
+    ``len``, ``in``, equality with a list of pairs), held in an
+    insertion-ordered dict so that adding, removing and testing a use cost
+    O(1) whatever the value's fan-out: verification and rewiring stay linear
+    in the size of the graph when one value (a model's input, a shared weight)
+    is read by thousands of nodes.
+    """
+
+    __slots__ = ()
+
+    def append(self, use: tuple[Node, int]) -> None:
+        """Adds ``use`` (last)."""
+        self[use] = None
+
+    def remove(self, use: tuple[Node, int]) -> None:
+        """Removes ``use``.
+
+        Raises:
+            ValueError: ``use`` is not a use of this value (as ``list.remove``).
+        """
+        try:
+            del self[use]
+        except KeyError:
+            raise ValueError(f"{use!r} is not a use of this value") from None
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (list, tuple)):
+            return list(self) == list(other)
+        return dict.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(list(self))
 
 
 class Value:
@@ -40,7 +82,8 @@ class Value:
             initializers.
         index: Output position in ``producer.outputs``.
         const_value: The array of an initializer, else ``None``.
-        uses: ``(node, input_index)`` pairs that read this value.
+        uses: ``(node, input_index)`` pairs that read this value (a :class:`Uses`:
+            list-like, with O(1) membership and removal).
     """
 
     __slots__ = ("name", "dtype", "shape", "producer", "index", "const_value", "uses", "meta")
@@ -60,7 +103,7 @@ class Value:
         self.producer = producer
         self.index = index
         self.const_value = const_value
-        self.uses: list[tuple[Node, int]] = []
+        self.uses: Uses = Uses()
         self.meta: dict[str, Any] = {}
 
     @property
@@ -118,15 +161,16 @@ class Node:
         self.name = name
         self.op_type = op_type
         self.domain = domain
-        self.inputs: list[Value | None] = []
         self.attrs: dict[str, Any] = dict(attrs or {})
         self.outputs: list[Value] = []
         self.device: str | None = None
         self.replica: int | None = None
         self.meta: dict[str, Any] = {}
         self.graph: Graph | None = None
-        for value in inputs:
-            self._append_input(value)
+        self.inputs: list[Value | None] = list(inputs)
+        for index, value in enumerate(self.inputs):  # _append_input, inlined: graphs of 100k nodes are copied often
+            if value is not None:
+                value.uses[(self, index)] = None
 
     @property
     def qualified_op(self) -> str:
@@ -137,7 +181,7 @@ class Node:
         index = len(self.inputs)
         self.inputs.append(value)
         if value is not None:
-            value.uses.append((self, index))
+            value.uses[(self, index)] = None
 
     def replace_input(self, index: int, new: Value | None) -> None:
         """Points input ``index`` at ``new``, keeping use lists consistent."""
@@ -284,7 +328,10 @@ class Graph:
         self.nodes.insert(self.nodes.index(anchor), node)
 
     def remove_node(self, node: Node) -> None:
-        """Removes a node whose outputs are no longer used."""
+        """Removes a node whose outputs are no longer used.
+
+        Each call scans the node list: to remove many nodes, use :meth:`remove_nodes`.
+        """
         for out in node.outputs:
             if out.uses or out in self.outputs:
                 raise GraphError(
@@ -295,8 +342,53 @@ class Graph:
         self.nodes.remove(node)
         node.graph = None
 
+    def remove_nodes(self, nodes: Iterable[Node]) -> None:
+        """Removes several nodes at once, in one pass over the node list (linear in the graph's size).
+
+        The nodes' outputs may be read only by nodes removed with them (a dead
+        chain goes in one call).
+
+        Raises:
+            GraphError: An output is read by a node that stays, or is a graph
+                output; nothing is removed then.
+        """
+        doomed = list(nodes)
+        if not doomed:
+            return
+        ids = {id(n) for n in doomed}
+        outputs = {id(v) for v in self.outputs}
+        for node in doomed:
+            for out in node.outputs:
+                if id(out) in outputs or any(id(user) not in ids for user, _ in out.uses):
+                    raise GraphError(
+                        f"cannot remove node {node.name} ({node.qualified_op}): its output "
+                        f"%{out.name} is still used; rewire it with replace_all_uses_with first"
+                    )
+        for node in doomed:
+            node.detach_inputs()
+            node.graph = None
+        self.nodes[:] = [n for n in self.nodes if id(n) not in ids]
+
+    @staticmethod
+    def _check_replacement(old: Value, new: Value) -> None:
+        if old.dtype != new.dtype:
+            raise GraphError(
+                f"replace_all_uses_with: %{old.name} is {old.type_str()} but the replacement "
+                f"%{new.name} is {new.type_str()}; insert a Cast first"
+            )
+        if len(old.shape) != len(new.shape) or any(
+            isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(old.shape, new.shape)
+        ):
+            raise GraphError(
+                f"replace_all_uses_with: %{old.name} is {old.type_str()} but the replacement "
+                f"%{new.name} is {new.type_str()}; shapes must match (up to symbolic dimensions)"
+            )
+
     def replace_all_uses_with(self, old: Value, new: Value, *, exclude: Iterable[Node] = ()) -> int:
         """Makes every reader of ``old`` (nodes and graph outputs) read ``new``.
+
+        Costs the number of ``old``'s uses plus a scan of the graph outputs: to
+        rewire many values, use :meth:`replace_all_uses_with_many`.
 
         Args:
             old: The value to stop reading.
@@ -312,28 +404,58 @@ class Graph:
         """
         if old is new:
             return 0
-        if old.dtype != new.dtype:
-            raise GraphError(
-                f"replace_all_uses_with: %{old.name} is {old.type_str()} but the replacement "
-                f"%{new.name} is {new.type_str()}; insert a Cast first"
-            )
-        if len(old.shape) != len(new.shape) or any(
-            isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(old.shape, new.shape)
-        ):
-            raise GraphError(
-                f"replace_all_uses_with: %{old.name} is {old.type_str()} but the replacement "
-                f"%{new.name} is {new.type_str()}; shapes must match (up to symbolic dimensions)"
-            )
+        self._check_replacement(old, new)
         skip = {id(n) for n in exclude}
         count = 0
         for node, index in list(old.uses):
             if id(node) not in skip:
                 node.replace_input(index, new)
                 count += 1
-        for position, out in enumerate(self.outputs):
-            if out is old:
-                self.outputs[position] = new
+        if old in self.outputs:  # identity (Value has no __eq__), scanned in C
+            for position, out in enumerate(self.outputs):
+                if out is old:
+                    self.outputs[position] = new
+                    count += 1
+        return count
+
+    def replace_all_uses_with_many(self, pairs: Iterable[tuple[Value, Value]]) -> int:
+        """:meth:`replace_all_uses_with` for each ``(old, new)`` pair in order, the graph outputs updated once.
+
+        The result is that of the calls one after the other (a ``new`` that an
+        earlier pair replaced is followed to its replacement), at the cost of
+        the uses rewired plus one scan of the graph outputs, whatever the
+        number of pairs.
+
+        Returns:
+            The number of uses rewired.
+
+        Raises:
+            GraphError: A pair's dtypes differ, or its shapes differ other than
+                by symbolic dims (the pairs before it are applied).
+        """
+        replaced: dict[int, tuple[Value, Value]] = {}  # id(old) -> (old, new): old kept alive, its id unique
+
+        def current(value: Value) -> Value:
+            while id(value) in replaced:
+                value = replaced[id(value)][1]
+            return value
+
+        count = 0
+        for old, new in pairs:
+            new = current(new)
+            if old is new:
+                continue
+            self._check_replacement(old, new)
+            for node, index in list(old.uses):
+                node.replace_input(index, new)
                 count += 1
+            replaced[id(old)] = (old, new)
+        if replaced:
+            for position, out in enumerate(self.outputs):
+                while id(out) in replaced:  # each hop is one rewiring of the calls one after the other
+                    out = replaced[id(out)][1]
+                    count += 1
+                self.outputs[position] = out
         return count
 
     # -------------------------------------------------------------- queries

@@ -20,6 +20,7 @@ from graphdist.errors import GraphError
 from graphdist.ir.comm_ops import SUMMED_GROUP, SUMMED_REPLICAS
 from graphdist.ir.fold import fold_node
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Node, Value
+from graphdist.ir.onnx_checks import check_single_assignment, tensor_array
 from graphdist.ir.onnx_schema_ops import generic_opdef, type_of
 from graphdist.ir.ops import GRAPHDIST_OPSET, OPSET, get_opdef, onnx_dtype
 from graphdist.ir.subgraphs import CAPTURES_ATTR, free_names, renamed_attribute, split_captures, subgraphs_of
@@ -136,13 +137,14 @@ def to_onnx(graph: Graph, *, opset: int | None = None, doc: str = "") -> onnx.Mo
         A model that passes ``onnx.checker.check_model``.
     """
     initializers = [numpy_helper.from_array(np.asarray(v.const_value), v.name) for v in graph.initializers.values()]
+    outputs = {id(v) for v in graph.outputs}
     graph_proto = helper.make_graph(
         [_node_proto(n, keep_meta=graph.stage == "traced") for n in graph.nodes],
         graph.name,
         [_value_info(v) for v in graph.inputs],
         [_value_info(v) for v in graph.outputs],
         initializer=initializers,
-        value_info=[_value_info(out) for n in graph.nodes for out in n.outputs if out not in graph.outputs],
+        value_info=[_value_info(out) for n in graph.nodes for out in n.outputs if id(out) not in outputs],
     )
     versions = {**graph.opset_imports, ONNX_DOMAIN: opset if opset is not None else graph.opset}
     if any(n.domain == GRAPHDIST_DOMAIN for n in graph.nodes):
@@ -170,7 +172,7 @@ def _python_attr(attr: onnx.AttributeProto) -> Any:
     if attr.type == onnx.AttributeProto.STRINGS:
         return [v.decode() for v in value]
     if isinstance(value, onnx.TensorProto):
-        return numpy_helper.to_array(value)
+        return tensor_array(value, f"attribute {attr.name!r}")
     return value
 
 
@@ -216,6 +218,7 @@ def from_onnx(model: onnx.ModelProto | str | os.PathLike[str]) -> Graph:
     if isinstance(model, (str, os.PathLike)):
         model = _load_model_file(os.fspath(model))
     opsets = model_opsets(model)
+    check_single_assignment(model.graph)
     try:
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception:  # noqa: BLE001 - custom domains can defeat ONNX inference; our rules still run
@@ -226,7 +229,7 @@ def from_onnx(model: onnx.ModelProto | str | os.PathLike[str]) -> Graph:
     types = {vi.name: vi for vi in [*proto.value_info, *proto.output]}
     init_names = {t.name for t in proto.initializer}
     for tensor in proto.initializer:
-        values[tensor.name] = _import_initializer(graph, tensor.name, numpy_helper.to_array(tensor))
+        values[tensor.name] = _import_initializer(graph, tensor.name, tensor_array(tensor))
     for vi in proto.input:
         if vi.name in init_names:
             continue
@@ -277,7 +280,7 @@ def _import_initializer(graph: Graph, name: str, array: np.ndarray) -> Value:
 def _constant_value(proto: onnx.NodeProto, where: str) -> np.ndarray:
     attrs = {a.name: a for a in proto.attribute}
     if "value" in attrs:
-        return numpy_helper.to_array(attrs["value"].t)
+        return tensor_array(attrs["value"].t, where)
     if len(attrs) == 1 and next(iter(attrs)) in _CONSTANT_FORMS:
         key, attr = next(iter(attrs.items()))
         return np.asarray(helper.get_attribute_value(attr), dtype=_CONSTANT_FORMS[key])
@@ -347,7 +350,7 @@ def _import_taken_branch(graph: Graph, proto: onnx.NodeProto, attrs: dict[str, A
     branch = attrs["then_branch" if condition else "else_branch"].g
     types = {**types, **{vi.name: vi for vi in [*branch.value_info, *branch.output]}}
     for tensor in branch.initializer:
-        values[tensor.name] = _import_initializer(graph, tensor.name, numpy_helper.to_array(tensor))
+        values[tensor.name] = _import_initializer(graph, tensor.name, tensor_array(tensor))
     for node_proto in branch.node:
         _import_node(graph, node_proto, values, types, True)
     for name, result in zip(proto.output, branch.output):

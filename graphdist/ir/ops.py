@@ -207,6 +207,8 @@ def broadcast_shapes(*shapes: Shape) -> Shape:
     Raises:
         GraphError: The shapes are not broadcast-compatible.
     """
+    if shapes and all(s == shapes[0] for s in shapes[1:]):
+        return tuple(shapes[0])  # the common case (same shapes); broadcasting a shape with itself gives it
     rank = max((len(s) for s in shapes), default=0)
     result: list[Dim] = []
     for position in range(rank):

@@ -1,4 +1,5 @@
-"""Callbacks of ``fit`` (``gd.keras.callbacks``): History, ModelCheckpoint, EarlyStopping, BackupAndRestore.
+"""Callbacks of ``fit`` (``gd.keras.callbacks``): History, ModelCheckpoint, EarlyStopping, BackupAndRestore,
+TerminateOnNaN.
 
 A callback's hooks get the epoch (0-based) and the logs of the epoch
 (``{"loss": ..., "accuracy": ..., "val_loss": ...}``). Files are written
@@ -23,7 +24,8 @@ import numpy as np
 from graphdist.checkpoint import Checkpoint
 from graphdist.errors import CheckpointError, InvalidArgumentError
 
-__all__ = ["Callback", "CallbackList", "History", "ModelCheckpoint", "EarlyStopping", "BackupAndRestore", "is_chief"]
+__all__ = ["Callback", "CallbackList", "History", "ModelCheckpoint", "EarlyStopping", "BackupAndRestore",
+           "TerminateOnNaN", "is_chief"]
 
 logger = logging.getLogger(__name__)
 
@@ -238,6 +240,27 @@ class EarlyStopping(Callback):
             self.model.stop_training = True
             if self.restore_best_weights and self.best_weights is not None:
                 self.model.set_weights(self.best_weights)
+
+
+class TerminateOnNaN(Callback):
+    """Stops ``fit`` after the batch whose loss is NaN or infinite (Keras' ``TerminateOnNaN``).
+
+    The loss checked is the one ``fit`` reports after each batch (the epoch's
+    running mean, as in Keras: once one batch's loss is NaN or Inf, so is the
+    mean). It prints ``Batch N: Invalid loss, terminating training`` and sets
+    ``model.stop_training``: ``fit`` ends that epoch after the batch (its
+    ``on_epoch_end`` callbacks and validation still run, as in Keras) and runs
+    no further epoch. To find the op that made the NaN, and to keep its update
+    out of the weights, use ``gd.debugging.enable_check_numerics()``.
+    """
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, float] | None = None) -> None:
+        loss = (logs or {}).get("loss")
+        if loss is None or math.isfinite(float(loss)):
+            return
+        print(f"Batch {batch}: Invalid loss, terminating training", flush=True)
+        logger.warning("TerminateOnNaN: the loss of batch %d is %s; training stops", batch, loss)
+        self.model.stop_training = True
 
 
 class BackupAndRestore(Callback):

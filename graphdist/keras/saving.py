@@ -117,7 +117,7 @@ def save_model(model: Any, filepath: str | os.PathLike[str], overwrite: bool = T
         "compile": _compile_config(model), "serving_batch_size": serving_batch_size,
     }
     files = {_CONFIG: json.dumps(config, indent=1).encode(),
-             _VARIABLES: Checkpoint(**_trackables(model))._serialize()}
+             _VARIABLES: Checkpoint(**_trackables(model))._serialize(what="model.save")}
     for rel, data in with_manifest(_serving_files(model, serving_batch_size), PLAN_KIND, sign=True).items():
         files[f"{_SERVING}/{rel}"] = data
     files.update(saved_files() if saved_files else {})

@@ -280,6 +280,8 @@ class Engine:
                 progress.update(count, totals.samples, logs)
                 if on_batch_end is not None:
                     on_batch_end(count - 1, logs)
+                if train and getattr(self.model, "stop_training", False):
+                    break  # a callback stopped training after this batch (TerminateOnNaN), as in Keras
         if count == 0:
             raise InvalidArgumentError(f"{what}: the input has no batches; give at least one example")
         logs = totals.logs()

@@ -42,6 +42,7 @@ from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupl
 from graphdist.compile.graph_runner import GraphRunner
 from graphdist.distribute import OneDeviceStrategy
 from graphdist.errors import BackendError, DeviceError, GraphdistError, GraphError, InvalidArgumentError
+from graphdist.onnx.files import read_model
 from graphdist.runtime.devices import num_gpus
 
 __all__ = [
@@ -86,30 +87,6 @@ def _model_label(model: onnx.ModelProto) -> str:
                   for node in model.graph.node})
     shown = ", ".join(ops[:8]) + (f", ... ({len(ops)} in all)" if len(ops) > 8 else "")
     return f"model {model.graph.name or 'model'!r} (ops: {shown or 'none'})"
-
-
-def _load(model: onnx.ModelProto | bytes | str | os.PathLike[str]) -> onnx.ModelProto:
-    """A ``ModelProto`` from a model, its serialized bytes or a path."""
-    if isinstance(model, onnx.ModelProto):
-        return model
-    if isinstance(model, bytes):
-        proto = onnx.ModelProto()
-        try:
-            proto.ParseFromString(model)
-        except Exception as err:  # noqa: BLE001 - protobuf raises several unrelated types
-            raise GraphError(f"the bytes given are not a serialized ONNX model ({type(err).__name__}: {err})") \
-                from err
-        return proto
-    if isinstance(model, (str, os.PathLike)):
-        path = os.fspath(model)
-        if not os.path.isfile(path):
-            raise GraphError(f"ONNX file {path!r} does not exist")
-        try:
-            return onnx.load(path)
-        except Exception as err:  # noqa: BLE001 - protobuf raises several unrelated types
-            raise GraphError(f"{path!r} is not a readable ONNX model ({type(err).__name__}: {err})") from err
-    raise InvalidArgumentError(f"model must be an onnx.ModelProto, its serialized bytes or a path; "
-                               f"got {type(model).__name__}")
 
 
 def _check(model: onnx.ModelProto) -> None:
@@ -318,23 +295,30 @@ class GraphdistBackend(Backend):
             model: An ``onnx.ModelProto``, its serialized bytes, or a path to an ``.onnx`` file.
             device: ``"CPU"``, ``"CUDA"`` or ``"CUDA:N"``.
             **kwargs: ``backend`` (``"ort"``, ``"tvm"`` or ``"reference"``; default
-                :attr:`default_backend`, ``"ort"``).
+                :attr:`default_backend`, ``"ort"``). ``base_dir``: for a ``ModelProto``
+                or bytes whose tensors are stored as external data, the directory
+                holding those files (a path's external data is read from the file's
+                own directory; nothing is ever read relative to the current directory).
                 ``rtol``/``atol`` (passed along by ``BackendTest``) are ignored.
 
         Returns:
             A :class:`GraphdistBackendRep`; the model is compiled on its first run (per input shape).
 
         Raises:
-            GraphError: The file is missing or unreadable, the model fails ONNX's checker, or
-                graphdist cannot import it (names the op or value).
+            GraphError: The file is missing or unreadable, its external data has no directory to
+                be read from, a value is defined twice, a tensor's data does not match its dims,
+                the model fails ONNX's checker, or graphdist cannot import it (names the op or
+                value). (Models are read as :func:`graphdist.onnx.load` reads them:
+                :func:`graphdist.onnx.files.read_model`.)
             InvalidArgumentError: Unknown backend, device string or keyword.
             DeviceError: ``device`` is a GPU this machine does not have.
         """
         backend = kwargs.pop("backend", None) or cls.default_backend
+        base_dir = kwargs.pop("base_dir", None)
         unknown = sorted(set(kwargs) - _IGNORED_KWARGS)
         if unknown:
             raise InvalidArgumentError(f"prepare() got unknown keyword(s) {', '.join(unknown)}; "
-                                       f"it takes backend= ({', '.join(BACKENDS)})")
+                                       f"it takes backend= ({', '.join(BACKENDS)}) and base_dir=")
         if backend not in BACKENDS:
             raise InvalidArgumentError(f"backend {backend!r} is not a graphdist backend; use one of {BACKENDS}")
         parsed = _parse_device(device)
@@ -346,7 +330,7 @@ class GraphdistBackend(Backend):
                 count = num_gpus()
                 raise DeviceError(f"device {device!r} is not available: this machine has {count} GPU(s); "
                                   "use 'CPU'" + (f" or 'CUDA:0' to 'CUDA:{count - 1}'" if count else ""))
-        proto = _load(model)
+        proto, _ = read_model(model, base_dir=base_dir, caller="prepare")
         _check(proto)
         return GraphdistBackendRep(proto, backend, _graphdist_device(parsed))
 

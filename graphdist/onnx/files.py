@@ -1,11 +1,15 @@
 """Reading and writing ONNX model files for :func:`graphdist.onnx.load` and ``OnnxModel.save``.
 
-:func:`read_model` turns a path or an ``onnx.ModelProto`` into a model whose
-tensors are all in memory: external data (``onnx.save(...,
-save_as_external_data=True)``) is read from the files next to the model, and
-every way that can fail (a missing or truncated model file, a missing or
-short external-data file, a model newer than ONNX Runtime runs) is a
-:class:`~graphdist.errors.GraphError` naming the file and saying what to do.
+:func:`read_model` turns a path, an ``onnx.ModelProto`` or serialized bytes
+into a checked model whose tensors are all in memory: external data
+(``onnx.save(..., save_as_external_data=True)``) is read from the files next
+to the model (for a ``ModelProto`` or bytes, only from an explicit
+``base_dir``), and every way that can fail (a missing or truncated model
+file, a missing, short or escaping external-data file, a value defined
+twice, a tensor whose data does not match its dims, a model newer than ONNX
+Runtime runs) is a :class:`~graphdist.errors.GraphError` naming the file and
+saying what to do. ``gd.onnx.load`` and ``graphdist.onnx.backend.prepare``
+both read models through it.
 
 :func:`write_model` writes a model atomically (a temporary file renamed into
 place, :func:`graphdist.fsutil.atomic_write_bytes`); models over protobuf's
@@ -23,6 +27,7 @@ from onnx import external_data_helper
 
 from graphdist.errors import GraphError, InvalidArgumentError, StorageError
 from graphdist.fsutil import atomic_write_bytes
+from graphdist.ir.onnx_checks import check_model_tensors, check_single_assignment, drop_duplicate_initializers
 from graphdist.ir.onnx_io import MAX_OPSET
 
 __all__ = ["read_model", "write_model", "external_tensors", "INLINE_LIMIT", "EXTERNAL_THRESHOLD"]
@@ -45,41 +50,93 @@ def _location(tensor: onnx.TensorProto) -> str:
     return next((entry.value for entry in tensor.external_data if entry.key == "location"), "")
 
 
-def read_model(model: onnx.ModelProto | str | os.PathLike[str]) -> tuple[onnx.ModelProto, str | None]:
-    """The model with every tensor in memory, and the file it came from (``None`` for a ``ModelProto``).
+def read_model(model: onnx.ModelProto | bytes | str | os.PathLike[str], *,
+               base_dir: str | os.PathLike[str] | None = None,
+               caller: str = "gd.onnx.load") -> tuple[onnx.ModelProto, str | None]:
+    """The model with every tensor in memory, checked; and the file it came from (``None`` otherwise).
+
+    One reading for :func:`graphdist.onnx.load` and
+    :func:`graphdist.onnx.backend.prepare`, so that a file means the same
+    thing to both (and to ONNX Runtime):
+
+    * External data is read only from the model's own directory: a path's
+      directory, or ``base_dir`` for a ``ModelProto`` or serialized bytes
+      (which have no directory; without ``base_dir`` their external data is
+      refused). Locations are confined to that directory by ONNX's own
+      reader (no absolute paths, no ``..``, no symbolic links out of it).
+    * Single assignment (:func:`graphdist.ir.onnx_checks.check_single_assignment`):
+      a value defined twice is refused.
+    * Repeated initializers: the last one is kept, with a warning (as ONNX Runtime does).
+    * Every tensor's data matches its dims (:func:`graphdist.ir.onnx_checks.check_tensor_data`).
 
     A ``ModelProto`` is copied (the caller's object is never changed).
 
+    Args:
+        model: A path to an ``.onnx`` file, an ``onnx.ModelProto`` or its serialized bytes.
+        base_dir: For a ``ModelProto`` or bytes: the directory holding its external-data files.
+        caller: The API named by argument errors.
+
     Raises:
         GraphError: The file is missing, not an ONNX model (truncated, or
-            another format), its external data is missing or short, a
-            ``ModelProto`` refers to external data (load it from its path
-            instead), or the model's opset is newer than ONNX Runtime runs.
-        InvalidArgumentError: ``model`` is neither a path nor a ``ModelProto``.
+            another format), its external data is missing, short, outside its
+            directory or has no directory to be read from, a value is defined
+            twice, a tensor's data does not match its dims, or the model's
+            opset is newer than ONNX Runtime runs.
+        InvalidArgumentError: ``model`` is neither a path, a ``ModelProto``
+            nor bytes, or ``base_dir`` is given with a path.
     """
     if isinstance(model, onnx.ModelProto):
         proto = onnx.ModelProto()
         proto.CopyFrom(model)
         source = None
-        pending = external_tensors(proto)
-        if pending:
-            names = ", ".join(sorted(t.name for t in pending)[:5])
-            raise GraphError(f"the ModelProto's tensor(s) {names} are stored as external data "
-                             f"({_location(pending[0])!r}), which a ModelProto alone cannot locate; pass the "
-                             "model's path to gd.onnx.load (or onnx.load(path) it first, which reads the data)")
+    elif isinstance(model, (bytes, bytearray, memoryview)):
+        proto = _parse_bytes(bytes(model))
+        source = None
     elif isinstance(model, (str, os.PathLike)):
+        if base_dir is not None:
+            raise InvalidArgumentError(f"{caller}: base_dir={os.fspath(base_dir)!r} is for a ModelProto or bytes; the "
+                                       f"external data of the file {os.fspath(model)!r} is read from its own "
+                                       "directory: leave base_dir out")
         source = os.fspath(model)
         proto = _parse_file(source)
-        _load_external_data(proto, source)
     else:
-        raise InvalidArgumentError(f"gd.onnx.load: model must be a path to an .onnx file or an onnx.ModelProto, "
-                                   f"got {type(model).__name__}")
+        raise InvalidArgumentError(f"{caller}: model must be an onnx.ModelProto, its serialized bytes or a path to "
+                                   f"an .onnx file, got {type(model).__name__}")
+    what = _describe(source, proto)
+    if source is not None:
+        _load_external_data(proto, os.path.dirname(os.path.abspath(source)), what)
+    elif external_tensors(proto):
+        if base_dir is None:
+            pending = external_tensors(proto)
+            names = ", ".join(sorted(t.name for t in pending)[:5])
+            kind = "ModelProto" if isinstance(model, onnx.ModelProto) else "serialized model"
+            raise GraphError(f"the {kind}'s tensor(s) {names} are stored as external data "
+                             f"({_location(pending[0])!r}), and a {kind} has no directory to read it from (it "
+                             "is never read from the current directory): pass the model's path instead, or pass "
+                             "base_dir='<the directory holding its data files>' (gd.onnx.load(model, base_dir=...), "
+                             "graphdist.onnx.backend.prepare(model, base_dir=...))")
+        _load_external_data(proto, os.fspath(base_dir), what)
     _check_graph(proto, source)
+    drop_duplicate_initializers(proto.graph, what)
+    check_single_assignment(proto.graph, what)
+    check_model_tensors(proto, what)
     return proto, source
 
 
-def _describe(source: str | None) -> str:
-    return f"ONNX file {source!r}" if source is not None else "the ONNX model"
+def _describe(source: str | None, proto: onnx.ModelProto | None = None) -> str:
+    if source is not None:
+        return f"ONNX file {source!r}"
+    return f"ONNX model {proto.graph.name!r}" if proto is not None and proto.graph.name else "the ONNX model"
+
+
+def _parse_bytes(data: bytes) -> onnx.ModelProto:
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except Exception as err:  # noqa: BLE001 - protobuf's DecodeError and friends
+        raise GraphError(f"the bytes given ({len(data):,}) are not a serialized ONNX model "
+                         f"({type(err).__name__}: {err})") from None
+    return proto
 
 
 def _parse_file(path: str) -> onnx.ModelProto:
@@ -100,7 +157,7 @@ def _parse_file(path: str) -> onnx.ModelProto:
 
 def _check_graph(proto: onnx.ModelProto, source: str | None) -> None:
     """Catches files that parse (protobuf reads a prefix cut at a field boundary) but hold no whole model."""
-    what = _describe(source)
+    what = _describe(source, proto)
     if not proto.graph.node and not proto.graph.output:
         raise GraphError(f"{what} holds no ONNX graph (empty, truncated or not an ONNX file)")
     if not proto.opset_import:
@@ -118,27 +175,30 @@ def _check_graph(proto: onnx.ModelProto, source: str | None) -> None:
                          f"runs opsets up to {MAX_OPSET}: export it with opset {MAX_OPSET} or older")
 
 
-def _load_external_data(proto: onnx.ModelProto, path: str) -> None:
+def _load_external_data(proto: onnx.ModelProto, base: str, what: str) -> None:
+    """Reads the external data of ``proto``'s tensors from ``base`` (the model's directory) only."""
     tensors = external_tensors(proto)
     if not tensors:
         return
-    base = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(base):
+        raise GraphError(f"{what}: base_dir {base!r}, where its external data should be, is not a directory")
     for tensor in tensors:
         location = _location(tensor)
         file = os.path.join(base, location)
         if not location or not os.path.isfile(file):
-            raise GraphError(f"ONNX file {path!r} keeps tensor {tensor.name!r} in the external-data file "
+            raise GraphError(f"{what} keeps tensor {tensor.name!r} in the external-data file "
                              f"{location!r}, which does not exist (looked for {file!r}); copy it next to the "
                              "model, or export the model without external data")
     try:
         external_data_helper.load_external_data_for_model(proto, base)
-    except Exception as err:  # noqa: BLE001 - onnx raises ValueError/OSError for short or unreadable files
-        raise GraphError(f"ONNX file {path!r}: its external data in "
+    except Exception as err:  # noqa: BLE001 - onnx raises ValueError/OSError for short, unreadable or escaping files
+        raise GraphError(f"{what}: its external data in "
                          f"{sorted({_location(t) for t in tensors})} cannot be read ({type(err).__name__}: "
-                         f"{err}); the data file is truncated or belongs to another model") from None
+                         f"{err}); the data file is truncated, belongs to another model, or lies outside the "
+                         f"model's directory {base!r}") from None
     for tensor in external_tensors(proto):
-        raise GraphError(f"ONNX file {path!r}: tensor {tensor.name!r} was not read from {_location(tensor)!r}")
-    logger.debug("read external data of %d tensor(s) for %s", len(tensors), path)
+        raise GraphError(f"{what}: tensor {tensor.name!r} was not read from {_location(tensor)!r}")
+    logger.debug("read external data of %d tensor(s) for %s from %s", len(tensors), what, base)
 
 
 def write_model(model: onnx.ModelProto, path: str | os.PathLike[str]) -> str:

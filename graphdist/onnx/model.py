@@ -50,10 +50,12 @@ import onnx
 from onnx import numpy_helper
 
 from graphdist.compile.function import Function
+from graphdist.compile.gc_pause import paused_gc
 from graphdist.distribute.replica_context import get_replica_context
 from graphdist.distribute.strategy import get_strategy
 from graphdist.errors import GraphError, InvalidArgumentError, TracingError
 from graphdist.ir.graph import Graph
+from graphdist.ir.onnx_checks import tensor_array
 from graphdist.ir.onnx_io import from_onnx
 from graphdist.ir.value_operands import bind_model_inputs, static_input_names
 from graphdist.onnx.files import read_model, write_model
@@ -71,9 +73,9 @@ logger = logging.getLogger(__name__)
 MAX_SPECIALISATIONS = 16
 
 
-def load(model: onnx.ModelProto | str | os.PathLike[str], trainable: bool = True,
-         frozen: Sequence[str] | None = None) -> OnnxModel:
-    """Loads an ONNX model (a path or an ``onnx.ModelProto``, any opset ONNX Runtime runs).
+def load(model: onnx.ModelProto | bytes | str | os.PathLike[str], trainable: bool = True,
+         frozen: Sequence[str] | None = None, *, base_dir: str | os.PathLike[str] | None = None) -> OnnxModel:
+    """Loads an ONNX model (a path, an ``onnx.ModelProto`` or its bytes; any opset ONNX Runtime runs).
 
     Made inside a strategy's scope, the model's floating-point initializers
     become ``gd.Variable`` s of that strategy, named by their initializer
@@ -82,24 +84,31 @@ def load(model: onnx.ModelProto | str | os.PathLike[str], trainable: bool = True
 
     Args:
         model: Path of an ``.onnx`` file (external data is read from next to
-            it) or a ``ModelProto`` (copied; never changed).
+            it), a ``ModelProto`` (copied; never changed) or its serialized bytes.
         trainable: ``False``: every initializer stays a constant (no variables).
         frozen: Initializer names that become non-trainable variables (not in
             ``trainable_variables``; still saved, and moved by training-mode
             BatchNormalization when they are its running statistics).
+        base_dir: For a ``ModelProto`` or bytes whose tensors are stored as
+            external data: the directory holding those files (a path's
+            external data is always read from the file's own directory, and
+            never from the current directory).
 
     Returns:
         An :class:`OnnxModel`.
 
     Raises:
         GraphError: The file is missing, truncated or not ONNX, its external
-            data is missing, or the model uses an op or value graphdist and
-            ONNX Runtime cannot run (the message names it).
+            data is missing or has no directory to be read from, a value is
+            defined twice, a tensor's data does not match its dims, or the
+            model uses an op or value graphdist and ONNX Runtime cannot run
+            (the message names it).
         InvalidArgumentError: ``frozen`` names an unknown initializer, or is
             given with ``trainable=False``.
     """
-    proto, source = read_model(model)
-    return OnnxModel(proto, source=source, trainable=trainable, frozen=frozen)
+    with paused_gc():  # importing a large model makes millions of objects and frees none (see gc_pause)
+        proto, source = read_model(model, base_dir=base_dir)
+        return OnnxModel(proto, source=source, trainable=trainable, frozen=frozen)
 
 
 class OnnxModel:
@@ -131,7 +140,8 @@ class OnnxModel:
                 f"gd.onnx.load: frozen names {unknown}, which are not floating-point initializers of "
                 f"{self._what()} (they are: {_some(names)})")
         self._strategy = get_strategy()
-        arrays = {t.name: numpy_helper.to_array(t) for t in self._clean.graph.initializer if t.name in set(names)}
+        wanted = set(names)
+        arrays = {t.name: tensor_array(t, self._what()) for t in self._clean.graph.initializer if t.name in wanted}
         self._variables = [Variable(arrays[n], name=n, trainable=n not in frozen_names) for n in names]
         self._variable_names = list(names)
         self._import = with_variables_as_inputs(self._clean, names)

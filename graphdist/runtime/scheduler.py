@@ -28,6 +28,11 @@ Run-time assertions (``AssertInRange`` tasks, :mod:`graphdist.ir.check_ops`:
 an index argument out of its range) are checked as their values appear;
 a failure is raised once every task has run, so that every collective
 completes on every process and no one waits for a peer that gave up.
+With ``gd.debugging.enable_check_numerics()`` (:mod:`graphdist.runtime.numerics`)
+every segment's floating-point outputs are checked for NaN and infinity as
+they appear, and the first segment found to hold one is raised the same way
+(:class:`~graphdist.runtime.numerics.NonFiniteOutputsError`, after a failed range
+check); with the checks off the switch is read once per step.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from graphdist import stats
 from graphdist.errors import PlanError
 from graphdist.ir.check_ops import in_range, range_error
 from graphdist.ir.comm_ops import CROSS_WORKER_OPS
-from graphdist.runtime import timeline
+from graphdist.runtime import numerics, timeline
 from graphdist.runtime.comm import local
 from graphdist.runtime.tasks import CommTask, Segment, overlapping_segments
 
@@ -135,22 +140,25 @@ class Scheduler:
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """Runs every task and returns the plan's outputs in order."""
         stats.increment("plan_runs")
+        numbers = [] if numerics.enabled() else None  # NaN/Inf found by gd.debugging.enable_check_numerics()
         recorder = timeline.start_step(self._plan.devices)
         if recorder is not None:
             try:
-                return self._run_recorded(feeds, recorder)
+                return self._run_recorded(feeds, recorder, numbers)
             finally:
                 timeline.finish_step(recorder)
         if self._single:
-            return self._run_single(feeds)
+            return self._run_single(feeds, None, numbers)
         env = self._initial_env(feeds)
         failures: list[tuple[int, Exception] | None] = []
-        self._run_tasks(env, failures, None)
+        self._run_tasks(env, failures, None, numbers)
         _raise_first(failures)
+        if numbers:
+            raise min(numbers, key=lambda found: found.segment)  # the same whatever order tasks ran in
         return [env[name] for name in self._plan.output_names]
 
-    def _run_single(self, feeds: dict[str, np.ndarray], recorder: timeline.StepRecorder | None = None
-                    ) -> list[np.ndarray]:
+    def _run_single(self, feeds: dict[str, np.ndarray], recorder: timeline.StepRecorder | None = None,
+                    numbers: list[Any] | None = None) -> list[np.ndarray]:
         seg_feeds = feeds if len(feeds) == len(self._seg_inputs) else {n: feeds[n] for n in self._seg_inputs}
         if recorder is None:
             outs = self._executables[0].run(seg_feeds)
@@ -160,16 +168,23 @@ class Scheduler:
                 outs = self._executables[0].run(seg_feeds)
         if self._checks:
             _raise_first([_range_failure(outs[position], attrs) for position, attrs in self._checks])
+        if numbers is not None:
+            found = numerics.find_non_finite_outputs(0, self._plan.segments[0], seg_feeds, outs)
+            if found is not None:
+                raise found
         return outs if self._identity else [outs[i] for i in self._picks]
 
-    def _run_recorded(self, feeds: dict[str, np.ndarray], recorder: timeline.StepRecorder) -> list[np.ndarray]:
+    def _run_recorded(self, feeds: dict[str, np.ndarray], recorder: timeline.StepRecorder,
+                      numbers: list[Any] | None = None) -> list[np.ndarray]:
         """:meth:`run` with every task's span recorded."""
         if self._single:
-            return self._run_single(feeds, recorder)
+            return self._run_single(feeds, recorder, numbers)
         env = self._initial_env(feeds)
         failures: list[tuple[int, Exception] | None] = []
-        self._run_tasks(env, failures, recorder)
+        self._run_tasks(env, failures, recorder, numbers)
         _raise_first(failures)
+        if numbers:
+            raise min(numbers, key=lambda found: found.segment)  # the same whatever order tasks ran in
         return [env[name] for name in self._plan.output_names]
 
     def _initial_env(self, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -181,8 +196,8 @@ class Scheduler:
         return env
 
     # ----------------------------------------------------------- tasks
-    def _run_segment(self, index: int, env: dict[str, Any],
-                     recorder: timeline.StepRecorder | None = None) -> list[np.ndarray]:
+    def _run_segment(self, index: int, env: dict[str, Any], recorder: timeline.StepRecorder | None = None,
+                     numbers: list[Any] | None = None) -> list[np.ndarray]:
         segment: Segment = self._plan.segments[index]
         try:
             seg_feeds = {name: env[name] for name in segment.inputs}
@@ -190,9 +205,15 @@ class Scheduler:
             missing = err.args[0]
             raise PlanError(f"segment {segment.name} needs {missing!r}, which no earlier step produced") from None
         if recorder is None:
-            return self._executables[index].run(seg_feeds)
-        with recorder.span(segment.name, "segment", segment.device):
-            return self._executables[index].run(seg_feeds)
+            outputs = self._executables[index].run(seg_feeds)
+        else:
+            with recorder.span(segment.name, "segment", segment.device):
+                outputs = self._executables[index].run(seg_feeds)
+        if numbers is not None:
+            found = numerics.find_non_finite_outputs(index, segment, seg_feeds, outputs)
+            if found is not None:
+                numbers.append(found)  # raised once every task has run (see the module docstring)
+        return outputs
 
     def _run_comm(self, task: CommTask, env: dict[str, Any], failures: list[tuple[int, Exception] | None],
                   recorder: timeline.StepRecorder | None = None) -> list[np.ndarray]:
@@ -226,7 +247,7 @@ class Scheduler:
         raise PlanError(f"communication op {task.op!r} ({task.name}) is not supported by the local communicator")
 
     def _run_tasks(self, env: dict[str, Any], failures: list[tuple[int, Exception] | None],
-                   recorder: timeline.StepRecorder | None) -> None:
+                   recorder: timeline.StepRecorder | None, numbers: list[Any] | None = None) -> None:
         remaining = {id(t): set(deps) for t, deps in zip(self._tasks, self._deps)}
         by_id = {id(t): t for t in self._tasks}
         done: set[int] = set()
@@ -267,7 +288,7 @@ class Scheduler:
                 if inline_segment is not None:
                     segments.remove(inline_segment)
                 for task in segments:
-                    running[pool.submit(self._run_segment, task.index, env, recorder)] = task
+                    running[pool.submit(self._run_segment, task.index, env, recorder, numbers)] = task
                 for task in comms:
                     try:
                         outputs = self._run_comm(self._plan.comms[task.index], env, failures, recorder)
@@ -277,7 +298,7 @@ class Scheduler:
                     self._finish(task, outputs, env, done, remaining)
                 if inline_segment is not None:
                     try:
-                        outputs = self._run_segment(inline_segment.index, env, recorder)
+                        outputs = self._run_segment(inline_segment.index, env, recorder, numbers)
                     except BaseException:
                         cancel_running()
                         raise

@@ -297,3 +297,44 @@ def test_float64_traced_polynomial_with_tiny_coefficients() -> None:
 
     x = np.array([1e-30, 0.25, 2.0])
     np.testing.assert_allclose(gd.function(horner, backend="ort")(x), horner(x), rtol=1e-15, atol=0)
+
+
+def _chain_model(nodes: int, weights_as_inputs: bool = True) -> onnx.ModelProto:
+    """y = x * w0 * w1 * ... (``nodes`` Muls), the weights graph inputs (as a graphdist segment's variables)."""
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])]
+    inputs += [helper.make_tensor_value_info(f"w{i}", TensorProto.FLOAT, [2]) for i in range(nodes)]
+    chain = [helper.make_node("Mul", ["x" if i == 0 else f"m{i - 1}", f"w{i}"], [f"m{i}"]) for i in range(nodes)]
+    graph = helper.make_graph(chain, "chain", inputs, [helper.make_tensor_value_info(f"m{nodes - 1}",
+                                                                                      TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    return model
+
+
+def test_large_segment_skips_the_offline_model_in_every_process(backend: OrtBackend, tmp_path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import graphdist.backends.ort as ort_backend
+
+    monkeypatch.setattr(ort_backend, "OFFLINE_MAX_NODES", 8)
+    feeds = {"x": np.float32([1, 2]), **{f"w{i}": np.float32([2, 0.5]) for i in range(9)}}
+    for nodes, written in ((8, True), (9, False)):
+        directory = tmp_path / str(nodes)
+        for hits in ((0, 1) if written else (0, 0)):  # a second compile (a later process) reads what the first wrote
+            before = stats.snapshot()
+            exe = backend.compile(_chain_model(nodes), Device("cpu", 0), cache_dir=directory)
+            np.testing.assert_array_equal(exe.run({k: feeds[k] for k in exe.input_names})[0],
+                                          [2.0 ** nodes, 2 * 0.5 ** nodes])
+            changes = stats.delta(before)
+            assert (changes["compiles"], changes["disk_cache_hits"]) == (1 - hits, hits)
+        assert (directory / OPTIMIZED_MODEL_FILE).exists() == written
+
+
+def test_run_with_many_inputs_skips_the_wrappers_quadratic_feed_check(backend: OrtBackend) -> None:
+    # onnxruntime's InferenceSession.run looks every input up in a list of the feeds (quadratic); the executable
+    # calls the C++ session, which checks the feeds itself: a missing one is still named.
+    exe = backend.compile(_chain_model(3000), Device("cpu", 0))
+    feeds = {"x": np.float32([1, 1]), **{f"w{i}": np.float32([1, 1]) for i in range(3000)}}
+    np.testing.assert_array_equal(exe.run(feeds)[0], [1, 1])
+    del feeds["w1234"]
+    with pytest.raises(BackendError, match=r"missing feed\(s\) 'w1234'"):
+        exe.run(feeds)

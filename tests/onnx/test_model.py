@@ -362,7 +362,7 @@ def test_truncated_file_is_a_graph_error_naming_it(tmp_path: Path) -> None:
             gd.onnx.load(path)
     with pytest.raises(gd.GraphError, match="absent.onnx.*does not exist"):
         gd.onnx.load(tmp_path / "absent.onnx")
-    with pytest.raises(gd.InvalidArgumentError, match="path.*ModelProto"):
+    with pytest.raises(gd.InvalidArgumentError, match="gd.onnx.load: model must be an onnx.ModelProto.*or a path"):
         gd.onnx.load(42)
 
 
