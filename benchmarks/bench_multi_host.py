@@ -59,7 +59,7 @@ from benchmarks import machine_info, median
 from benchmarks.bench_mpi_allreduce import write_section
 from benchmarks.netns import HostBed, Link, unavailable_reason
 
-__all__ = ["NAME", "LINKS", "MODELS", "SIZES", "run", "markdown", "main", "predicted_ms"]
+__all__ = ["NAME", "LINKS", "MODELS", "SIZES", "run", "markdown", "main", "predicted_ms", "goals"]
 
 logger = logging.getLogger(__name__)
 
@@ -313,6 +313,25 @@ def _size(size: int) -> str:
     return f"{size >> 20} MB" if size >= 1 << 20 else f"{size >> 10} KB"
 
 
+def goals(results: dict[str, Any]) -> list[str]:
+    """One line per goal of the section: what was measured against it, met or not."""
+    lines = []
+    fast = results["links"].get("10 Gbit/s, 50 us")
+    if fast is not None:
+        for kind in ("convnet", "transformer"):
+            best = max(r["efficiency"] for setup, r in fast["training"][kind].items() if setup != "1 host")
+            lines.append(f"- scaling efficiency >= 0.9 for the {kind} at 10 Gbit/s: best {best:.2f} "
+                         f"({'met' if best >= 0.9 else 'not met'})")
+    worst = min((t["raw"] / t["graphdist"], size, name) for name, link in results["links"].items()
+                for size, t in link["allreduce"].items())
+    large = min(t["raw"] / t["graphdist"] for link in results["links"].values()
+                for size, t in link["allreduce"].items() if size >= 1 << 20)
+    lines.append(f"- all-reduce >= 0.9x raw mpi4py: from 1 MB up the worst is {large:.2f}x "
+                 f"({'met' if large >= 0.9 else 'not met'}); over every size {worst[0]:.2f}x at {_size(worst[1])} "
+                 f"({worst[2]}){'' if worst[0] >= 0.9 else ': not met for small buffers'}")
+    return lines
+
+
 def markdown(results: dict[str, Any]) -> str:
     """The BENCHMARKS.md section."""
     machine = results["machine"]
@@ -333,6 +352,10 @@ call; ratio = raw / graphdist, goal >= 0.9):
 Training:
 
 {chr(10).join(_training_rows(results))}
+
+Goals:
+
+{chr(10).join(goals(results))}
 
 "sent / step" is host 0's interface counter (everything host 0 sent per timed step: MPI's TCP traffic with
 its headers); "payload / step" is what the plan's cross-worker collectives move (each host sends each
