@@ -35,6 +35,8 @@ __all__ = [
     "peak_rss_bytes",
     "replace_section",
     "run_child",
+    "json_child",
+    "git_commit",
     "time_interleaved",
     "update_section",
     "write_document",
@@ -179,6 +181,33 @@ def run_child(module: str, arguments: list[str], timeout: float) -> dict[str, An
     if done.returncode != 0:
         raise RuntimeError(f"benchmark child {' '.join(command)} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def json_child(command: list[str], env: Mapping[str, str], timeout: float, label: dict[str, Any]) -> dict[str, Any]:
+    """Runs ``command`` (a benchmark's one-case child, in the repository) and returns the JSON object it prints
+    last; a failure or timeout is ``label`` with an ``"error"`` (the child's output's tail) instead of raising.
+    """
+    try:
+        proc = subprocess.run(command, cwd=Path(__file__).resolve().parent.parent, env=dict(env),
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {**label, "error": f"timed out after {timeout:.0f} s"}
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode or not lines:
+        return {**label, "error": (proc.stderr or proc.stdout)[-2000:]}
+    return json.loads(lines[-1])
+
+
+def git_commit() -> tuple[str | None, bool | None]:
+    """HEAD of the tree benchmarked, and whether tracked files differ from it (an uncommitted refactor)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "diff", "--quiet", "HEAD"], capture_output=True).returncode
+    except (OSError, subprocess.CalledProcessError):
+        return None, None
+    return head, dirty != 0
 
 
 def _markers(name: str) -> tuple[str, str]:

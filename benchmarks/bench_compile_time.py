@@ -35,7 +35,6 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,7 +42,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import machine_info, median, replace_section
+from benchmarks import git_commit, json_child, machine_info, median, replace_section
 
 __all__ = ["NAME", "GOAL", "SIZES", "ladder_model", "measure_one", "run", "table", "markdown", "main"]
 
@@ -183,24 +182,7 @@ def _spawn(nodes: int, cache: str, ort_first: bool, timeout: float) -> dict[str,
     env = {**os.environ, "GRAPHDIST_CACHE_DIR": cache, "PYTHONPATH": path}
     command = [sys.executable, "-m", "benchmarks.bench_compile_time", "--one", str(nodes), "--json",
                "--order", "ort-first" if ort_first else "graphdist-first"]
-    try:
-        proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"nodes": nodes, "error": f"timed out after {timeout:.0f} s"}
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode or not lines:
-        return {"nodes": nodes, "error": (proc.stderr or proc.stdout)[-2000:]}
-    return json.loads(lines[-1])
-
-
-def _git_commit() -> tuple[str | None, bool | None]:
-    try:
-        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", "HEAD"], capture_output=True).returncode
-    except (OSError, subprocess.CalledProcessError):
-        return None, None
-    return head, dirty != 0
+    return json_child(command, env, timeout, {"nodes": nodes})
 
 
 def run(quick: bool = False, sizes: Sequence[int] = SIZES, repeats: int = 1, warm: bool = True,
@@ -241,7 +223,7 @@ def run(quick: bool = False, sizes: Sequence[int] = SIZES, repeats: int = 1, war
                 entry[f"{kind}_compiles"] = (ok[0].get("compiles"), ok[0].get("disk_cache_hits"))
         summary.append(entry)
     largest = next((e for e in reversed(summary) if "cold" in e), None)
-    commit, dirty = _git_commit()
+    commit, dirty = git_commit()
     return {"name": NAME, "commit": commit, "dirty": dirty, "date": date, "machine": info, "repeats": repeats,
             "sizes": summary, "goal": GOAL,
             "goal_met": bool(largest and largest["nodes"] == max(sizes) and largest["cold"]["vs_ort"] <= GOAL)}

@@ -28,7 +28,6 @@ import importlib
 import inspect
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +35,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import machine_info, median, update_section
+from benchmarks import git_commit, json_child, machine_info, median, update_section
 
 __all__ = ["NAME", "CASES", "MODELS", "measure_one", "run", "table", "markdown", "main"]
 
@@ -148,25 +147,7 @@ def _spawn(case_id: str, timeout: float) -> dict[str, Any]:
         path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
         env = {**os.environ, "GRAPHDIST_CACHE_DIR": cache, "PYTHONPATH": path}
         command = [sys.executable, "-m", "benchmarks.bench_first_step", "--one", case_id, "--json"]
-        try:
-            proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return {"case": case_id, "error": f"timed out after {timeout:.0f} s"}
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode or not lines:
-        return {"case": case_id, "error": (proc.stderr or proc.stdout)[-2000:]}
-    return json.loads(lines[-1])
-
-
-def _git_commit() -> tuple[str | None, bool | None]:
-    """HEAD of the tree benchmarked, and whether tracked files differ from it (an uncommitted refactor)."""
-    try:
-        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", "HEAD"], capture_output=True).returncode
-    except (OSError, subprocess.CalledProcessError):
-        return None, None
-    return head, dirty != 0
+        return json_child(command, env, timeout, {"case": case_id})
 
 
 def run(quick: bool = False, repeats: int = 3, models: Sequence[str] = tuple(MODELS),
@@ -202,7 +183,7 @@ def run(quick: bool = False, repeats: int = 3, models: Sequence[str] = tuple(MOD
     for entry in summary:
         base = by_id.get(f"{entry['model']}/{BASELINE}", {}).get("median")
         entry["vs_one_device"] = entry["median"]["total_s"] / base["total_s"] if base and "median" in entry else None
-    commit, dirty = _git_commit()
+    commit, dirty = git_commit()
     return {"name": NAME, "commit": commit, "dirty": dirty, "tree": str(ROOT), "date": date, "machine": info,
             "repeats": repeats, "cases": summary}
 
