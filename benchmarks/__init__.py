@@ -36,6 +36,7 @@ __all__ = [
     "replace_section",
     "run_child",
     "json_child",
+    "report",
     "git_commit",
     "time_interleaved",
     "update_section",
@@ -196,6 +197,23 @@ def json_child(command: list[str], env: Mapping[str, str], timeout: float, label
     if proc.returncode or not lines:
         return {**label, "error": (proc.stderr or proc.stdout)[-2000:]}
     return json.loads(lines[-1])
+
+
+def report(args: Any, results: dict[str, Any], table: Callable[[dict[str, Any]], str],
+           markdown: Callable[[dict[str, Any]], str], write: Callable[[str], Path]) -> None:
+    """A benchmark command line's end: ``--output`` saves the results as JSON, ``--before`` adds an earlier
+    run's, the table and the section are printed, and ``--write`` writes the section (``write(markdown)``).
+    """
+    if args.output:
+        args.output.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"saved {args.output}")
+    if args.before:
+        results["before"] = json.loads(args.before.read_text())
+    print(table(results))
+    print()
+    print(markdown(results))
+    if args.write:
+        print(f"updated {write(markdown(results))}")
 
 
 def git_commit() -> tuple[str | None, bool | None]:

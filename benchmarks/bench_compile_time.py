@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import git_commit, json_child, machine_info, median, replace_section
+from benchmarks import git_commit, json_child, machine_info, median, replace_section, report
 
 __all__ = ["NAME", "GOAL", "SIZES", "ladder_model", "measure_one", "run", "table", "markdown", "main"]
 
@@ -349,16 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(result) if args.json else json.dumps(result, indent=2))
         return 0
     results = run(quick=args.quick, sizes=args.sizes, repeats=args.repeats, warm=not args.no_warm)
-    if args.output:
-        args.output.write_text(json.dumps(results, indent=2) + "\n")
-        print(f"saved {args.output}")
-    if args.before:
-        results["before"] = json.loads(args.before.read_text())
-    print(table(results))
-    print()
-    print(markdown(results))
-    if args.write:
-        print(f"updated {replace_section(NAME, markdown(results))}")
+    report(args, results, table, markdown, lambda text: replace_section(NAME, text))
     failed = [e["nodes"] for e in results["sizes"] if "cold" not in e]
     return 1 if failed or not results["goal_met"] else 0
 

@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import git_commit, json_child, machine_info, median, update_section
+from benchmarks import git_commit, json_child, machine_info, median, report, update_section
 
 __all__ = ["NAME", "CASES", "MODELS", "measure_one", "run", "table", "markdown", "main"]
 
@@ -279,16 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(result) if args.json else json.dumps(result, indent=2))
         return 0
     results = run(quick=args.quick, repeats=args.repeats, models=args.models, cases=args.cases)
-    if args.output:
-        args.output.write_text(json.dumps(results, indent=2) + "\n")
-        print(f"saved {args.output}")
-    if args.before:
-        results["before"] = json.loads(args.before.read_text())
-    print(table(results))
-    print()
-    print(markdown(results))
-    if args.write:
-        print(f"updated {update_section(NAME, markdown(results), info=results['machine'])}")
+    report(args, results, table, markdown, lambda text: update_section(NAME, text, info=results["machine"]))
     failed = [e["id"] for e in results["cases"] if "median" not in e]
     return 1 if failed else 0
 
