@@ -250,9 +250,9 @@ def join(spec: ClusterSpec, task_type: str, task_id: int) -> Any:
     meeting_point = rendezvous.Rendezvous(spec, task_type, task_id, version=__version__)
     from mpi4py import MPI
 
+    meeting = _watch(meeting_point, MPI.Open_port)
     done = threading.Event()
-    meeting = _watch(meeting_point, MPI.Open_port, before=lambda: threading.Thread(
-        target=_end_if_not_joined, args=(done, meeting_point), daemon=True).start())
+    threading.Thread(target=_end_if_not_joined, args=(done, meeting_point), daemon=True).start()
     comm = _merge(MPI, meeting, len(meeting_ranks(spec)), meeting_point.hub)
     done.set()
     logger.info("%s joined the job as rank %d of %d (hosts %s)", meeting_point.name, comm.Get_rank(),
@@ -260,13 +260,11 @@ def join(spec: ClusterSpec, task_type: str, task_id: int) -> Any:
     return comm
 
 
-def _watch(meeting_point: rendezvous.Rendezvous, open_port: Any, before: Any = None) -> rendezvous.Meeting:
+def _watch(meeting_point: rendezvous.Rendezvous, open_port: Any) -> rendezvous.Meeting:
     """Meets the other tasks, then watches them for the rest of the process (goodbye at a normal exit)."""
     import atexit
 
     meeting = meeting_point.meet(open_port)
-    if before is not None:
-        before()
     rendezvous.set_current(meeting_point)
     meeting_point.watch()
     atexit.register(meeting_point.close)
