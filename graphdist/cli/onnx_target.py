@@ -106,8 +106,12 @@ def _fix_shape(vi: Any, shape: tuple[int, ...], path: str) -> None:
         if dim.HasField("dim_value") and dim.dim_value != size and axis > 0:
             raise UsageError(f"--input-shape {vi.name}={'x'.join(map(str, shape))}: dimension {axis} of input "
                              f"{vi.name!r} is fixed to {dim.dim_value} in {path!r}")
+    batch = tensor.shape.dim[0].dim_param if tensor.HasField("shape") and tensor.shape.dim else ""
     tensor.ClearField("shape")
-    for size in shape:
+    # The first dimension stays a symbol: it is the global batch, and each replica's graph gets its share of
+    # it (a model that computes shapes from it must not see the global batch baked in).
+    tensor.shape.dim.add().dim_param = batch or "batch"
+    for size in shape[1:]:
         tensor.shape.dim.add().dim_value = size
 
 

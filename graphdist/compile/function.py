@@ -92,7 +92,11 @@ _ARRAY_ARGS_TREEDEFS: dict[int, Any] = {}
 
 
 def _describe(key: Any) -> str:
-    """Readable form of a signature key: the array leaves' shapes and dtypes."""
+    """Readable form of a signature key: the array leaves' shapes and dtypes (and specialised values)."""
+    if _is_guarded(key):
+        values = ", ".join(f"argument {v[0]} = {_short(np.frombuffer(v[3], v[1]).reshape(v[2]))}"
+                           for v in key[2] if len(v) == 4)
+        return f"{_describe(key[0])} with {values}"
     parts = []
     for leaf in key[1]:
         if isinstance(leaf, tuple) and len(leaf) == 2 and isinstance(leaf[1], str):
@@ -310,6 +314,8 @@ class ConcreteFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         key, arrays = signature_of(args, kwargs)
+        if _is_guarded(self._signature):
+            key = guarded_key(key, tuple(v[0] for v in self._signature[2]), args, kwargs)
         if key != self._signature:
             raise InvalidArgumentError(
                 f"{self.name}: this concrete function was traced for {_describe(self._signature)}, got "
@@ -341,6 +347,10 @@ class Function:
         self._building: dict[Any, threading.Lock] = {}
         self._traces = 0
         self._warned_eviction = False
+        #: Per signature key: the argument leaves whose values its traces specialised on (TraceContext.specialise).
+        self._guards: dict[Any, tuple[int, ...]] = {}
+        self._specialisations: dict[Any, int] = {}  # per signature key: values traced so far
+        self._warned_values = False
         functools.update_wrapper(self, fn, updated=())
 
     @property
@@ -369,13 +379,20 @@ class Function:
             with _strategy_scope(self._strategy):
                 return self._fn(*args, **kwargs)
         key, arrays = signature_of(args, kwargs)
+        key = self._guarded(key, args, kwargs)
         concrete = self._cached(key) or self._build_once(key, args, kwargs)
         return concrete.call_flat(arrays)
 
     def get_concrete_function(self, *args: Any, **kwargs: Any) -> ConcreteFunction:
         """The specialisation for these example arguments (arrays or ``gd.TensorSpec``)."""
         key, _ = signature_of(args, kwargs)
+        key = self._guarded(key, args, kwargs)
         return self._cached(key) or self._build_once(key, args, kwargs)
+
+    def _guarded(self, key: Any, args: tuple, kwargs: dict) -> Any:
+        """``key`` with the values of the arguments earlier traces of it specialised on (shape-deciding inputs)."""
+        guard = self._guards.get(key)
+        return key if guard is None else guarded_key(key, guard, args, kwargs)
 
     def experimental_get_tracing_count(self) -> int:
         """How many times the step has been traced (a signature dropped from the cache and called
@@ -420,7 +437,9 @@ class Function:
                 evicted.append(self._concrete.popitem(last=False)[0])
             warn = bool(evicted) and not self._warned_eviction
             self._warned_eviction = self._warned_eviction or warn
-            retraced = self._traces == RETRACE_WARNING_AFTER
+            # A trace for the 5th value of a specialised input has its own warning (_specialised_key).
+            retraced = self._traces == RETRACE_WARNING_AFTER and not (
+                _is_guarded(key) and self._specialisations.get(key[0], 0) >= RETRACE_WARNING_AFTER)
         if retraced:
             # As tf.function: many traces of one function usually mean shapes or Python values that vary.
             logger.warning("gd.function %s has been traced %d times, once per new input signature (shapes, dtypes "
@@ -437,6 +456,7 @@ class Function:
     # -------------------------------------------------------------- build
     def _build(self, key: Any, args: tuple, kwargs: dict) -> ConcreteFunction:
         traced, interface, variables, strategies, treedef = self._trace(args, kwargs)
+        key = self._specialised_key(key, traced, args, kwargs)
         strategy = _strategy_of_remote_variables(self._name, self._pick_strategy(strategies), variables)
         config = strategy.pipeline_config() if strategy is not None else PipelineConfig()
         batch_args = False
@@ -461,6 +481,31 @@ class Function:
         logger.info("compiled %s for signature #%d: %d nodes, %d segment(s)", self._name, self._traces,
                     len(graphs["partitioned"].nodes), len(plan.segments))
         return concrete
+
+    def _specialised_key(self, key: Any, traced: Graph, args: tuple, kwargs: dict) -> Any:
+        """The cache key of a trace that specialised on argument values: the signature plus those values."""
+        specialised = traced.meta.get("specialised") or {}
+        if not specialised:
+            return key
+        base = key[0] if _is_guarded(key) else key
+        leaves = sorted(int(hint.removeprefix("arg")) for hint, _ in specialised.values())
+        with self._lock:
+            guard = self._guards[base] = tuple(sorted(set(self._guards.get(base, ())) | set(leaves)))
+            count = self._specialisations[base] = self._specialisations.get(base, 0) + 1
+            warn = count == RETRACE_WARNING_AFTER and not self._warned_values
+            self._warned_values = self._warned_values or warn
+        described = ", ".join(f"argument {hint.removeprefix('arg')} = {_short(value)}"
+                              for hint, value in specialised.values())
+        if count > 1:
+            logger.info("gd.function %s traced again for a new value of an input that decides shapes or control "
+                        "flow (%s)", self._name, described)
+        if warn:
+            logger.warning("gd.function %s has been traced for %d different values of an input that decides shapes "
+                           "or control flow, and every trace compiles again (latest: %s). Such an input is a "
+                           "constant of the compiled step: keep its value fixed between calls, or make it a "
+                           "constant of the step (close over a numpy value instead of passing it)",
+                           self._name, count, described)
+        return guarded_key(base, guard, args, kwargs)
 
     def _check_micro_batches(self, traced: Graph, args: tuple, kwargs: dict, batch_args: bool) -> None:
         """Refuses ``accumulate_steps`` for a step whose graph would not follow a smaller batch."""
@@ -507,12 +552,36 @@ class Function:
             results = [result_leaf(ctx, leaf, flat) for leaf in leaves]
             ctx.set_outputs(flat)
         ctx.graph.meta["batch"] = per_replica_batch(ctx.graph)
+        if ctx.specialised:
+            ctx.graph.meta["specialised"] = dict(ctx.specialised)
         if count:
             stats.increment("traces")
         return ctx.graph, StepInterface(feeds, results), dict(ctx.variables), list(ctx.strategies), treedef
 
     def __repr__(self) -> str:
         return f"<graphdist.Function {self._name} signatures={self.cached_signatures()}>"
+
+
+def guarded_key(key: Any, guard: tuple[int, ...], args: tuple, kwargs: dict) -> Any:
+    """``key`` extended by the dtype, shape and bytes of the argument leaves at positions ``guard``."""
+    leaves, _ = nest.flatten((args, kwargs), is_leaf=is_distributed)
+    values = []
+    for index in guard:
+        value = np.asarray(leaves[index]) if index < len(leaves) else None
+        if value is None or value.dtype == object:
+            values.append((index, None))
+        else:
+            values.append((index, value.dtype.str, value.shape, value.tobytes()))
+    return (key, "values", tuple(values))
+
+
+def _is_guarded(key: Any) -> bool:
+    return isinstance(key, tuple) and len(key) == 3 and key[1] == "values"
+
+
+def _short(value: np.ndarray) -> str:
+    text = np.array2string(np.asarray(value), threshold=8, separator=", ")
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _strategy_of_remote_variables(name: str, strategy: Any, variables: dict[str, Variable]) -> Any:

@@ -60,16 +60,13 @@ def make_inference_step(graph: Graph, strategy: Any, batch: int | None = None, *
                                    f"replicas ({replicas}); pick another batch size")
     arrays = example_batch(graph, batch, seed)
     share = batch // replicas
-    if replicas == 1:
-        example = tuple(arrays)
-    else:
-        example = tuple(PerReplica([a[r * share:(r + 1) * share] for r in range(replicas)]) for a in arrays)
+    # Per-replica values even for one replica: the plan then knows its arguments are the batch, and a plan
+    # exported for one device re-plans to N replicas of a share each (RebatchPass), not to one device.
+    example = tuple(PerReplica([a[r * share:(r + 1) * share] for r in range(replicas)]) for a in arrays)
     model = graph_function(graph, batch_axis=0)
 
     def inference_step(*args: Any) -> Any:
         result = strategy.run(model, args=args)
-        if replicas == 1:
-            return result
         if isinstance(result, tuple):
             return tuple(strategy.gather(r, axis=0) for r in result)
         return strategy.gather(result, axis=0)

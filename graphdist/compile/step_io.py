@@ -45,6 +45,8 @@ def make_inputs(ctx: TraceContext, args: tuple, kwargs: dict,
             proxy = _input(ctx, leaf, hint, per_replica=batch)
             if batch:
                 ctx.graph.meta.setdefault("per_replica_inputs", {})[proxy.value.name] = None
+            elif not isinstance(leaf, TensorSpec):  # the step may specialise on its value (TraceContext.specialise)
+                ctx.input_values[proxy.value.name] = (hint, np.asarray(leaf))
             feeds.append(ArgumentFeed("tensor", (proxy.value.name,)))
             return proxy
         if isinstance(leaf, DistributedValues):

@@ -22,7 +22,7 @@ from graphdist.ir.fold import fold_node
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Node, Value
 from graphdist.ir.onnx_checks import check_single_assignment, tensor_array
 from graphdist.ir.onnx_schema_ops import generic_opdef, type_of
-from graphdist.ir.ops import GRAPHDIST_OPSET, OPSET, get_opdef, onnx_dtype
+from graphdist.ir.ops import GRAPHDIST_OPSET, OPSET, get_opdef, numpy_dtype, onnx_dtype
 from graphdist.ir.subgraphs import CAPTURES_ATTR, free_names, renamed_attribute, split_captures, subgraphs_of
 
 __all__ = ["to_onnx", "from_onnx", "attribute_proto", "ORT_IR_VERSION", "MAX_OPSET"]
@@ -377,7 +377,59 @@ def _output_types(node: Node, proto: onnx.NodeProto, opdef: Any, types: dict, wh
     except GraphError as err:
         if onnx_types is not None:
             return onnx_types
+        ranked = _types_of_known_rank(node, len(proto.output), known)
+        if ranked is not None:
+            return ranked
         raise GraphError(f"cannot import {where}: {err}") from None
+
+
+def _types_of_known_rank(node: Node, count: int, known: list) -> list | None:
+    """Output types of ops whose output *rank* is known although their shape operand is computed at run time
+    (a Reshape to Concat(Shape(x)[0:2], [-1]) with a symbolic batch): every dimension symbolic.
+
+    Inlined with the call's static shapes, the shape computation folds to constants and the real
+    dimensions follow (:func:`graphdist.trace.inline.inline_graph`).
+    """
+    inputs = node.inputs
+    if not inputs or inputs[0] is None:
+        return None
+
+    def length(position: int) -> int | None:
+        operand = inputs[position] if position < len(inputs) else None
+        if operand is None or len(operand.shape) != 1 or not isinstance(operand.shape[0], int):
+            return None
+        return int(operand.shape[0])
+
+    data = inputs[0]
+    op = node.op_type
+    if op == "Reshape":
+        rank = length(1)
+    elif op == "Expand":
+        rank = None if length(1) is None else max(length(1), len(data.shape))
+    elif op == "ConstantOfShape":
+        rank = length(0)
+    elif op in ("Tile", "Slice", "Pad", "Resize", "Upsample", "TopK", "Split", "CenterCropPad"):
+        rank = len(data.shape)
+    elif op == "Unsqueeze":
+        rank = None if length(1) is None else len(data.shape) + length(1)
+    elif op == "Squeeze" and len(inputs) > 1:
+        rank = None if length(1) is None else len(data.shape) - length(1)
+    else:
+        return None
+    if rank is None or rank < 0:
+        return None
+    if op == "ConstantOfShape":
+        value = node.attrs.get("value")
+        dtype = np.asarray(value).dtype if value is not None else np.dtype(np.float32)
+    else:
+        dtype = data.dtype
+    types = []
+    for index in range(count):
+        vi = known[index] if index < len(known) else None
+        elem = vi.type.tensor_type.elem_type if vi is not None else 0
+        out_dtype = numpy_dtype(elem) if elem else (np.dtype(np.int64) if op == "TopK" and index == 1 else dtype)
+        types.append((out_dtype, tuple(f"{node.name}_{index}_d{axis}" for axis in range(rank))))
+    return types
 
 
 def _rule_types(node: Node, opdef: Any, count: int, node_opset: int) -> list:

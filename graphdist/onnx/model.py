@@ -263,12 +263,21 @@ class OnnxModel:
         return [values[n] for n in names]
 
     def _static_values(self, values: Sequence[Any]) -> dict[str, np.ndarray]:
+        """The values of the inputs that decide shapes or control flow; traced ones are specialised on the
+        value the call being traced passes (``gd.function`` then keys its cache on that value).
+        """
         static = {}
         for index in self._static:
             value = values[index]
             if isinstance(value, Tensor):
-                raise TracingError(f"{self._what()}: input {self.input_names[index]!r} decides output shapes, so "
-                                   "its value must be known when tracing: pass a numpy array, not a traced tensor")
+                known = value.tracer.specialise(value.value)
+                if known is None:
+                    raise TracingError(
+                        f"{self._what()}: input {self.input_names[index]!r} decides output shapes or control "
+                        f"flow, so its value must be known when tracing, and here it is computed by the step "
+                        f"(or given as a gd.TensorSpec); pass it to the gd.function as a numpy array (the step "
+                        f"is then compiled for that value) or compute it with numpy outside the step")
+                value = known
             static[self.input_names[index]] = np.asarray(value)
         return static
 

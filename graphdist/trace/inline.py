@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from graphdist.errors import InvalidArgumentError, TracingError
+from graphdist.ir.batch_fold import folded_provenance
 from graphdist.ir.fold import fold_node
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Value
 from graphdist.ir.onnx_schema_ops import schema_since
@@ -120,8 +121,10 @@ def inline_graph(graph: Graph, args: Sequence[Any], *, batch_axis: int | None = 
         inputs = [resolve(v) for v in node.inputs]
         folded = fold_node(node.op_type, node.domain, attrs, inputs, len(node.outputs), ctx.graph.opset_imports)
         if folded is not None and all(a.dtype == old.dtype for a, old in zip(folded, node.outputs)):
-            for old, array in zip(node.outputs, folded):
-                mapping[id(old)] = ctx.constant(array, name=old.name)
+            # Elements computed from the per-replica batch size stay recorded, so the step re-plans.
+            records = folded_provenance(node.op_type, node.domain, attrs, inputs, folded, ctx.graph.opset_imports)
+            for old, array, record in zip(node.outputs, folded, records):
+                mapping[id(old)] = ctx.constant(array, name=old.name, provenance=record)
             continue
         outs = ctx.emit(node.op_type, inputs, attrs, domain=node.domain, num_outputs=len(node.outputs),
                         name=node.name)

@@ -104,6 +104,11 @@ class TraceContext:
         #: True when a pass pipeline makes the replicas of this trace (``gd.function``): the number of
         #: replicas is then a ``graphdist.NumReplicas`` node, not a constant.
         self.replicated = False
+        #: Concrete values of graph inputs fed by arrays of the call being traced, by input name, with the
+        #: argument they came from (see :meth:`specialise`).
+        self.input_values: dict[str, tuple[str, np.ndarray]] = {}
+        #: The inputs whose values the step used as constants (:meth:`specialise`): name -> (argument, value).
+        self.specialised: dict[str, tuple[str, np.ndarray]] = {}
         self._sequence = itertools.count()
 
     def next_sequence(self) -> int:
@@ -137,6 +142,25 @@ class TraceContext:
         from graphdist.trace.tensor import Tensor
 
         return Tensor(self.graph.add_input(name, dtype, shape), self)
+
+    def specialise(self, value: Value) -> np.ndarray | None:
+        """The value ``value`` holds in the call being traced, if the trace can know it, as a constant.
+
+        A constant gives its value. A graph input fed by an array of the call gives that array, and the
+        input is recorded as specialised (:attr:`specialised`): the traced graph is then valid only for
+        that value, so ``gd.function`` keys its cache on it and traces again for a new one (as
+        ``torch.compile`` guards on a value, or JAX on a static argument).
+
+        Returns:
+            The value, or ``None`` when it is computed by the step or the argument was a ``TensorSpec``.
+        """
+        if value.const_value is not None:
+            return np.asarray(value.const_value)
+        known = self.input_values.get(value.name) if value.producer is None else None
+        if known is None:
+            return None
+        self.specialised[value.name] = known
+        return known[1]
 
     def constant(self, value: Any, dtype: Any = None, name: str = "const", provenance: Any = None) -> Value:
         """Lifts a Python or numpy value into an initializer (deduplicated).
