@@ -55,8 +55,10 @@ def folded_provenance(op_type: str, domain: str, attrs: Mapping[str, Any], input
     """Per folded output: which elements are affine in the per-replica batch size (``None``: none is).
 
     Args:
-        op_type, domain, attrs, inputs: The node that was folded (its inputs: constants, or the value
-            whose ``Shape`` was taken).
+        op_type: The folded node's op.
+        domain: Its domain (only ``ai.onnx`` ops are followed).
+        attrs: Its attributes.
+        inputs: Its inputs: constants, or the value whose ``Shape`` was taken.
         outputs: The folded arrays.
         opset_imports: The graph's opsets (to run the op on element indices).
     """

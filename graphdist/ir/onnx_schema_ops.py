@@ -92,7 +92,7 @@ def type_of(type_proto: onnx.TypeProto, what: str, fresh_dim: Any) -> tuple[np.d
                          "that decide it (a shape or axes input) constants")
     dims = []
     for axis, dim in enumerate(tensor.shape.dim):
-        if dim.HasField("dim_value"):
+        if dim.HasField("dim_value") and dim.dim_value >= 0:  # exporters write -1 for "any size"
             dims.append(int(dim.dim_value))
         else:
             dims.append(dim.dim_param or fresh_dim(axis))
@@ -194,26 +194,48 @@ MAX_RUN_ELEMENTS = 1 << 20
 def _infer_by_running(node: Node, count: int, opsets: list[onnx.OperatorSetIdProto]) -> dict[str, onnx.TypeProto]:
     """Output types found by running the node in ``onnx.reference`` on ones and twos (constants as they are).
 
-    The last resort for ops whose ONNX inference gives no rank (MeanVarianceNormalization): only with static
-    input shapes, and only for the outputs whose shapes do not depend on the fill (same types on both).
+    The last resort for ops whose ONNX inference gives no rank (MeanVarianceNormalization, the ``ai.onnx.ml``
+    Scaler or ArrayFeatureExtractor): symbolic input dimensions are given two different sizes, and an output
+    dimension that follows them stays symbolic. Only the outputs whose shapes do not depend on the fill (same
+    types on every run) are answered.
     """
     from graphdist.ir.fold import run_node
 
-    shapes = [v.shape for v in node.inputs if v is not None]
-    if not all(isinstance(d, int) for shape in shapes for d in shape):
-        return {}
-    if sum(int(np.prod(shape)) for shape in shapes) > MAX_RUN_ELEMENTS:
+    present = [v for v in node.inputs if v is not None]
+    symbols = sorted({d for v in present for d in v.shape if not isinstance(d, int)}, key=str)
+    trials = [(fill, {s: size + i for i, s in enumerate(symbols)}) for fill, size in ((1, 2), (2, 3))]
+    sizes = [[_concrete(v.shape, dims) for v in present] for _, dims in trials]
+    if sum(int(np.prod(shape)) for shape in sizes[0]) > MAX_RUN_ELEMENTS:
         return {}
     versions = {o.domain: o.version for o in opsets}
     results = []
-    for fill in (1, 2):  # numbers that differ (value-dependent shapes differ), booleans both True
+    for fill, dims in trials:  # numbers that differ (value-dependent shapes differ), booleans both True
         arrays = [None if v is None else (np.asarray(v.const_value) if v.const_value is not None
-                                          else np.full(v.shape, fill, dtype=v.dtype)) for v in node.inputs]
+                                          else np.full(_concrete(v.shape, dims), fill, dtype=v.dtype))
+                  for v in node.inputs]
         results.append(run_node(node.op_type, node.domain, node.attrs, arrays, count, versions))
     if results[0] is None or results[1] is None:
         return {}
-    return {f"o{i}": helper.make_tensor_type_proto(onnx_dtype(a.dtype), list(a.shape))
-            for i, (a, b) in enumerate(zip(*results)) if a.shape == b.shape and a.dtype == b.dtype}
+    found = {}
+    for i, (a, b) in enumerate(zip(*results)):
+        if a.dtype != b.dtype or a.ndim != b.ndim:
+            continue
+        shape = [x if x == y else _symbol_of(x, y, trials) for x, y in zip(a.shape, b.shape)]
+        if all(d is not None for d in shape):
+            found[f"o{i}"] = helper.make_tensor_type_proto(onnx_dtype(a.dtype), shape)
+    return found
+
+
+def _concrete(shape: tuple, sizes: dict[Any, int]) -> tuple[int, ...]:
+    return tuple(d if isinstance(d, int) else sizes[d] for d in shape)
+
+
+def _symbol_of(first: int, second: int, trials: list[tuple[int, dict]]) -> str | None:
+    """The input symbol an output dimension followed (its sizes in both runs), else ``None``."""
+    for symbol, size in trials[0][1].items():
+        if size == first and trials[1][1][symbol] == second:
+            return str(symbol)
+    return None
 
 
 def _first_line(err: Exception) -> str:

@@ -122,7 +122,8 @@ def _check_input(name: str, array: np.ndarray, value_info: onnx.ValueInfoProto |
             raise InvalidArgumentError(f"input {name!r} of {label}: expected {expected} values, got {array.dtype}")
     tensor_type = value_info.type.tensor_type
     if value_info.type.HasField("tensor_type") and tensor_type.HasField("shape"):
-        dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
+        # A negative size (exporters write -1 for "any") is unknown, as gd.onnx.load reads it.
+        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else None for d in tensor_type.shape.dim]
         declared = "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
         if array.ndim != len(dims) or any(d is not None and d != s for d, s in zip(dims, array.shape)):
             raise InvalidArgumentError(f"input {name!r} of {label}: expected shape {declared}, "
