@@ -34,7 +34,7 @@ from graphdist.ir.graph import Node, Value
 from graphdist.ir.ops import OpDef, TypeList, install_generic_ops, numpy_dtype, onnx_dtype
 from graphdist.ir.subgraphs import split_captures, subgraphs_of
 
-__all__ = ["schema_since", "generic_opdef", "MAX_DATA_ELEMENTS", "tensor_type_proto", "type_of"]
+__all__ = ["schema_since", "generic_opdef", "MAX_DATA_ELEMENTS", "tensor_type_proto", "type_of", "UNKNOWN_RANK"]
 
 #: Constant inputs up to this many elements are handed to ONNX's inference as values (shape-like operands).
 MAX_DATA_ELEMENTS = 4096
@@ -54,6 +54,10 @@ def schema_since(op_type: str, domain: str, opset: int) -> int | None:
     """The since-version of ``domain.op_type``'s schema in effect at ``opset`` (``None``: no such op)."""
     schema = _schema(op_type, domain, opset)
     return None if schema is None else schema.since_version
+
+
+#: Words of the import error for a value whose rank ONNX cannot infer (a model imported per call's shapes).
+UNKNOWN_RANK = "has an unknown rank"
 
 
 @functools.cache
@@ -88,7 +92,7 @@ def type_of(type_proto: onnx.TypeProto, what: str, fresh_dim: Any) -> tuple[np.d
     if not tensor.elem_type:
         raise GraphError(f"{what} has no element type; give the model typed values")
     if not tensor.HasField("shape"):
-        raise GraphError(f"{what} has an unknown rank: ONNX cannot infer it from the inputs; make the operands "
+        raise GraphError(f"{what} {UNKNOWN_RANK}: ONNX cannot infer it from the inputs; make the operands "
                          "that decide it (a shape or axes input) constants")
     dims = []
     for axis, dim in enumerate(tensor.shape.dim):

@@ -20,7 +20,7 @@ from onnx import numpy_helper
 from graphdist.ir.graph import ONNX_DOMAIN, Graph
 from graphdist.ir.subgraphs import free_names
 
-__all__ = ["VALUE_OPERANDS", "static_inputs", "static_input_names", "bind_model_inputs"]
+__all__ = ["VALUE_OPERANDS", "static_inputs", "static_input_names", "bind_model_inputs", "with_input_shapes"]
 
 _REDUCTIONS = ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
                "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")
@@ -95,6 +95,23 @@ def bind_model_inputs(model: onnx.ModelProto, values: Mapping[str, np.ndarray]) 
     bound.graph.input.extend(kept)
     bound.graph.initializer.extend(numpy_helper.from_array(np.asarray(v), name) for name, v in values.items())
     return bound
+
+
+def with_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, tuple[int | str, ...]]) -> onnx.ModelProto:
+    """A copy of ``model`` whose inputs named in ``shapes`` declare those shapes (strings: symbolic)."""
+    shaped = onnx.ModelProto()
+    shaped.CopyFrom(model)
+    for vi in shaped.graph.input:
+        if vi.name in shapes and vi.type.HasField("tensor_type"):
+            tensor = vi.type.tensor_type
+            tensor.ClearField("shape")
+            tensor.shape.SetInParent()  # a known rank, also for a scalar
+            for dim in shapes[vi.name]:
+                if isinstance(dim, str):
+                    tensor.shape.dim.add().dim_param = dim
+                else:
+                    tensor.shape.dim.add().dim_value = int(dim)
+    return shaped
 
 
 def _graphs(attr: onnx.AttributeProto) -> list[onnx.GraphProto]:

@@ -57,7 +57,9 @@ from graphdist.errors import GraphError, InvalidArgumentError, TracingError
 from graphdist.ir.graph import Graph
 from graphdist.ir.onnx_checks import tensor_array
 from graphdist.ir.onnx_io import from_onnx
-from graphdist.ir.value_operands import bind_model_inputs, static_input_names
+from graphdist.ir.batch import BatchDim
+from graphdist.ir.onnx_schema_ops import UNKNOWN_RANK
+from graphdist.ir.value_operands import bind_model_inputs, static_input_names, with_input_shapes
 from graphdist.onnx.files import read_model, write_model
 from graphdist.onnx.prepare import clean_model, training_model, variable_initializers, with_variables_as_inputs
 from graphdist.trace.inline import inline_graph
@@ -150,8 +152,16 @@ class OnnxModel:
         self._graphs: OrderedDict[tuple, tuple[Graph, list[str]]] = OrderedDict()
         self._functions: OrderedDict[tuple, Function] = OrderedDict()
         self._plain_graph: Graph | None = None
+        #: Why the model is imported per call's input shapes (a value of unknown rank at load), else None.
+        self._deferred: str | None = None
         if not self._static:
-            self._graph_for(False, {})  # import now: an op graphdist cannot run fails at load, naming it
+            try:
+                self._graph_for(False, {})  # import now: an op graphdist cannot run fails at load, naming it
+            except GraphError as err:
+                if UNKNOWN_RANK not in str(err):
+                    raise
+                self._deferred = str(err)
+                logger.info("%s is imported at its first call, with that call's input shapes: %s", self._what(), err)
         logger.info("loaded %s: %d input(s), %d output(s), %d variable(s) (%d trainable)", self._what(),
                     len(self.input_names), len(self.output_names), len(self._variables),
                     len(self.trainable_variables))
@@ -202,12 +212,19 @@ class OnnxModel:
         graph.name = self.name
         return graph
 
-    def _graph_for(self, training: bool, static: dict[str, np.ndarray]) -> tuple[Graph, list[str]]:
-        """The graph to inline (variables as its last inputs) and the variables its extra outputs update."""
-        key = (training, tuple((n, a.dtype.str, a.shape, a.tobytes()) for n, a in sorted(static.items())))
+    def _graph_for(self, training: bool, static: dict[str, np.ndarray],
+                   shapes: dict[str, tuple] | None = None) -> tuple[Graph, list[str]]:
+        """The graph to inline (variables as its last inputs) and the variables its extra outputs update.
+
+        ``shapes``: the call's input shapes, for a model imported per call (:attr:`_deferred`).
+        """
+        key = (training, tuple((n, a.dtype.str, a.shape, a.tobytes()) for n, a in sorted(static.items())),
+               tuple(sorted((shapes or {}).items())))
         entry = self._graphs.get(key)
         if entry is None:
             model, updates = self._import, []
+            if shapes:
+                model = with_input_shapes(model, shapes)
             if training:
                 form = training_model(model, self._variable_names)
                 if form is not None:
@@ -283,8 +300,8 @@ class OnnxModel:
 
     def _traced(self, values: Sequence[Any], training: bool, own_opset: bool) -> Any:
         static = self._static_values(values)
-        graph, updates = self._graph_for(training, static)
         data = [v for i, v in enumerate(values) if i not in self._static]
+        graph, updates = self._graph_for(training, static, self._call_shapes(values) if self._deferred else None)
         reads = [read_variable(v) for v in self._variables]
         outputs = inline_graph(graph, [*data, *reads], batch_axis=0, own_opset=own_opset)
         count = len(self.output_names)
@@ -292,6 +309,18 @@ class OnnxModel:
             self._move_statistics(outputs[count:], updates)
         outputs = outputs[:count]
         return outputs[0] if count == 1 else tuple(outputs)
+
+    def _call_shapes(self, values: Sequence[Any]) -> dict[str, tuple]:
+        """The data inputs' shapes in this call; a per-replica batch dimension stays a symbol, so that the
+        graph follows the batch (re-planning) and each replica's share of it.
+        """
+        shapes = {}
+        for index, value in enumerate(values):
+            if index in self._static:
+                continue
+            shape = value.value.shape if isinstance(value, Tensor) else np.shape(value)
+            shapes[self.input_names[index]] = tuple("batch" if isinstance(d, BatchDim) else int(d) for d in shape)
+        return shapes
 
     def _move_statistics(self, values: list[Any], names: list[str]) -> None:
         """Assigns training-mode BatchNormalization's new running statistics (replicas' mean in a replica)."""

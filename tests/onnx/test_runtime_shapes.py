@@ -225,3 +225,19 @@ def test_sklearn_pipelines_with_rankless_ml_ops_load_and_match_onnxruntime(digit
         replicas = strategy.run(model, args=(gd.PerReplica([x[:8], x[8:16]]),))
         first = replicas[0] if isinstance(replicas, tuple) else replicas
         np.testing.assert_allclose(np.concatenate(first.values), want[0], rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_model_with_a_rank_known_only_from_the_call_imports_at_its_first_call() -> None:
+    """silero-vad's 16 kHz export (torch.onnx, MIT, from the silero_vad 6.2.3 wheel): an ``If`` whose output
+    rank ONNX cannot infer with a symbolic batch. It loads, and is imported with the first call's shapes.
+    """
+    path = str(model_path("silero_vad_16k_op15"))
+    model = gd.onnx.load(path, trainable=False)
+    rng = np.random.default_rng(0)
+    for batch in (2, 3):
+        x = rng.standard_normal((batch, 512)).astype(np.float32)
+        state = rng.standard_normal((2, batch, 128)).astype(np.float32) * 0.1
+        want = _ort(path, {"input": x, "state": state, "sr": np.array(16000)})
+        got = model(x, state, np.array(16000))
+        for name, a, b in zip(("output", "state"), got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=f"batch {batch} {name}")
