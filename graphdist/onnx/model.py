@@ -54,10 +54,10 @@ from graphdist.compile.gc_pause import paused_gc
 from graphdist.distribute.replica_context import get_replica_context
 from graphdist.distribute.strategy import get_strategy
 from graphdist.errors import GraphError, InvalidArgumentError, TracingError
+from graphdist.ir.batch import BatchDim
 from graphdist.ir.graph import Graph
 from graphdist.ir.onnx_checks import tensor_array
 from graphdist.ir.onnx_io import from_onnx
-from graphdist.ir.batch import BatchDim
 from graphdist.ir.onnx_schema_ops import UNKNOWN_RANK
 from graphdist.ir.value_operands import bind_model_inputs, static_input_names, with_input_shapes
 from graphdist.onnx.files import read_model, write_model
