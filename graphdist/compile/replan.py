@@ -100,6 +100,12 @@ def _rebatched(record: StepRecord, replicas: int, checker: Callable[[], dict[str
                             "among the replicas")
         return graph
     if batch is None:  # no per-replica inputs: every replica computes on the same shapes
+        if replicas > 1:
+            logger.warning("plan %s takes no per-replica arguments, so each of the %d replicas computes on the "
+                           "whole arguments (nothing is split; the outputs are one replica's). To split a batch, "
+                           "export a step whose arguments are per-replica values (a distributed dataset's "
+                           "elements, or gd.PerReplica; `graphdist export model.onnx` does this)", record.name,
+                           replicas)
         return RebatchPass(None, replicas)(graph).graph
     total = int(batch) * record.replicas_in_sync
     if total % replicas:

@@ -140,6 +140,9 @@ def test_cli_export_under_mirrored_and_replan_of_a_one_device_export(rec_path: s
         got = plan(x)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=str(plan_dir.name))
     assert len(gd.load_plan(str(replanned)).plan.segments) == 2
+    in_python = gd.load_plan(str(one)).replan(gd.MirroredStrategy(["cpu:0", "cpu:1"]))
+    assert len(in_python.plan.segments) == 2
+    np.testing.assert_allclose(in_python(x), want, rtol=1e-4, atol=1e-5)
 
 
 # ------------------------------------------------------------------ batch provenance through folding
