@@ -33,6 +33,7 @@ import numpy as np
 from graphdist import nest, stats
 from graphdist.compile.build import compile_traced
 from graphdist.compile.gc_pause import paused_gc
+from graphdist.compile.guards import guarded_key, is_guarded, short_value
 from graphdist.compile.interface import Resolved, StepInterface, rebuild_results
 from graphdist.compile.pipeline import PipelineConfig, build_pipeline
 from graphdist.compile.step_io import is_distributed, make_inputs, per_replica_batch, result_leaf, specs_of
@@ -93,8 +94,8 @@ _ARRAY_ARGS_TREEDEFS: dict[int, Any] = {}
 
 def _describe(key: Any) -> str:
     """Readable form of a signature key: the array leaves' shapes and dtypes (and specialised values)."""
-    if _is_guarded(key):
-        values = ", ".join(f"argument {v[0]} = {_short(np.frombuffer(v[3], v[1]).reshape(v[2]))}"
+    if is_guarded(key):
+        values = ", ".join(f"argument {v[0]} = {short_value(np.frombuffer(v[3], v[1]).reshape(v[2]))}"
                            for v in key[2] if len(v) == 4)
         return f"{_describe(key[0])} with {values}"
     parts = []
@@ -314,7 +315,7 @@ class ConcreteFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         key, arrays = signature_of(args, kwargs)
-        if _is_guarded(self._signature):
+        if is_guarded(self._signature):
             key = guarded_key(key, tuple(v[0] for v in self._signature[2]), args, kwargs)
         if key != self._signature:
             raise InvalidArgumentError(
@@ -439,7 +440,7 @@ class Function:
             self._warned_eviction = self._warned_eviction or warn
             # A trace for the 5th value of a specialised input has its own warning (_specialised_key).
             retraced = self._traces == RETRACE_WARNING_AFTER and not (
-                _is_guarded(key) and self._specialisations.get(key[0], 0) >= RETRACE_WARNING_AFTER)
+                is_guarded(key) and self._specialisations.get(key[0], 0) >= RETRACE_WARNING_AFTER)
         if retraced:
             # As tf.function: many traces of one function usually mean shapes or Python values that vary.
             logger.warning("gd.function %s has been traced %d times, once per new input signature (shapes, dtypes "
@@ -487,14 +488,14 @@ class Function:
         specialised = traced.meta.get("specialised") or {}
         if not specialised:
             return key
-        base = key[0] if _is_guarded(key) else key
+        base = key[0] if is_guarded(key) else key
         leaves = sorted(int(hint.removeprefix("arg")) for hint, _ in specialised.values())
         with self._lock:
             guard = self._guards[base] = tuple(sorted(set(self._guards.get(base, ())) | set(leaves)))
             count = self._specialisations[base] = self._specialisations.get(base, 0) + 1
             warn = count == RETRACE_WARNING_AFTER and not self._warned_values
             self._warned_values = self._warned_values or warn
-        described = ", ".join(f"argument {hint.removeprefix('arg')} = {_short(value)}"
+        described = ", ".join(f"argument {hint.removeprefix('arg')} = {short_value(value)}"
                               for hint, value in specialised.values())
         if count > 1:
             logger.info("gd.function %s traced again for a new value of an input that decides shapes or control "
@@ -560,28 +561,6 @@ class Function:
 
     def __repr__(self) -> str:
         return f"<graphdist.Function {self._name} signatures={self.cached_signatures()}>"
-
-
-def guarded_key(key: Any, guard: tuple[int, ...], args: tuple, kwargs: dict) -> Any:
-    """``key`` extended by the dtype, shape and bytes of the argument leaves at positions ``guard``."""
-    leaves, _ = nest.flatten((args, kwargs), is_leaf=is_distributed)
-    values = []
-    for index in guard:
-        value = np.asarray(leaves[index]) if index < len(leaves) else None
-        if value is None or value.dtype == object:
-            values.append((index, None))
-        else:
-            values.append((index, value.dtype.str, value.shape, value.tobytes()))
-    return (key, "values", tuple(values))
-
-
-def _is_guarded(key: Any) -> bool:
-    return isinstance(key, tuple) and len(key) == 3 and key[1] == "values"
-
-
-def _short(value: np.ndarray) -> str:
-    text = np.array2string(np.asarray(value), threshold=8, separator=", ")
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _strategy_of_remote_variables(name: str, strategy: Any, variables: dict[str, Variable]) -> Any:

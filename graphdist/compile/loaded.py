@@ -79,6 +79,9 @@ class LoadedPlan:
         # them and this worker takes its own (MultiWorkerMirroredStrategy).
         self._replica_offset = int(replicas.get("offset", 0))
         self._replicas_in_sync = replicas.get("in_sync")
+        #: Inputs the step was specialised on (their values decided shapes): name -> (argument, value).
+        self._specialised = {name: (str(entry["argument"]), np.asarray(entry["value"], dtype=entry["dtype"]))
+                             for name, entry in ((doc.get("traced") or {}).get("specialised") or {}).items()}
         plan._owner = weakref.ref(self)
 
     # ------------------------------------------------------------ calling
@@ -123,6 +126,11 @@ class LoadedPlan:
             raise PlanError(f"plan {self.name!r}: argument leaf {index} ({name}) must be "
                             f"{spec['dtype'].name}{list(spec['shape'])}, got {array.dtype.name}{list(array.shape)}; "
                             "an exported plan is specialised to the shapes it was traced with")
+        fixed = self._specialised.get(name)
+        if fixed is not None and not np.array_equal(array, fixed[1]):
+            raise PlanError(f"plan {self.name!r}: argument leaf {index} ({name}) decides shapes in the step, which "
+                            f"was traced and compiled for its value {fixed[1].tolist()}; got {array.tolist()}. "
+                            "Export one plan per value (or call the gd.function, which traces each value)")
         return array
 
     def _components(self, value: Any, names: list[str], index: int) -> list[np.ndarray]:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from graphdist import nest
+from graphdist.compile.guards import signature_of_key
 from graphdist.compile.interface import StepInterface
 from graphdist.compile.plan_files import KEY_TYPES, encode_treedef
 from graphdist.errors import GraphdistError, GraphError, PlanError
@@ -78,6 +79,10 @@ class StepRecord:
             "replicas_in_sync": self.replicas_in_sync,
             "rebatch": dict(self.rebatch),
             "accumulate_steps": self.accumulate_steps,
+            # Inputs whose values the trace used as constants (TraceContext.specialise): a call must repeat them.
+            "specialised": {name: {"argument": hint, "dtype": np.asarray(value).dtype.str,
+                                   "value": np.asarray(value).tolist()}
+                            for name, (hint, value) in (meta.get("specialised") or {}).items()},
         }
 
     @classmethod
@@ -102,6 +107,8 @@ class StepRecord:
             meta["replica_variants"] = {k: list(v) for k, v in section["replica_variants"].items()}
             meta["batch"] = section["batch"]
             meta["reads_num_replicas"] = list(section.get("reads_num_replicas", []))
+            meta["specialised"] = {name: (str(entry["argument"]), np.asarray(entry["value"], dtype=entry["dtype"]))
+                                   for name, entry in section.get("specialised", {}).items()}
             meta["variables"] = variables
             for name, items in section["batch_constants"].items():
                 graph.initializers[name].meta["batch"] = [None if i is None else (int(i[0]), int(i[1]))
@@ -129,7 +136,7 @@ def record_of_concrete(concrete: Any, check: bool = True) -> StepRecord:
     Raises:
         PlanError: The step's arguments or results cannot be described in JSON.
     """
-    treedef, leaf_sigs = concrete._signature
+    treedef, leaf_sigs = signature_of_key(concrete._signature)
     inputs_of = {id(v): name for name, v in concrete._variable_feeds}
     details: list[dict[str, Any] | None] = []
     for sig in leaf_sigs:

@@ -244,3 +244,17 @@ def test_model_with_a_rank_known_only_from_the_call_imports_at_its_first_call() 
         got = model(x, state, np.array(16000))
         for name, a, b in zip(("output", "state"), got, want):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=f"batch {batch} {name}")
+
+
+def test_an_exported_plan_keeps_its_specialised_value_and_refuses_another(tmp_path) -> None:
+    step = gd.function(gd.onnx.load(_reshape_model(), trainable=False))
+    x = np.arange(24, dtype=np.float32).reshape(4, 6)
+    concrete = step.get_concrete_function(x, np.array([3, 8]))
+    concrete.export(str(tmp_path / "plan"))
+    plan = gd.load_plan(str(tmp_path / "plan"))
+    np.testing.assert_array_equal(plan(x, np.array([3, 8])), x.reshape(3, 8))
+    with pytest.raises(gd.PlanError, match=r"decides shapes.*traced and compiled for its value \[3, 8\]"):
+        plan(x, np.array([8, 3]))
+    replanned = plan.replan(gd.MirroredStrategy(["cpu:0", "cpu:1"]))
+    with pytest.raises(gd.PlanError, match="decides shapes"):
+        replanned(x, np.array([8, 3]))
