@@ -14,7 +14,7 @@ ONLY = ["test_abs", "test_identity_sequence", "test_bitcast_bool_to_uint8"]
 
 def test_coverage_smoke(tmp_path) -> None:
     levels = {name: logging.getLogger(name).level for name in ("graphdist", "tvm")}
-    results = coverage.run(backends=("ort",), only=ONLY)
+    results = coverage.run(backends=("ort", "function:ort"), only=ONLY)
     # quiet while it runs, then graphdist's warnings reach the rest of the process again
     assert {name: logging.getLogger(name).level for name in levels} == levels
     names = [c.name for c in coverage.node_cases(ONLY)]
@@ -29,10 +29,14 @@ def test_coverage_smoke(tmp_path) -> None:
     assert (gd["passes_among_ort"], gd["share_of_ort"], gd["only_graphdist"]) == (1, 0.5, [])
     assert gd["goal"] == 0.97 and gd["goal_met"] is False and results["goal_met"] is False
     assert any("BitCast" in reason for reason in ort["failures"])
+    through_function = results["backends"]["function:ort"]  # the path that distributes a model
+    assert through_function["passes"] == 1 and through_function["goal"] == 0.97
+    assert list(through_function["failing_ort_passes"]) == ["test_identity_sequence"]
     text = coverage.markdown(results)
-    assert text.startswith("## ONNX node tests") and "| graphdist `ort` | " in text
+    assert text.startswith("## ONNX node tests") and "| `graphdist.onnx.backend` on `ort` | " in text
+    assert "| `gd.function(gd.onnx.load(m))` on `ort` | " in text
     assert "`test_identity_sequence`" in text
-    assert "graphdist ort: passes" in coverage.table(results)
+    assert "`graphdist.onnx.backend` on `ort`: passes" in coverage.table(results)
     path = tmp_path / "BENCHMARKS.md"
     path.write_text("# title\n\n<!-- begin other -->\nkeep\n<!-- end other -->\n")
     for _ in range(2):  # replaces its section, does not append twice
