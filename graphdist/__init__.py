@@ -70,7 +70,10 @@ from graphdist.errors import (
     GraphError,
     InvalidArgumentError,
     NumericsError,
+    PipelineOrderError,
     PlanError,
+    PostconditionError,
+    PreconditionError,
     StorageError,
     TracingError,
 )
@@ -156,4 +159,7 @@ __all__ = [
     "CollectiveTimeoutError",
     "StorageError",
     "NumericsError",
+    "PreconditionError",
+    "PostconditionError",
+    "PipelineOrderError",
 ]

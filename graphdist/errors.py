@@ -17,6 +17,9 @@ __all__ = [
     "TracingError",
     "AxisError",
     "GraphError",
+    "PreconditionError",
+    "PostconditionError",
+    "PipelineOrderError",
     "InvalidArgumentError",
     "PlanError",
     "BackendError",
@@ -47,6 +50,20 @@ class GraphError(GraphdistError, ValueError):
     """A graph is malformed: failed verification, bad op attributes or
     incompatible shapes.
     """
+
+
+class PreconditionError(GraphError):
+    """A pass was given a graph it cannot rewrite (its ``requires`` failed); the message names the pass."""
+
+
+class PostconditionError(GraphError):
+    """A pass left a graph that breaks its own promise (``ensures``) or a graph invariant (``verify``); the
+    message names the pass.
+    """
+
+
+class PipelineOrderError(GraphError):
+    """A pass pipeline puts a pass before one it must run after; raised when the pipeline is built."""
 
 
 class InvalidArgumentError(GraphdistError, ValueError):

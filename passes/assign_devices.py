@@ -24,6 +24,8 @@ __all__ = ["AssignDevicesPass"]
 class AssignDevicesPass(PassBase):
     """Places unplaced nodes on their replica's device."""
 
+    runs_after = ("ReplicatePass", "PlaceVariablesPass", "PlacePSVariablesPass", "PlaceLogicalDevicesPass")
+
     stage = "rewritten"
 
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:

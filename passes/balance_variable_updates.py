@@ -102,6 +102,8 @@ class _Update:
 class BalanceVariableUpdatesPass(PassBase):
     """Writes each replica-invariant variable update back from a replica chosen to balance the work."""
 
+    runs_after = ("LowerVariableUpdatesPass", "InsertCollectivesPass")
+
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
         replication = graph.meta.get("replication")
         replicas = replication.replicas if replication is not None else len(ctx.devices)

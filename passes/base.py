@@ -1,11 +1,23 @@
 """Pass infrastructure: ``PassBase``, ``PassResult``, ``PassContext``, ``PassManager``.
 
-A pass establishes one invariant (stated in its docstring). ``call`` first
-analyses, then rewrites, and reports honestly whether it changed the graph;
-running a pass twice changes nothing the second time. The manager verifies
-the graph after each pass when ``ctx.check`` (``GRAPHDIST_VERIFY=passes``;
-the tests set it), else once, after the last pass; and dumps every stage
-when ``GRAPHDIST_DUMP`` (or ``ctx.dump_dir``) names a directory.
+The contract of a pass, as onnx-ir's ``_pass_infra`` and torch.fx's ``PassBase`` state it:
+
+* A pass establishes one invariant (stated in its docstring). ``call`` first analyses, then rewrites, and
+  reports honestly whether it changed the graph (``PassResult.modified``); running a pass twice changes
+  nothing the second time.
+* ``requires(graph, ctx)`` checks what the pass needs of its input (raise :class:`PreconditionError`);
+  ``ensures(graph, ctx)`` checks what it promises of its output (raise :class:`PostconditionError`). Both
+  run around every call; a failure names the pass.
+* ``in_place``: ``True`` when ``call`` edits the graph it is given and returns it; ``False`` when it returns
+  a new graph and leaves its input alone.
+* ``runs_after``: names of passes that must come earlier when a pipeline holds both. A
+  :class:`PassManager` checks the order when it is made (:class:`PipelineOrderError`), so a wrong pipeline
+  fails when it is built, not when a graph is half rewritten.
+
+With ``ctx.check`` (``GRAPHDIST_VERIFY=passes``; the tests set it) the graph is verified after every pass,
+and a broken invariant is a :class:`PostconditionError` naming the pass; otherwise the manager verifies
+once, after the last pass. Every stage is dumped when ``GRAPHDIST_DUMP`` (or ``ctx.dump_dir``) names a
+directory.
 """
 
 from __future__ import annotations
@@ -19,10 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from graphdist.errors import GraphError, PipelineOrderError, PostconditionError, PreconditionError
 from graphdist.ir.graph import Graph
 from graphdist.ir.verify import verify
 
-__all__ = ["PassBase", "PassResult", "PassContext", "PassManager"]
+__all__ = ["PassBase", "PassResult", "PassContext", "PassManager", "check_order", "PreconditionError",
+           "PostconditionError", "PipelineOrderError"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,31 +68,65 @@ class PassContext:
 
 
 class PassBase:
-    """Base class of graph passes.
+    """Base class of graph passes (the contract: see the module docstring).
 
     Attributes:
         stage: Stage the graph is in after this pass (``None``: unchanged).
+        in_place: ``call`` edits and returns the graph it is given (else it returns a new one).
+        runs_after: Names of the passes that must run before this one when a pipeline holds both.
     """
 
     stage: str | None = None
+    in_place: bool = True
+    runs_after: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
         """The pass's class name."""
         return type(self).__name__
 
+    def requires(self, graph: Graph, ctx: PassContext) -> None:
+        """Checks that ``graph`` is one this pass can rewrite; raises :class:`PreconditionError` if not."""
+
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
         """Runs the pass on ``graph``."""
         raise NotImplementedError
 
+    def ensures(self, graph: Graph, ctx: PassContext) -> None:
+        """Checks what the pass promises of its result; raises :class:`PostconditionError` if broken."""
+
     def __call__(self, graph: Graph, ctx: PassContext | None = None) -> PassResult:
-        result = self.call(graph, ctx or PassContext())
+        ctx = ctx or PassContext()
+        try:
+            self.requires(graph, ctx)
+        except PreconditionError as err:
+            raise PreconditionError(f"{self.name} cannot run on graph {graph.name!r}: {err}") from None
+        result = self.call(graph, ctx)
         if self.stage is not None:
             result.graph.stage = self.stage
+        try:
+            self.ensures(result.graph, ctx)
+            if ctx.check:
+                verify(result.graph)
+        except GraphError as err:
+            raise PostconditionError(f"{self.name} broke graph {result.graph.name!r}: {err}") from None
         return result
 
     def __repr__(self) -> str:
         return f"{self.name}()"
+
+
+def check_order(passes: list[PassBase]) -> None:
+    """Raises :class:`PipelineOrderError` when a pass comes before a pass it must run after."""
+    position = {}
+    for index, pass_ in enumerate(passes):
+        position.setdefault(pass_.name, index)
+    for index, pass_ in enumerate(passes):
+        late = [name for name in pass_.runs_after if position.get(name, -1) > index]
+        if late:
+            raise PipelineOrderError(
+                f"pipeline [{', '.join(p.name for p in passes)}] runs {pass_.name} (position {index}) before "
+                f"{', '.join(f'{n} (position {position[n]})' for n in late)}, which it must run after")
 
 
 class PassManager:
@@ -86,6 +134,7 @@ class PassManager:
 
     def __init__(self, passes: list[PassBase]) -> None:
         self.passes = list(passes)
+        check_order(self.passes)
 
     def run(self, graph: Graph, ctx: PassContext | None = None,
             on_pass: Callable[[PassBase, PassResult], None] | None = None) -> PassResult:
@@ -103,8 +152,6 @@ class PassManager:
             graph, modified = result.graph, modified or result.modified
             logger.info("pass %s on %s: %.1f ms, modified=%s, %d nodes", pass_.name, graph.name,
                         (time.perf_counter() - start) * 1e3, result.modified, len(graph.nodes))
-            if ctx.check:
-                verify(graph)  # names the pass that broke an invariant
             self._dump(graph, ctx, index, pass_.name)
             if on_pass is not None:
                 on_pass(pass_, result)

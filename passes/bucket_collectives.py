@@ -285,6 +285,8 @@ class BucketCollectivesPass(PassBase):
             positive values, or neither given.
     """
 
+    runs_after = ("LowerCollectivesPass",)
+
     def __init__(self, num_packs: int | None = None, bytes_per_pack: int | None = None) -> None:
         for label, setting in (("num_packs", num_packs), ("bytes_per_pack", bytes_per_pack)):
             if setting is not None and (isinstance(setting, bool) or not isinstance(setting, (int, np.integer))

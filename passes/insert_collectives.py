@@ -53,6 +53,8 @@ class InsertCollectivesPass(PassBase):
             ``group_size`` is its local participants times this.
     """
 
+    runs_after = ("ReplicatePass", "LowerVariableUpdatesPass")
+
     def __init__(self, num_workers: int = 1) -> None:
         self.num_workers = int(num_workers)
 

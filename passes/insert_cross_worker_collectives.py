@@ -54,6 +54,8 @@ class InsertCrossWorkerCollectivesPass(PassBase):
         algorithm: ``"auto"`` or ``"ring"`` (see ``MPICommunicator.all_reduce``).
     """
 
+    runs_after = ("InsertCollectivesPass",)
+
     def __init__(self, num_workers: int, comm_group: str = "", algorithm: str = "auto") -> None:
         self.num_workers = int(num_workers)
         self.comm_group = comm_group

@@ -40,6 +40,8 @@ class LowerCollectivesPass(PassBase):
             "reduce_to_device": "cpu:1"}``.
     """
 
+    runs_after = ("InsertCollectivesPass", "InsertCrossWorkerCollectivesPass")
+
     def __init__(self, collective_attrs: dict[str, Any] | None = None) -> None:
         self.collective_attrs = dict(collective_attrs or {"algorithm": "ring"})
 

@@ -35,6 +35,8 @@ _PLACEMENT_META = ("context", "variant", "replica")
 class LowerIndexChecksPass(PassBase):
     """Expands every ``CheckIndices`` node into ONNX ops plus an ``AssertInRange`` task."""
 
+    runs_after = ("AssignDevicesPass",)
+
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
         checks = graph.find_nodes("CheckIndices", GRAPHDIST_DOMAIN)
         replication = graph.meta.get("replication")

@@ -68,6 +68,8 @@ _CHAINED = {"SUM": "Add", "MAX": "Max", "MIN": "Min"}
 class LowerSingleReaderAllReducesPass(PassBase):
     """Lowers every local ``AllReduce`` group that one replica reads to arithmetic on that replica."""
 
+    runs_after = ("InsertCollectivesPass",)
+
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
         groups = _local_groups(graph)
         if not groups:

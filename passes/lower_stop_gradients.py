@@ -19,6 +19,8 @@ __all__ = ["LowerStopGradientsPass"]
 class LowerStopGradientsPass(PassBase):
     """Replaces stop-gradient markers by their inputs."""
 
+    runs_after = ("AutodiffPass",)
+
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
         markers = graph.find_nodes("StopGradient", GRAPHDIST_DOMAIN)
         graph.replace_all_uses_with_many([(node.outputs[0], node.inputs[0]) for node in markers])

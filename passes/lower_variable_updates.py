@@ -26,6 +26,8 @@ __all__ = ["LowerVariableUpdatesPass"]
 class LowerVariableUpdatesPass(PassBase):
     """Replaces variable-update nodes by outputs written back by the runtime."""
 
+    runs_after = ("ReplicatePass",)
+
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
         assigns = graph.find_nodes("AssignVariable", GRAPHDIST_DOMAIN)
         if not assigns:

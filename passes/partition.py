@@ -189,6 +189,8 @@ class PartitionPass(PassBase):
             docstring). ``None``: as ``GRAPHDIST_OVERLAP`` says (off unless ``1``).
     """
 
+    runs_after = ("AssignDevicesPass", "LowerIndexChecksPass")
+
     stage = "partitioned"
 
     def __init__(self, overlap: bool | None = None) -> None:

@@ -50,6 +50,8 @@ class PlaceLogicalDevicesPass(PassBase):
         cores: ``cores[replica][logical_device]`` -> device string.
     """
 
+    runs_after = ("ShardLogicalDevicesPass",)
+
     def __init__(self, cores: Sequence[Sequence[str]]) -> None:
         self.cores = [list(c) for c in cores]
 

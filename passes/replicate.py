@@ -92,6 +92,8 @@ class ReplicatePass(PassBase):
         replicas_in_sync: Replicas over all workers (default ``replicas``).
     """
 
+    runs_after = ("AutodiffPass", "LowerStopGradientsPass", "AccumulateGradientsPass")
+
     def __init__(self, replicas: int, offset: int = 0, replicas_in_sync: int | None = None) -> None:
         if replicas < 1:
             raise GraphError(f"ReplicatePass needs at least one replica, got {replicas}")

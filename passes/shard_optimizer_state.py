@@ -125,6 +125,8 @@ class ShardOptimizerStatePass(PassBase):
             ``PassContext.options[REPLICA_PARTS_OPTION]`` says, else whole). Across workers they always are.
     """
 
+    runs_after = ("InsertCollectivesPass",)
+
     def __init__(self, num_workers: int = 1, worker: int = 0, comm_group: str = "",
                  replica_parts: bool | None = None) -> None:
         self.workers = _Workers(int(num_workers), int(worker), str(comm_group))

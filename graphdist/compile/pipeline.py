@@ -45,7 +45,7 @@ from graphdist.passes.accumulate_gradients import AccumulateGradientsPass
 from graphdist.passes.assign_devices import AssignDevicesPass
 from graphdist.passes.autodiff import AutodiffPass
 from graphdist.passes.balance_variable_updates import BalanceVariableUpdatesPass
-from graphdist.passes.base import PassBase
+from graphdist.passes.base import PassBase, check_order
 from graphdist.passes.bucket_collectives import BucketCollectivesPass
 from graphdist.passes.eliminate_dead_nodes import EliminateDeadNodesPass
 from graphdist.passes.fold_constants import FoldConstantsPass
@@ -142,6 +142,9 @@ class Pipeline(Sequence[PassBase]):
 
     config: PipelineConfig
     slots: dict[str, list[PassBase]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_order(self.passes())  # a pass placed before one it needs fails here, when the pipeline is built
 
     def passes(self) -> list[PassBase]:
         """Every pass, in slot order."""
