@@ -31,15 +31,17 @@ from typing import Any
 import numpy as np
 
 from graphdist import nest, stats
+from graphdist.backends import get_backend
 from graphdist.compile.build import compile_traced
 from graphdist.compile.gc_pause import paused_gc
 from graphdist.compile.interface import Resolved, StepInterface, rebuild_results
-from graphdist.compile.pipeline import PipelineConfig, build_pipeline
+from graphdist.compile.pipeline import PipelineConfig, build_pipeline, deterministic_config
 from graphdist.compile.step_io import is_distributed, make_inputs, per_replica_batch, result_leaf, specs_of
 from graphdist.errors import InvalidArgumentError, TracingError
 from graphdist.ir.graph import Graph
 from graphdist.ir.placement import PlacementSpec, VariablePlacement
 from graphdist.passes.shard_optimizer_state import REPLICA_PARTS_OPTION
+from graphdist.runtime import determinism
 from graphdist.trace import context
 from graphdist.trace.tracer import TensorSpec, TraceContext, call_user_function, current_trace
 from graphdist.trace.values import DistributedValues
@@ -440,13 +442,18 @@ class Function:
         strategy = _strategy_of_remote_variables(self._name, self._pick_strategy(strategies), variables)
         config = strategy.pipeline_config() if strategy is not None else PipelineConfig()
         batch_args = False
-        if self._accumulate_steps > 1:
+        chunks = determinism.chunks()
+        if chunks is not None:  # the chunks of the global batch are each replica's micro-batches
+            config = deterministic_config(config, chunks, self._accumulate_steps,
+                                          get_backend(self._backend or config.backend).name)
+        elif self._accumulate_steps > 1:
             config = config.replace(accumulate_steps=self._accumulate_steps)
+        if config.accumulate_steps > 1:
             batch_args = config.replicas == 1 and traced.meta.get("batch") is None
             if batch_args:  # one local replica: its array arguments are its batch (a distributed dataset's element)
                 traced, interface, variables, strategies, treedef = self._trace(args, kwargs, count=False,
                                                                                 batch_args=True)
-            self._check_micro_batches(traced, args, kwargs, batch_args)
+            self._check_micro_batches(traced, args, kwargs, batch_args, config.accumulate_steps)
         pipeline = build_pipeline(config)
         placement = _placement(strategy, traced, variables)
         # A ConcreteFunction feeds and writes back a ZeRO-1 slot in per-replica parts (WorkerShard).
@@ -462,11 +469,12 @@ class Function:
                     len(graphs["partitioned"].nodes), len(plan.segments))
         return concrete
 
-    def _check_micro_batches(self, traced: Graph, args: tuple, kwargs: dict, batch_args: bool) -> None:
-        """Refuses ``accumulate_steps`` for a step whose graph would not follow a smaller batch."""
+    def _check_micro_batches(self, traced: Graph, args: tuple, kwargs: dict, batch_args: bool, steps: int) -> None:
+        """Refuses micro-batches (``accumulate_steps``, op determinism's chunks) for a step whose graph would not
+        follow a smaller batch."""
         from graphdist.compile.step import check_batch_follows
 
-        steps, batch = self._accumulate_steps, traced.meta.get("batch")
+        batch = traced.meta.get("batch")
         reads = traced.meta.get("reads_num_replicas") or []
         if reads:
             raise TracingError(
