@@ -112,8 +112,10 @@ def _summed(node: Node) -> bool:
 
 
 def _needs_algorithm(node: Node) -> bool:
-    return node.domain == GRAPHDIST_DOMAIN and node.op_type in _WANTED and _summed(node) \
-        and int(node.attrs.get("group_size", 2) if node.op_type == "AllReduce" else node.attrs.get("num_workers", 2)) > 1
+    if node.domain != GRAPHDIST_DOMAIN or node.op_type not in _WANTED or not _summed(node):
+        return False
+    participants = node.attrs.get("group_size", 2) if node.op_type == "AllReduce" else node.attrs.get("num_workers", 2)
+    return int(participants) > 1
 
 
 def _is_chained_sum(node: Node) -> bool:
@@ -122,7 +124,8 @@ def _is_chained_sum(node: Node) -> bool:
 
 def _lower_to_tree(graph: Graph, node: Node) -> None:
     """Replaces ``Sum(x0, ..., xk)`` by the pairwise tree of ``Add`` over its inputs; the last ``Add`` produces
-    the ``Sum``'s output value itself (its name and readers stay)."""
+    the ``Sum``'s output value itself (its name and readers stay).
+    """
     meta = dict(node.meta)
 
     def add(left: Value, right: Value) -> Value:

@@ -471,7 +471,8 @@ class Function:
 
     def _check_micro_batches(self, traced: Graph, args: tuple, kwargs: dict, batch_args: bool, steps: int) -> None:
         """Refuses micro-batches (``accumulate_steps``, op determinism's chunks) for a step whose graph would not
-        follow a smaller batch."""
+        follow a smaller batch.
+        """
         from graphdist.compile.step import check_batch_follows
 
         batch = traced.meta.get("batch")
