@@ -129,8 +129,9 @@ def enable_op_determinism(chunks: int = _determinism.DEFAULT_CHUNKS) -> None:
     The rule: ``chunks`` a power of two, the replicas in sync a power of two
     dividing it, the global batch divisible by it (else compiling the step
     raises ``GraphError`` saying so). ``ParameterServerStrategy`` (its updates
-    are asynchronous), ``TPUStrategy``, the ``tvm`` backend and a sharded
-    optimizer state (ZeRO-1) refuse with ``NotImplementedError``.
+    are asynchronous), ``TPUStrategy`` and a sharded optimizer state (ZeRO-1)
+    refuse with ``NotImplementedError``. Steps traced before the switch keep
+    what they were compiled with: turn it on before building the steps.
 
     Args:
         chunks: Chunks of the global batch (graphdist's addition to TF's

@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 
 from graphdist import nest, stats
-from graphdist.backends import get_backend
 from graphdist.compile.build import compile_traced
 from graphdist.compile.gc_pause import paused_gc
 from graphdist.compile.interface import Resolved, StepInterface, rebuild_results
@@ -444,8 +443,7 @@ class Function:
         batch_args = False
         chunks = determinism.chunks()
         if chunks is not None:  # the chunks of the global batch are each replica's micro-batches
-            config = deterministic_config(config, chunks, self._accumulate_steps,
-                                          get_backend(self._backend or config.backend).name)
+            config = deterministic_config(config, chunks, self._accumulate_steps)
         elif self._accumulate_steps > 1:
             config = config.replace(accumulate_steps=self._accumulate_steps)
         if config.accumulate_steps > 1:

@@ -217,8 +217,7 @@ def build_pipeline(config: PipelineConfig) -> Pipeline:
     return Pipeline(config, slots)
 
 
-def deterministic_config(config: PipelineConfig, chunks: int, accumulate_steps: int = 1,
-                         backend: str | None = None) -> PipelineConfig:
+def deterministic_config(config: PipelineConfig, chunks: int, accumulate_steps: int = 1) -> PipelineConfig:
     """``config`` with op determinism: ``chunks`` chunks of the global batch, ``chunks / replicas`` per replica.
 
     Args:
@@ -227,11 +226,10 @@ def deterministic_config(config: PipelineConfig, chunks: int, accumulate_steps: 
         accumulate_steps: The micro-batches the step asked for (``gd.function(accumulate_steps=k)``): every
             replica already computes its chunks one after the other, so ``k`` must divide them, and the
             chunks are the micro-batches.
-        backend: The backend the step compiles with, if known.
 
     Raises:
         NotImplementedError: What op determinism does not cover (asynchronous parameter servers, TPU cores,
-            a sharded optimizer state, the ``tvm`` backend), named with what to do instead.
+            a sharded optimizer state), named with what to do instead.
         GraphError: The replica count or ``accumulate_steps`` does not fit the chunks.
     """
     from graphdist.errors import GraphError
@@ -241,14 +239,13 @@ def deterministic_config(config: PipelineConfig, chunks: int, accumulate_steps: 
                (bool(config.logical_cores), f"{config.strategy} compiles whole programs for TPU-like cores, "
                                             "whose reductions graphdist does not order"),
                (config.shard_optimizer_state, "a sharded optimizer state (ZeRO-1) reduce-scatters the gradients "
-                                              "in the ring's order"),
-               (backend == "tvm", "the tvm backend's kernels are not checked for determinism")]
+                                              "in the ring's order")]
     for refuse, why in refused:
         if refuse:
             raise NotImplementedError(f"op determinism (gd.config.experimental.enable_op_determinism()) is not "
                                       f"available here: {why}. Use OneDeviceStrategy, MirroredStrategy, "
-                                      "CentralStorageStrategy or MultiWorkerMirroredStrategy with the ort backend, "
-                                      "or disable_op_determinism()")
+                                      "CentralStorageStrategy or MultiWorkerMirroredStrategy, or "
+                                      "disable_op_determinism()")
     per_replica = chunks_per_replica(chunks, config.total_replicas)
     if per_replica % accumulate_steps:
         raise GraphError(f"accumulate_steps={accumulate_steps} does not divide the {per_replica} chunks each of "

@@ -30,7 +30,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from graphdist.backends import get_backend
 from graphdist.compile.build import compile_traced
 from graphdist.compile.export import step_files
 from graphdist.compile.load import load_files
@@ -71,8 +70,7 @@ def replan(record: StepRecord, strategy: Any, *, backend: str | None = None, pla
     config = strategy.pipeline_config().replace(accumulate_steps=record.accumulate_steps)
     if record.deterministic_chunks:  # the micro-batches are the chunks per replica of the new replica count
         try:
-            config = deterministic_config(config, record.deterministic_chunks,
-                                          backend=get_backend(backend or config.backend or plan_backend).name)
+            config = deterministic_config(config, record.deterministic_chunks)
         except GraphError as err:
             raise PlanError(f"plan {record.name!r} was compiled with op determinism: {err}") from None
     graph = _rebatched(record, config.total_replicas, checker)
