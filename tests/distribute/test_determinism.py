@@ -192,20 +192,43 @@ def test_asynchronous_and_sharded_configurations_are_refused() -> None:
 
 
 # ------------------------------------------------------------------ several processes
-@pytest.mark.slow
-@pytest.mark.parametrize("devices", [1, 2])
-@pytest.mark.parametrize("model", MODELS)
-def test_two_workers_give_the_same_bits(one_device_reference, tmp_path, model: str, devices: int) -> None:
+@pytest.fixture(scope="module")
+def default_reference() -> dict[str, tuple[list[float], list[np.ndarray]]]:
+    """20 default (not deterministic) steps on one device per model."""
+    return {name: train(gd.OneDeviceStrategy("cpu:0"), name) for name in MODELS}
+
+
+def _two_workers(tmp_path, model: str, devices: int, deterministic: bool) -> list:
     worker = ["tests/distribute/determinism_worker.py", "--model", model, "--strategy", "multi_worker",
-              "--devices", str(devices), "--out", str(tmp_path)]
+              "--devices", str(devices), "--deterministic", str(int(deterministic)), "--out", str(tmp_path)]
     if devices == 1:
         job = mpi_jobs.mpiexec(2, *worker, timeout=300, GRAPHDIST_COLLECTIVE_TIMEOUT="120")
     else:
         job = mpi_jobs.launch("--workers", "2", "--devices-per-worker", "2", "--timeout", "120", "--",
                               sys.executable, *worker, timeout=300)
     assert job.returncode == 0, job.stdout + job.stderr
-    for rank in range(2):
-        result = np.load(tmp_path / f"rank{rank}.npz")
+    return [np.load(tmp_path / f"rank{rank}.npz") for rank in range(2)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("devices", [1, 2])
+@pytest.mark.parametrize("model", MODELS)
+def test_two_workers_give_the_same_bits(one_device_reference, tmp_path, model: str, devices: int) -> None:
+    for rank, result in enumerate(_two_workers(tmp_path, model, devices, deterministic=True)):
         weights = [result[f"var{i}"] for i in range(len(one_device_reference[model][1]))]
         _assert_same_bits((result["losses"].tolist(), weights), one_device_reference[model],
                           f"{model} on 2 workers x {devices} device(s), rank {rank}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("devices", [1, 2])
+@pytest.mark.parametrize("model", MODELS)
+def test_two_workers_by_default_match_only_to_float_tolerance(default_reference, tmp_path, model: str,
+                                                              devices: int) -> None:
+    result = _two_workers(tmp_path, model, devices, deterministic=False)[0]
+    losses, weights = default_reference[model]
+    difference = max_difference([result[f"var{i}"] for i in range(len(weights))], weights)
+    print(f"determinism off: {model} 2 workers x {devices}: max |weight difference| {difference:.3g}, losses "
+          f"{'equal' if result['losses'].tolist() == losses else 'differ'}")
+    np.testing.assert_allclose(result["losses"], losses, rtol=1e-4)
+    assert difference < 1e-3
