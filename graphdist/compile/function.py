@@ -451,7 +451,10 @@ class Function:
             if batch_args:  # one local replica: its array arguments are its batch (a distributed dataset's element)
                 traced, interface, variables, strategies, treedef = self._trace(args, kwargs, count=False,
                                                                                 batch_args=True)
-            self._check_micro_batches(traced, args, kwargs, batch_args, config.accumulate_steps)
+            label = (f"op determinism ({config.deterministic_chunks} chunks of the global batch, "
+                     f"{config.accumulate_steps} per replica)" if config.deterministic_chunks
+                     else f"accumulate_steps={config.accumulate_steps}")
+            self._check_micro_batches(traced, args, kwargs, batch_args, config.accumulate_steps, label)
         pipeline = build_pipeline(config)
         placement = _placement(strategy, traced, variables)
         # A ConcreteFunction feeds and writes back a ZeRO-1 slot in per-replica parts (WorkerShard).
@@ -467,7 +470,8 @@ class Function:
                     len(graphs["partitioned"].nodes), len(plan.segments))
         return concrete
 
-    def _check_micro_batches(self, traced: Graph, args: tuple, kwargs: dict, batch_args: bool, steps: int) -> None:
+    def _check_micro_batches(self, traced: Graph, args: tuple, kwargs: dict, batch_args: bool, steps: int,
+                             label: str) -> None:
         """Refuses micro-batches (``accumulate_steps``, op determinism's chunks) for a step whose graph would not
         follow a smaller batch.
         """
@@ -477,7 +481,7 @@ class Function:
         reads = traced.meta.get("reads_num_replicas") or []
         if reads:
             raise TracingError(
-                f"{self._name}: accumulate_steps={steps} counts the micro-batches as replicas, but the step read "
+                f"{self._name}: {label} counts the micro-batches as replicas, but the step read "
                 f"num_replicas_in_sync while it was traced (at {', '.join(reads[:3])}), which freezes the replica "
                 "count into its graph; let the step not depend on it (gd.nn.compute_average_loss without "
                 "global_batch_size counts the replicas and micro-batches itself)")
@@ -485,7 +489,7 @@ class Function:
             return  # AccumulateGradientsPass says what is wrong with the batch
         check = check_batch_follows(self, specs_of(args, kwargs), traced, int(batch) // steps, batch_args=batch_args)
         if not check["verified"]:
-            raise TracingError(f"{self._name}: accumulate_steps={steps} runs the step on micro-batches of "
+            raise TracingError(f"{self._name}: {label} runs the step on micro-batches of "
                                f"{int(batch) // steps} rows, and {check['reason']}; compute shapes from x.shape "
                                "(reshape(x.shape[0], -1)), not from Python numbers")
 

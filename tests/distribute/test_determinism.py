@@ -147,6 +147,31 @@ def test_default_matches_only_to_float_tolerance(model: str) -> None:
         assert difference < 1e-3
 
 
+def _keras_fit(strategy: gd.Strategy, examples: int, metrics: tuple = ()) -> tuple[list[float], list[np.ndarray]]:
+    gd.keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model = gd.keras.Sequential([gd.keras.layers.Dense(16, activation="relu", input_shape=(8,)),
+                                     gd.keras.layers.Dense(3)])
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=list(metrics))
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((examples, 8)).astype(np.float32), rng.integers(0, 3, examples)
+    history = model.fit(x, y, epochs=2, batch_size=32, shuffle=False, verbose=0)
+    return history.history["loss"], [v.numpy() for v in model.trainable_variables]
+
+
+def test_keras_fit_gives_the_same_bits(deterministic) -> None:
+    expected = _keras_fit(gd.OneDeviceStrategy("cpu:0"), 128)
+    for label in ("mirrored2", "mirrored4"):
+        _assert_same_bits(_keras_fit(STRATEGIES[label](), 128), expected, f"keras fit under {label}")
+    # A partial last batch (100 = 3 x 32 + 4) does not cut into 8 chunks: said at once.
+    with pytest.raises(GraphError, match="global batch of 4 rows does not cut into 8 equal chunks"):
+        _keras_fit(gd.OneDeviceStrategy("cpu:0"), 100)
+    # Keras' accuracy metric freezes the batch size into the step's graph: refused, naming op determinism.
+    with pytest.raises(gd.TracingError, match=r"op determinism \(8 chunks of the global batch, 8 per replica\) "
+                                              "runs the step on micro-batches of 4 rows"):
+        _keras_fit(gd.OneDeviceStrategy("cpu:0"), 128, metrics=("accuracy",))
+
+
 # ------------------------------------------------------------------ refusals and the rule
 def test_chunks_must_be_a_power_of_two() -> None:
     with pytest.raises(InvalidArgumentError, match="power of two"):
