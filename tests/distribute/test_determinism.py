@@ -213,6 +213,9 @@ def test_asynchronous_and_sharded_configurations_are_refused() -> None:
         deterministic_config(config, 8)
     with pytest.raises(NotImplementedError, match="ZeRO-1"):
         deterministic_config(PipelineConfig(devices=("cpu:0", "cpu:1"), shard_optimizer_state=True), 8)
+    with pytest.raises(NotImplementedError, match="TPU-like cores"):
+        deterministic_config(PipelineConfig(devices=("tpu:0", "tpu:1"), strategy="TPUStrategy",
+                                            logical_cores=(("tpu:0",), ("tpu:1",))), 8)
     assert deterministic_config(PipelineConfig(devices=("cpu:0", "cpu:1")), 8).accumulate_steps == 4
 
 
