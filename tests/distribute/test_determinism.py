@@ -70,6 +70,14 @@ def test_same_bits_under_every_in_process_strategy(deterministic, one_device_ref
         _assert_same_bits(train(make(), model), one_device_reference[model], f"{model} {label}")
 
 
+@pytest.mark.parametrize("cross_device_ops", [
+    lambda: gd.NcclAllReduce(), lambda: gd.NcclAllReduce(num_packs=2), lambda: gd.HierarchicalCopyAllReduce(),
+    lambda: gd.ReductionToOneDevice(reduce_to_device="cpu:3")], ids=["ring", "ring_packs", "hierarchical", "to_one"])
+def test_any_cross_device_ops_gives_the_same_bits(deterministic, one_device_reference, cross_device_ops) -> None:
+    strategy = gd.MirroredStrategy([f"cpu:{i}" for i in range(4)], cross_device_ops=cross_device_ops())
+    _assert_same_bits(train(strategy, "mlp"), one_device_reference["mlp"], f"mlp mirrored4 {strategy!r}")
+
+
 @pytest.mark.parametrize("model", MODELS)
 def test_same_bits_for_one_and_two_intra_op_threads(deterministic, one_device_reference, monkeypatch,
                                                     model: str) -> None:
