@@ -268,3 +268,25 @@ def test_two_workers_by_default_match_only_to_float_tolerance(default_reference,
           f"{'equal' if result['losses'].tolist() == losses else 'differ'}")
     np.testing.assert_allclose(result["losses"], losses, rtol=1e-4)
     assert difference < 1e-3
+
+
+def test_pass_diffs_show_the_determinism_passes(deterministic) -> None:
+    from graphdist.compile.diff import strategy_pass_diffs
+    from graphdist.ir import assert_structural_equal
+
+    strategy = STRATEGIES["mirrored4"]()
+    with strategy.scope():
+        network = make_model("mlp")
+        optimizer = gd.optimizers.Adam(1e-2)
+    replica_step = network.make_train_step(optimizer, GLOBAL_BATCH)
+
+    @gd.function
+    def step(x, labels):
+        return strategy.reduce("SUM", strategy.run(replica_step, args=(x, labels)), axis=None)
+
+    x, y = data("mlp", 1)
+    concrete = step.get_concrete_function(per_replica(strategy, x), per_replica(strategy, y))
+    diffs = strategy_pass_diffs(concrete)
+    modified = {p.name for p in diffs.passes if p.modified}
+    assert {"SplitBatchChunksPass", "LowerDeterministicReductionsPass"} <= modified
+    assert_structural_equal(diffs.final, concrete.graph("partitioned"))
