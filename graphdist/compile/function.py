@@ -442,7 +442,9 @@ class Function:
         config = strategy.pipeline_config() if strategy is not None else PipelineConfig()
         batch_args = False
         chunks = determinism.chunks()
-        if chunks is not None:  # the chunks of the global batch are each replica's micro-batches
+        if chunks is not None and strategy is not None:
+            # The chunks of the global batch are each replica's micro-batches. A step that uses no strategy
+            # (plain arrays, no scope) distributes nothing: it is not cut.
             config = deterministic_config(config, chunks, self._accumulate_steps)
         elif self._accumulate_steps > 1:
             config = config.replace(accumulate_steps=self._accumulate_steps)

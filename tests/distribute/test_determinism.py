@@ -290,3 +290,32 @@ def test_pass_diffs_show_the_determinism_passes(deterministic) -> None:
     modified = {p.name for p in diffs.passes if p.modified}
     assert {"SplitBatchChunksPass", "LowerDeterministicReductionsPass"} <= modified
     assert_structural_equal(diffs.final, concrete.graph("partitioned"))
+
+
+def test_steps_without_a_strategy_are_not_cut(deterministic) -> None:
+    # A step that uses no strategy distributes nothing: its arrays are not a batch to cut, any shape runs.
+    variable = gd.Variable(np.zeros(3, np.float32))
+
+    @gd.function
+    def double(x):
+        return x * 2
+
+    @gd.function
+    def add(x):
+        variable.assign_add(x)
+        return x
+
+    assert double(np.ones(5, np.float32)).tolist() == [2.0] * 5
+    add(np.ones(3, np.float32))
+    assert variable.numpy().tolist() == [1.0] * 3
+    # Under a strategy, a one-replica step's arrays are its batch (as a distributed dataset yields it).
+    strategy = gd.OneDeviceStrategy("cpu:0")
+
+    @gd.function
+    def total(x):
+        return strategy.run(lambda rows: rows.sum(), args=(x,))
+
+    assert float(total(np.arange(8, dtype=np.float32))) == 28.0
+    assert total.get_concrete_function(np.arange(8, dtype=np.float32)).config.deterministic_chunks == 8
+    with pytest.raises(GraphError, match="global batch of 6 rows does not cut into 8 equal chunks"):
+        total(np.arange(6, dtype=np.float32))
