@@ -131,7 +131,8 @@ def enable_op_determinism(chunks: int = _determinism.DEFAULT_CHUNKS) -> None:
     raises ``GraphError`` saying so). ``ParameterServerStrategy`` (its updates
     are asynchronous), ``TPUStrategy`` and a sharded optimizer state (ZeRO-1)
     refuse with ``NotImplementedError``. Steps traced before the switch keep
-    what they were compiled with: turn it on before building the steps.
+    what they were compiled with: turn it on before building the steps. A
+    step that uses no strategy is not cut (nothing is distributed).
 
     Args:
         chunks: Chunks of the global batch (graphdist's addition to TF's
