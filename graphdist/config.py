@@ -4,14 +4,18 @@
 ``GPU``); ``list_devices()`` lists graphdist's device strings that can run now;
 ``set_soft_device_placement(enabled)`` decides what a strategy naming an absent
 GPU does (on by default: it runs on a logical CPU device and warns once).
+``experimental.enable_op_determinism()`` makes steps compiled from then on
+give the same bits under any supported strategy and replica count.
 """
 
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 from graphdist.errors import InvalidArgumentError
+from graphdist.runtime import determinism as _determinism
 from graphdist.runtime import devices as _devices
 from graphdist.runtime.devices import (
     get_soft_device_placement,
@@ -23,7 +27,11 @@ from graphdist.runtime.devices import (
 
 __all__ = [
     "PhysicalDevice",
+    "enable_op_determinism",
+    "disable_op_determinism",
+    "experimental",
     "experimental_connect_to_cluster",
+    "is_op_determinism_enabled",
     "get_soft_device_placement",
     "host_cores",
     "list_devices",
@@ -101,3 +109,53 @@ def experimental_connect_to_cluster(cluster_spec_or_resolver: Any, job_name: str
             f"{type(cluster_spec_or_resolver).__name__}")
     logger.info("experimental_connect_to_cluster(%r): devices are local to this process; nothing to connect",
                 cluster_spec_or_resolver)
+
+
+def enable_op_determinism(chunks: int = _determinism.DEFAULT_CHUNKS) -> None:
+    """Bitwise identical steps on any replica count (``tf.config.experimental.enable_op_determinism``).
+
+    Every step compiled from now on cuts its global batch into ``chunks``
+    equal chunks whatever the strategy: each replica computes its chunks one
+    after the other at chunk-sized shapes, and every sum over the batch
+    (gradients, the loss, metrics summed with ``strategy.reduce("SUM")``) adds
+    the chunks' partial sums in one fixed pairwise tree, across replicas and
+    processes too. So one global batch gives the same bits under
+    ``OneDeviceStrategy``, ``MirroredStrategy``, ``CentralStorageStrategy`` and
+    ``MultiWorkerMirroredStrategy`` with 1, 2, 4 ... ``chunks`` replicas in
+    sync, from run to run, for any intra-op thread count, with
+    ``accumulate_steps`` and after ``replan``. Unlike TensorFlow, which only
+    promises the same bits from run to run on one configuration.
+
+    The rule: ``chunks`` a power of two, the replicas in sync a power of two
+    dividing it, the global batch divisible by it (else compiling the step
+    raises ``GraphError`` saying so). ``ParameterServerStrategy`` (its updates
+    are asynchronous), ``TPUStrategy`` and a sharded optimizer state (ZeRO-1)
+    refuse with ``NotImplementedError``. Steps traced before the switch keep
+    what they were compiled with: turn it on before building the steps. A
+    step that uses no strategy is not cut (nothing is distributed).
+
+    Args:
+        chunks: Chunks of the global batch (graphdist's addition to TF's
+            signature; default 8).
+
+    Raises:
+        InvalidArgumentError: ``chunks`` is not a power of two.
+    """
+    _determinism.enable(chunks)
+    logger.info("op determinism on: global batches are cut into %d chunks summed in a fixed tree", chunks)
+
+
+def disable_op_determinism() -> None:
+    """Steps compiled from now on sum as fast as they can again (``tf.config.experimental.disable_op_determinism``)."""
+    _determinism.disable()
+
+
+def is_op_determinism_enabled() -> bool:
+    """Whether :func:`enable_op_determinism` is in effect."""
+    return _determinism.chunks() is not None
+
+
+#: ``gd.config.experimental`` (TF's ``tf.config.experimental`` names).
+experimental = SimpleNamespace(enable_op_determinism=enable_op_determinism,
+                               disable_op_determinism=disable_op_determinism,
+                               is_op_determinism_enabled=is_op_determinism_enabled)

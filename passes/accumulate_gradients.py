@@ -89,17 +89,28 @@ class AccumulateGradientsPass(PassBase):
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
         if self.steps == 1 or "accumulate_steps" in graph.meta:
             return PassResult(graph, modified=False)
-        _Accumulator(graph, self.steps).run()
+        MicroBatchRewriter(graph, self.steps).run()
         graph.meta["accumulate_steps"] = self.steps
         return PassResult(graph, modified=True)
 
 
-class _Accumulator:
-    """One run of :class:`AccumulateGradientsPass` over one graph."""
+class MicroBatchRewriter:
+    """One run of :class:`AccumulateGradientsPass` over one graph.
 
-    def __init__(self, graph: Graph, steps: int) -> None:
+    Args:
+        graph: The traced graph, rewritten in place by :meth:`run`.
+        steps: Micro-batches per replica.
+        tree: Combine the micro-batches' sums in a fixed pairwise tree, ``((m0 + m1) + (m2 + m3)) + ...``,
+            instead of a running total (``SplitBatchChunksPass``: the tree of one replica's chunks is then a
+            subtree of the tree over the whole global batch).
+        label: How messages name the option that asked for micro-batches.
+    """
+
+    def __init__(self, graph: Graph, steps: int, tree: bool = False, label: str = "accumulate_steps") -> None:
         self.graph = graph
         self.k = steps
+        self.tree = tree
+        self.label = label
         self.batch = self._batch_size()
         self.micro = self.batch // steps
         per_replica = graph.meta.get("per_replica_inputs", {})
@@ -109,6 +120,8 @@ class _Accumulator:
         # copies[id(value)][m]: micro-batch m's copy of a micro-region value (or batch input slice)
         self.copies: dict[int, list[Value]] = {}
         self.derived: dict[tuple[int, Any], Value] = {}  # (id(value), key) -> a value made from it, made once
+        # tree mode: (id(value), key) -> the pending subtree sums, (level, value), levels strictly decreasing
+        self.pending: dict[tuple[int, Any], list[tuple[int, Value]]] = {}
         self.nodes: list[Node] = []
 
     # ------------------------------------------------------------ analysis
@@ -124,7 +137,7 @@ class _Accumulator:
                              "splits the per-replica arguments of the step (with one replica per process: its array "
                              "arguments) along their first dimension")
         if int(batch) % self.k:
-            raise GraphError(f"accumulate_steps={self.k} cannot cut a per-replica batch of {int(batch)} rows into "
+            raise GraphError(f"{self.label}={self.k} cannot cut a per-replica batch of {int(batch)} rows into "
                              f"equal micro-batches; use a batch divisible by {self.k} (drop_remainder=True for a "
                              "dataset's last batch) or another accumulate_steps")
         return int(batch)
@@ -178,6 +191,7 @@ class _Accumulator:
                 running = self._running_combinations(after)
             else:
                 self._advance(running, m)
+        self._finish(running)
         for node in region:
             node.detach_inputs()
             node.graph = None
@@ -206,13 +220,13 @@ class _Accumulator:
     def _refuse_unsupported(self, node: Node) -> None:
         if node.domain == GRAPHDIST_DOMAIN and node.op_type == "AssignVariable":
             raise NotImplementedError(
-                f"accumulate_steps: node {node.name} assigns a variable from each micro-batch's values (moving "
+                f"{self.label}: node {node.name} assigns a variable from each micro-batch's values (moving "
                 "statistics such as BatchNormalization's); a step that updates state from the batch itself cannot "
                 "be accumulated yet: drop accumulate_steps, or keep such layers out of the step")
         late = [v.name for v in node.inputs if v is not None and id(v) in self.after_boundary]
         if late:
             raise NotImplementedError(
-                f"accumulate_steps: node {node.name} ({node.qualified_op}) computes on the batch after a "
+                f"{self.label}: node {node.name} ({node.qualified_op}) computes on the batch after a "
                 f"cross-replica reduction of it (%{late[0]}: synchronized batch normalization, or an all_reduce "
                 "whose result meets the batch again); such a step cannot be cut into micro-batches yet")
 
@@ -226,7 +240,7 @@ class _Accumulator:
             types = node_opdef(twin).infer(twin, len(node.outputs))
         except GraphError as err:
             source = node.meta.get("source")
-            raise GraphError(f"accumulate_steps: node {node.name} ({node.qualified_op}"
+            raise GraphError(f"{self.label}: node {node.name} ({node.qualified_op}"
                              f"{', traced at ' + source if source else ''}) does not accept micro-batches of "
                              f"{self.micro} rows: {err}") from None
         for out, (dtype, shape) in zip(node.outputs, types):
@@ -304,11 +318,11 @@ class _Accumulator:
         if value.shape and copies[0].shape and copies[0].shape[0] != value.shape[0]:
             return "Concat", 0
         if copies[0].shape != value.shape:
-            raise GraphError(f"accumulate_steps: %{value.name} has shape {value.shape} for the whole batch and "
+            raise GraphError(f"{self.label}: %{value.name} has shape {value.shape} for the whole batch and "
                              f"{copies[0].shape} per micro-batch, not the batch as its first dimension; its "
                              "micro-batch values cannot be put together")
         if value.dtype == np.bool_:
-            raise GraphError(f"accumulate_steps: %{value.name} is a boolean computed on each micro-batch; "
+            raise GraphError(f"{self.label}: %{value.name} is a boolean computed on each micro-batch; "
                              "booleans cannot be added over micro-batches (return or reduce a number instead)")
         return "Add", 0
 
@@ -341,10 +355,40 @@ class _Accumulator:
         for value, kind in running:
             copies = self.copies[id(value)]
             slot = (id(value), (kind, 0))
+            if self.tree:
+                self._push(slot, kind, copies, m)
+                continue
             total = self.derived.get(slot, copies[0])
             self.derived[slot] = self._add(kind, [total, copies[m]], copies[0].producer.meta)
 
+    def _push(self, slot: tuple[int, Any], kind: str, copies: list[Value], m: int) -> None:
+        """Tree mode: micro-batch ``m`` joins the pending subtrees; two of one level make one of the next (a
+        binary counter), so the sums form the pairwise tree while only about log2(k) partial sums stay alive.
+        """
+        stack = self.pending.setdefault(slot, [(0, copies[0])])
+        stack.append((0, copies[m]))
+        while len(stack) > 1 and stack[-1][0] == stack[-2][0]:
+            (level, right), (_, left) = stack.pop(), stack.pop()
+            stack.append((level + 1, self._add(kind, [left, right], copies[0].producer.meta)))
+
+    def _finish(self, running: list[tuple[Value, str]]) -> None:
+        """Tree mode: the pending subtrees joined right to left (one subtree when ``k`` is a power of two)."""
+        if not self.tree:
+            return
+        for value, kind in running:
+            slot = (id(value), (kind, 0))
+            stack = self.pending.pop(slot, None)
+            if not stack:
+                continue
+            meta = self.copies[id(value)][0].producer.meta
+            total = stack.pop()[1]
+            while stack:
+                total = self._add(kind, [stack.pop()[1], total], meta)
+            self.derived[slot] = total
+
     def _chain(self, op: str, copies: list[Value]) -> Value:
+        if self.tree:
+            return _pairwise(copies, lambda left, right: self._add(op, [left, right], copies[0].producer.meta))
         total = copies[0]
         for other in copies[1:]:
             total = self._add(op, [total, other], copies[0].producer.meta)
@@ -372,6 +416,22 @@ class _Accumulator:
         if made is None:
             made = self.derived[slot] = make()
         return made
+
+
+def _pairwise(items: list[Any], combine: Any) -> Any:
+    """``combine`` over ``items`` in the pairwise tree of the binary counter (:meth:`MicroBatchRewriter._push`):
+    whole power-of-two subtrees from the left, the leftovers joined right to left.
+    """
+    stack: list[tuple[int, Any]] = []
+    for item in items:
+        stack.append((0, item))
+        while len(stack) > 1 and stack[-1][0] == stack[-2][0]:
+            (level, right), (_, left) = stack.pop(), stack.pop()
+            stack.append((level + 1, combine(left, right)))
+    total = stack.pop()[1]
+    while stack:
+        total = combine(stack.pop()[1], total)
+    return total
 
 
 def _is_boundary(node: Node) -> bool:

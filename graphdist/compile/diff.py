@@ -355,6 +355,7 @@ def strategy_pass_diffs(concrete: Any) -> PipelineDiff:
     not touched; the final graph equals ``concrete.graph("partitioned")``).
     """
     from graphdist.compile.build import rewrite_passes
+    from graphdist.compile.pipeline import build_pipeline
     from graphdist.passes.base import PassContext
     from graphdist.passes.partition import PartitionPass
 
@@ -364,4 +365,6 @@ def strategy_pass_diffs(concrete: Any) -> PipelineDiff:
     traced = concrete.graph("traced")
     title = (f"passes of {type(strategy).__name__} on {', '.join(devices)} for {traced.name!r}: "
              f"traced ({len(traced.nodes)} nodes) -> partitioned")
-    return pipeline_diffs(traced, [*rewrite_passes(strategy.pipeline()), PartitionPass()], ctx, title=title)
+    # The configuration it was compiled with: accumulate_steps and op determinism's chunks included.
+    pipeline = build_pipeline(concrete.config)
+    return pipeline_diffs(traced, [*rewrite_passes(pipeline), PartitionPass()], ctx, title=title)

@@ -35,12 +35,13 @@ from graphdist.compile.build import compile_traced
 from graphdist.compile.gc_pause import paused_gc
 from graphdist.compile.guards import guarded_key, is_guarded, short_value
 from graphdist.compile.interface import Resolved, StepInterface, rebuild_results
-from graphdist.compile.pipeline import PipelineConfig, build_pipeline
+from graphdist.compile.pipeline import PipelineConfig, build_pipeline, deterministic_config
 from graphdist.compile.step_io import is_distributed, make_inputs, per_replica_batch, result_leaf, specs_of
 from graphdist.errors import InvalidArgumentError, TracingError
 from graphdist.ir.graph import Graph
 from graphdist.ir.placement import PlacementSpec, VariablePlacement
 from graphdist.passes.shard_optimizer_state import REPLICA_PARTS_OPTION
+from graphdist.runtime import determinism
 from graphdist.trace import context
 from graphdist.trace.tracer import TensorSpec, TraceContext, call_user_function, current_trace
 from graphdist.trace.values import DistributedValues
@@ -461,13 +462,22 @@ class Function:
         strategy = _strategy_of_remote_variables(self._name, self._pick_strategy(strategies), variables)
         config = strategy.pipeline_config() if strategy is not None else PipelineConfig()
         batch_args = False
-        if self._accumulate_steps > 1:
+        chunks = determinism.chunks()
+        if chunks is not None and strategy is not None:
+            # The chunks of the global batch are each replica's micro-batches. A step that uses no strategy
+            # (plain arrays, no scope) distributes nothing: it is not cut.
+            config = deterministic_config(config, chunks, self._accumulate_steps)
+        elif self._accumulate_steps > 1:
             config = config.replace(accumulate_steps=self._accumulate_steps)
+        if config.accumulate_steps > 1:
             batch_args = config.replicas == 1 and traced.meta.get("batch") is None
             if batch_args:  # one local replica: its array arguments are its batch (a distributed dataset's element)
                 traced, interface, variables, strategies, treedef = self._trace(args, kwargs, count=False,
                                                                                 batch_args=True)
-            self._check_micro_batches(traced, args, kwargs, batch_args)
+            label = (f"op determinism ({config.deterministic_chunks} chunks of the global batch, "
+                     f"{config.accumulate_steps} per replica)" if config.deterministic_chunks
+                     else f"accumulate_steps={config.accumulate_steps}")
+            self._check_micro_batches(traced, args, kwargs, batch_args, config.accumulate_steps, label)
         pipeline = build_pipeline(config)
         placement = _placement(strategy, traced, variables)
         # A ConcreteFunction feeds and writes back a ZeRO-1 slot in per-replica parts (WorkerShard).
@@ -508,15 +518,18 @@ class Function:
                            self._name, count, described)
         return guarded_key(base, guard, args, kwargs)
 
-    def _check_micro_batches(self, traced: Graph, args: tuple, kwargs: dict, batch_args: bool) -> None:
-        """Refuses ``accumulate_steps`` for a step whose graph would not follow a smaller batch."""
+    def _check_micro_batches(self, traced: Graph, args: tuple, kwargs: dict, batch_args: bool, steps: int,
+                             label: str) -> None:
+        """Refuses micro-batches (``accumulate_steps``, op determinism's chunks) for a step whose graph would not
+        follow a smaller batch.
+        """
         from graphdist.compile.step import check_batch_follows
 
-        steps, batch = self._accumulate_steps, traced.meta.get("batch")
+        batch = traced.meta.get("batch")
         reads = traced.meta.get("reads_num_replicas") or []
         if reads:
             raise TracingError(
-                f"{self._name}: accumulate_steps={steps} counts the micro-batches as replicas, but the step read "
+                f"{self._name}: {label} counts the micro-batches as replicas, but the step read "
                 f"num_replicas_in_sync while it was traced (at {', '.join(reads[:3])}), which freezes the replica "
                 "count into its graph; let the step not depend on it (gd.nn.compute_average_loss without "
                 "global_batch_size counts the replicas and micro-batches itself)")
@@ -524,7 +537,7 @@ class Function:
             return  # AccumulateGradientsPass says what is wrong with the batch
         check = check_batch_follows(self, specs_of(args, kwargs), traced, int(batch) // steps, batch_args=batch_args)
         if not check["verified"]:
-            raise TracingError(f"{self._name}: accumulate_steps={steps} runs the step on micro-batches of "
+            raise TracingError(f"{self._name}: {label} runs the step on micro-batches of "
                                f"{int(batch) // steps} rows, and {check['reason']}; compute shapes from x.shape "
                                "(reshape(x.shape[0], -1)), not from Python numbers")
 

@@ -14,6 +14,7 @@ Slots, in order (the passes each slot holds when filled):
 slot                   passes                                               filled when
 =====================  ==================================================  ============================
 ``accumulate``         ``AccumulateGradientsPass``                          ``accumulate_steps`` > 1
+                       or ``SplitBatchChunksPass``                          ``deterministic_chunks``
 ``differentiate``      ``AutodiffPass``, ``LowerStopGradientsPass``         always
 ``replicate``          ``ReplicatePass``                                    always (one replica too)
 ``variable_updates``   ``LowerVariableUpdatesPass``                         always
@@ -26,6 +27,7 @@ slot                   passes                                               fill
 ``cross_worker``       ``InsertCrossWorkerCollectivesPass``                 ``multi_worker``
 ``lower_collectives``  ``LowerCollectivesPass``                             always
 ``bucketing``          ``BucketCollectivesPass``                            ``bucketing``
+``deterministic``      ``LowerDeterministicReductionsPass``                 ``deterministic_chunks``
 ``logical_devices``    ``ShardLogicalDevicesPass``, ``PlaceLogicalDevicesPass``  ``logical_cores``
 ``cleanup``            ``FoldConstantsPass``, ``EliminateDeadNodesPass``    always
 ``devices``            ``AssignDevicesPass``                                always
@@ -52,6 +54,7 @@ from graphdist.passes.fold_constants import FoldConstantsPass
 from graphdist.passes.insert_collectives import InsertCollectivesPass
 from graphdist.passes.insert_cross_worker_collectives import InsertCrossWorkerCollectivesPass
 from graphdist.passes.lower_collectives import LowerCollectivesPass
+from graphdist.passes.lower_deterministic_reductions import LowerDeterministicReductionsPass
 from graphdist.passes.lower_single_reader_all_reduces import LowerSingleReaderAllReducesPass
 from graphdist.passes.lower_stop_gradients import LowerStopGradientsPass
 from graphdist.passes.lower_variable_updates import LowerVariableUpdatesPass
@@ -61,12 +64,13 @@ from graphdist.passes.place_variables import PlaceVariablesPass
 from graphdist.passes.replicate import ReplicatePass
 from graphdist.passes.shard_logical_devices import ShardLogicalDevicesPass
 from graphdist.passes.shard_optimizer_state import ShardOptimizerStatePass
+from graphdist.passes.split_batch_chunks import SplitBatchChunksPass, chunks_per_replica
 
-__all__ = ["SLOTS", "PipelineConfig", "Pipeline", "build_pipeline"]
+__all__ = ["SLOTS", "PipelineConfig", "Pipeline", "build_pipeline", "deterministic_config"]
 
 SLOTS = ("accumulate", "differentiate", "replicate", "variable_updates", "parameter_servers", "collectives",
          "shard_optimizer", "balance_updates", "single_readers", "central_storage", "cross_worker", "lower_collectives",
-         "bucketing", "logical_devices", "cleanup", "devices")
+         "bucketing", "deterministic", "logical_devices", "cleanup", "devices")
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,9 @@ class PipelineConfig:
             (``AccumulateGradientsPass``; ``gd.function(step, accumulate_steps=k)``).
         backend: Backend the strategy's steps compile with when ``gd.function`` names none.
         strategy: The strategy's name (for plans and messages).
+        deterministic_chunks: Op determinism: the global batch is cut into this many chunks summed in one
+            fixed tree (``SplitBatchChunksPass``, ``LowerDeterministicReductionsPass``); ``None``: off.
+            Made by :func:`deterministic_config`, which also sets ``accumulate_steps`` to the chunks per replica.
     """
 
     devices: tuple[str, ...] = ("cpu:0",)
@@ -110,6 +117,7 @@ class PipelineConfig:
     accumulate_steps: int = 1
     backend: str | None = None
     strategy: str = "OneDeviceStrategy"
+    deterministic_chunks: int | None = None
 
     @property
     def replicas(self) -> int:
@@ -182,7 +190,10 @@ def build_pipeline(config: PipelineConfig) -> Pipeline:
         "cleanup": [FoldConstantsPass(), EliminateDeadNodesPass()],
         "devices": [AssignDevicesPass()],
     }
-    if config.accumulate_steps > 1:
+    if config.deterministic_chunks:
+        slots["accumulate"] = [SplitBatchChunksPass(config.deterministic_chunks, config.total_replicas)]
+        slots["deterministic"] = [LowerDeterministicReductionsPass()]
+    elif config.accumulate_steps > 1:
         slots["accumulate"] = [AccumulateGradientsPass(config.accumulate_steps)]
     if config.shard_optimizer_state:
         workers = dict(config.multi_worker or {})
@@ -207,3 +218,41 @@ def build_pipeline(config: PipelineConfig) -> Pipeline:
         cores = [list(c) for c in config.logical_cores]
         slots["logical_devices"] = [ShardLogicalDevicesPass(cores), PlaceLogicalDevicesPass(cores)]
     return Pipeline(config, slots)
+
+
+def deterministic_config(config: PipelineConfig, chunks: int, accumulate_steps: int = 1) -> PipelineConfig:
+    """``config`` with op determinism: ``chunks`` chunks of the global batch, ``chunks / replicas`` per replica.
+
+    Args:
+        config: The strategy's configuration.
+        chunks: Chunks of the global batch (``enable_op_determinism(chunks)``).
+        accumulate_steps: The micro-batches the step asked for (``gd.function(accumulate_steps=k)``): every
+            replica already computes its chunks one after the other, so ``k`` must divide them, and the
+            chunks are the micro-batches.
+
+    Raises:
+        NotImplementedError: What op determinism does not cover (asynchronous parameter servers, TPU cores,
+            a sharded optimizer state), named with what to do instead.
+        GraphError: The replica count or ``accumulate_steps`` does not fit the chunks.
+    """
+    from graphdist.errors import GraphError
+
+    refused = [(config.parameter_servers, f"{config.strategy} applies its updates asynchronously on the "
+                                          "parameter servers, in the order the workers' pushes arrive"),
+               (bool(config.logical_cores), f"{config.strategy} compiles whole programs for TPU-like cores, "
+                                            "whose reductions graphdist does not order"),
+               (config.shard_optimizer_state, "a sharded optimizer state (ZeRO-1) reduce-scatters the gradients "
+                                              "in the ring's order")]
+    for refuse, why in refused:
+        if refuse:
+            raise NotImplementedError(f"op determinism (gd.config.experimental.enable_op_determinism()) is not "
+                                      f"available here: {why}. Use OneDeviceStrategy, MirroredStrategy, "
+                                      "CentralStorageStrategy or MultiWorkerMirroredStrategy, or "
+                                      "disable_op_determinism()")
+    per_replica = chunks_per_replica(chunks, config.total_replicas)
+    if per_replica % accumulate_steps:
+        raise GraphError(f"accumulate_steps={accumulate_steps} does not divide the {per_replica} chunks each of "
+                         f"{config.total_replicas} replica(s) computes under op determinism ({chunks} chunks of "
+                         "the global batch, computed one after the other: they are the micro-batches); use an "
+                         f"accumulate_steps dividing {per_replica}, or enable_op_determinism(chunks=N) with more")
+    return config.replace(deterministic_chunks=chunks, accumulate_steps=per_replica)

@@ -34,7 +34,7 @@ from graphdist.compile.build import compile_traced
 from graphdist.compile.export import step_files
 from graphdist.compile.load import load_files
 from graphdist.compile.loaded import LoadedPlan
-from graphdist.compile.pipeline import build_pipeline
+from graphdist.compile.pipeline import build_pipeline, deterministic_config
 from graphdist.compile.step import StepRecord
 from graphdist.errors import GraphError, PlanError
 from graphdist.ir.graph import Graph
@@ -68,9 +68,14 @@ def replan(record: StepRecord, strategy: Any, *, backend: str | None = None, pla
         raise PlanError(f"replan: strategy must be a gd.Strategy (e.g. gd.MirroredStrategy(['cpu:0', 'cpu:1'])), "
                         f"got {type(strategy).__name__}")
     config = strategy.pipeline_config().replace(accumulate_steps=record.accumulate_steps)
+    if record.deterministic_chunks:  # the micro-batches are the chunks per replica of the new replica count
+        try:
+            config = deterministic_config(config, record.deterministic_chunks)
+        except GraphError as err:
+            raise PlanError(f"plan {record.name!r} was compiled with op determinism: {err}") from None
     graph = _rebatched(record, config.total_replicas, checker)
     _check_replica_count(record, config.total_replicas)
-    _check_accumulation(record, graph, config.replicas)
+    _check_accumulation(record, graph, config.replicas, config.accumulate_steps)
     interface = record.interface.for_replicas(config.replicas)
     placement = PlacementSpec({spec.uid: strategy._place_value(spec, record.values[name])
                                for name, spec in record.variables})
@@ -78,7 +83,8 @@ def replan(record: StepRecord, strategy: Any, *, backend: str | None = None, pla
                                             backend or config.backend or plan_backend)
     replanned = StepRecord(record.name, graphs["traced"], interface, record.argument_structure,
                            record.argument_details, record.output_structure, record.variables, record.values,
-                           config.total_replicas, record.rebatch, record.accumulate_steps)
+                           config.total_replicas, record.rebatch, config.accumulate_steps,
+                           record.deterministic_chunks)
     files = step_files(plan, graphs, replanned, resolved, config)
     loaded = load_files(files, plan.backend_name, label=f"plan {record.name!r} re-planned for {config.strategy}")
     logger.info("re-planned %s for %s on %s: %d segment(s)", record.name, config.strategy,
@@ -129,11 +135,11 @@ def _rebatched(record: StepRecord, replicas: int, checker: Callable[[], dict[str
         raise PlanError(f"plan {record.name!r}: {err}") from None
 
 
-def _check_accumulation(record: StepRecord, graph: Graph, local_replicas: int) -> None:
-    """A step compiled with ``accumulate_steps=k`` keeps it: the new per-replica batch must divide by ``k``, and
-    a step whose plain array arguments were one replica's batch stays at one replica per process.
+def _check_accumulation(record: StepRecord, graph: Graph, local_replicas: int, steps: int) -> None:
+    """A step compiled with ``accumulate_steps=k`` keeps it: the new per-replica batch must divide by ``k``
+    (``steps``: ``k``, or op determinism's chunks per replica), and a step whose plain array arguments were one
+    replica's batch stays at one replica per process.
     """
-    steps = record.accumulate_steps
     if steps == 1:
         return
     batch = graph.meta.get("batch")

@@ -49,6 +49,8 @@ class StepRecord:
             per-replica batch size by ``RebatchPass``, equals the step traced at that size.
         accumulate_steps: Micro-batches per replica and step (``gd.function(accumulate_steps=k)``); a
             re-planned step keeps them.
+        deterministic_chunks: Op determinism's chunks of the global batch, or ``None``; a re-planned step
+            keeps them (and its micro-batches become the chunks per replica of the new replica count).
     """
 
     name: str
@@ -62,6 +64,7 @@ class StepRecord:
     replicas_in_sync: int
     rebatch: dict[str, Any] = field(default_factory=lambda: {"verified": False, "reason": "not checked"})
     accumulate_steps: int = 1
+    deterministic_chunks: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The ``traced`` section of ``plan.json`` (the graph itself is ``graphs/traced.onnx``)."""
@@ -83,6 +86,7 @@ class StepRecord:
             "specialised": {name: {"argument": hint, "dtype": np.asarray(value).dtype.str,
                                    "value": np.asarray(value).tolist()}
                             for name, (hint, value) in (meta.get("specialised") or {}).items()},
+            "deterministic_chunks": self.deterministic_chunks,
         }
 
     @classmethod
@@ -121,9 +125,12 @@ class StepRecord:
             accumulate = section.get("accumulate_steps", 1)  # absent from plans exported before it existed
             if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
                 raise ValueError(f"accumulate_steps must be a positive int, got {accumulate!r}")
+            chunks = section.get("deterministic_chunks")  # absent from plans exported before it existed
+            if chunks is not None and (isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1):
+                raise ValueError(f"deterministic_chunks must be a positive int or null, got {chunks!r}")
             return cls(str(doc["name"]), graph, StepInterface.from_json(section["interface"]),
                        doc["arguments"]["structure"], details, doc["outputs"]["structure"], variables, values,
-                       int(section["replicas_in_sync"]), dict(section["rebatch"]), accumulate)
+                       int(section["replicas_in_sync"]), dict(section["rebatch"]), accumulate, chunks)
         except (KeyError, TypeError, ValueError) as err:
             raise PlanError(f"plan {doc.get('name')!r}: plan.json's 'traced' section is malformed "
                             f"({type(err).__name__}: {err}); export the plan again") from None
@@ -162,7 +169,8 @@ def record_of_concrete(concrete: Any, check: bool = True) -> StepRecord:
     record = StepRecord(
         concrete.name, traced, concrete.interface, encode_treedef(treedef, "the step's arguments"), details,
         encode_treedef(concrete._output_treedef, "the step's result"), list(traced.meta.get("variables", [])),
-        values, concrete.config.total_replicas, accumulate_steps=concrete.config.accumulate_steps)
+        values, concrete.config.total_replicas, accumulate_steps=concrete.config.accumulate_steps,
+        deterministic_chunks=concrete.config.deterministic_chunks)
     if check:
         record.rebatch = check_rebatch(concrete)
     return record

@@ -1,7 +1,8 @@
 """One rank of the MPI communicator tests (run under ``mpiexec -n 2``); writes ``OUT/rank<r>.json``.
 
 Modes: ``ops`` (every collective, ``RING``, mismatch detection), ``stuck``
-(rank 1 sleeps past rank 0's timeout).
+(rank 1 sleeps past rank 0's timeout), ``tree`` (the ``tree`` all-reduce of
+:func:`tree_buffer` on any number of ranks, its bits in hex).
 """
 
 from __future__ import annotations
@@ -53,6 +54,19 @@ def ops() -> dict:
     return result
 
 
+def tree_buffer(rank: int) -> np.ndarray:
+    """Rank ``rank``'s buffer: magnitudes from 1e-3 to 1e3, so the order of the additions shows in the bits."""
+    rng = np.random.default_rng(rank)
+    return (rng.standard_normal(1000) * 10.0 ** rng.integers(-3, 4, 1000)).astype(np.float32)
+
+
+def tree() -> dict:
+    comm = MPICommunicator(timeout=60)
+    x = tree_buffer(comm.rank)
+    return {"rank": comm.rank, "sum": comm.all_reduce(x, algorithm="tree").tobytes().hex(),
+            "mean": comm.all_reduce(x, "MEAN", algorithm="tree").tobytes().hex()}
+
+
 def stuck() -> dict:
     comm = MPICommunicator(timeout=1.5)
     comm.barrier()
@@ -68,5 +82,5 @@ def stuck() -> dict:
 
 
 if __name__ == "__main__":
-    result = ops() if sys.argv[1] == "ops" else stuck()
+    result = {"ops": ops, "tree": tree, "stuck": stuck}[sys.argv[1]]()
     Path(sys.argv[2], f"rank{result['rank']}.json").write_text(json.dumps(result))

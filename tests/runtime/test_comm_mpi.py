@@ -24,7 +24,7 @@ def test_single_rank_collectives_are_copies() -> None:
 
 @pytest.mark.parametrize(("call", "fragment"), [
     (lambda c: c.all_reduce(np.ones(2), "PROD"), "SUM, MEAN, MAX or MIN"),
-    (lambda c: c.all_reduce(np.ones(2), algorithm="tree"), "'auto' or 'ring'"),
+    (lambda c: c.all_reduce(np.ones(2), algorithm="butterfly"), "'auto', 'ring' or 'tree'"),
     (lambda c: c.all_reduce(np.ones(2), out=np.ones(3)), "out is float64"),
     (lambda c: c.all_reduce(np.array(["a"])), "numeric buffers"),
     (lambda c: c.all_gather(np.float32(1)), "rank >= 1"),
@@ -77,6 +77,21 @@ def test_two_ranks_every_collective(tmp_path) -> None:
         assert ("worker 0 called #" in out["mismatch"] and "float32[3]" in out["mismatch"]
                 and "worker 1 called #" in out["mismatch"] and "float32[4]" in out["mismatch"])
         assert "unusable after an earlier failure" in out["broken"]
+
+
+@pytest.mark.slow
+def test_tree_all_reduce_adds_in_one_pairwise_tree_on_every_rank(tmp_path) -> None:
+    from tests.runtime.comm_mpi_worker import tree_buffer
+
+    job = mpi_jobs.mpiexec(4, "tests/runtime/comm_mpi_worker.py", "tree", str(tmp_path))
+    assert job.returncode == 0, job.stdout + job.stderr
+    b = [tree_buffer(r) for r in range(4)]
+    total = (b[0] + b[1]) + (b[2] + b[3])
+    assert total.tobytes() != (((b[0] + b[1]) + b[2]) + b[3]).tobytes()  # the order shows in these bits
+    for r in range(4):
+        out = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert out["sum"] == total.tobytes().hex()
+        assert out["mean"] == (total / np.float32(4)).tobytes().hex()
 
 
 @pytest.mark.slow

@@ -228,13 +228,17 @@ class MPICommunicator:
         ``"auto"`` (MPI's all-reduce; MPICH picks the algorithm by size) or
         ``"ring"`` (reduce-scatter then all-gather of the chunks, the ring
         all-reduce's bandwidth-optimal structure; every element is reduced
-        on one rank only, so all ranks get bitwise equal results).
+        on one rank only, so all ranks get bitwise equal results) or
+        ``"tree"`` (an all-gather of every rank's buffer, then the pairwise
+        tree ``((b0 + b1) + (b2 + b3)) + ...`` in rank order on every rank:
+        the same bits whatever MPI does, for op determinism; ``size`` times
+        the buffer crosses the network instead of about twice).
         """
         op = str(reduce_op).upper()
         if op not in ("SUM", "MEAN", "MAX", "MIN"):
             raise InvalidArgumentError(f"all_reduce: reduce_op must be SUM, MEAN, MAX or MIN, got {reduce_op!r}")
-        if algorithm not in ("auto", "ring"):
-            raise InvalidArgumentError(f"all_reduce: algorithm must be 'auto' or 'ring', got {algorithm!r}")
+        if algorithm not in ("auto", "ring", "tree"):
+            raise InvalidArgumentError(f"all_reduce: algorithm must be 'auto', 'ring' or 'tree', got {algorithm!r}")
         send = _contiguous(buffer)
         _check_mean(op, send.dtype, "all_reduce")
         result = out if out is not None else _output(send.shape, send.dtype)
@@ -248,6 +252,9 @@ class MPICommunicator:
         elif algorithm == "ring":
             self._confirm(pending)
             self._ring_all_reduce(send, result, op, name)
+        elif algorithm == "tree":
+            self._confirm(pending)
+            self._tree_all_reduce(send, result, op, name)
         else:
             # The payload starts with the fingerprints, not after them: one round trip between hosts instead of
             # two. Its result is used only once the fingerprints agree; when they differ the payload's request
@@ -274,6 +281,17 @@ class MPICommunicator:
         self._wait(request, "all_reduce (ring: reduce-scatter)", name)
         request = self._comm.Iallgatherv(self._MPI.IN_PLACE, [flat_out, (counts, starts[:-1])])
         self._wait(request, "all_reduce (ring: all-gather)", name)
+
+    def _tree_all_reduce(self, send: np.ndarray, result: np.ndarray, op: str, name: str) -> None:
+        gathered = np.empty((self.size, *send.shape), send.dtype)
+        self._wait(self._comm.Iallgather(_mpi_buffer(send), _mpi_buffer(gathered)), "all_reduce (tree: all-gather)",
+                   name)
+        combine = {"SUM": np.add, "MEAN": np.add, "MAX": np.maximum, "MIN": np.minimum}[op]
+        level = list(gathered)
+        while len(level) > 1:  # neighbours paired level by level: the local communicator's hierarchical_copy tree
+            paired = [combine(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
+            level = paired + ([level[-1]] if len(level) % 2 else [])
+        np.copyto(result, level[0])
 
     def all_gather(self, buffer: np.ndarray, axis: int = 0, name: str = "") -> np.ndarray:
         """Concatenates every rank's ``buffer`` (all of one shape) along ``axis`` in rank order."""
