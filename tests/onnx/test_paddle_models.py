@@ -57,8 +57,10 @@ def _train(strategy: gd.Strategy, x: np.ndarray, labels: np.ndarray, steps: int,
                 if name == "ppocr_cls":  # (n, 2) probabilities: cross-entropy
                     onehot = (np.arange(2) == labels[:, None]).astype(np.float32)
                     per_example = -np.log((out * onehot).sum(axis=1) + np.float32(1e-7))
-                else:  # (n, 1, h, w) text probability map: squared error against a target map
-                    per_example = ((out - labels) ** 2).mean(axis=(1, 2, 3))
+                else:  # (n, 1, h, w) text probability map: binary cross-entropy against a target map
+                    eps = np.float32(1e-6)
+                    bce = -(labels * np.log(out + eps) + (1 - labels) * np.log(1 - out + eps))
+                    per_example = bce.mean(axis=(1, 2, 3))
                 loss = gd.nn.compute_average_loss(per_example, global_batch_size=batch)
             grads = tape.gradient(loss, model.trainable_variables)
             opt.apply_gradients(zip(grads, model.trainable_variables))
