@@ -44,11 +44,13 @@ def _accumulate(b: GradBuilder, grads: dict[int, Value], value: Value, grad: Val
 
 
 def _not_differentiable(node: Node) -> str:
-    where = f"node {node.name!r}{', at ' + node.meta['source'] if 'source' in node.meta else ''}"
+    where = f"node {node.name!r}"
     opset = node.graph.opset if node.graph is not None else OPSET
     model = node.meta.get("model")
     if model is not None:  # inlined from an imported model: name the model's own opset, not the trace's
         where += f" of model {model!r} (opset {node.meta['model_opset']})"
+    if "source" in node.meta:
+        where += f", at {node.meta['source']}"
     fix = ("Rewrite that part with differentiable ops, stop the gradient before it (gd.stop_gradient), or "
            "freeze the variables it reaches (gd.onnx.load(..., frozen=[...])); the ops with gradients are "
            "listed in the README (\"ONNX models in\")")

@@ -129,3 +129,17 @@ def test_gradient_matches_finite_differences(name: str) -> None:
         check(fn, *args, backends=backends64)
     if backends32:
         check_f32(fn, *args, backends=backends32)
+
+
+@pytest.mark.parametrize(("fn", "message"), [
+    (_resize([1, 1, 2, 2], mode="cubic"), r"Resize \(.*\) in mode 'cubic': only 'nearest' and 'linear'"),
+    (_resize([1, 1, 0.5, 0.5], mode="linear", antialias=1), "antialiased shrinking has no gradient rule"),
+    (_node("Einsum", {}, 1, equation="...ij->...ji"), "Einsum .* with an ellipsis"),
+    (_node("Einsum", {}, 1, equation="iijk->ijk"), "a repeated letter within one operand"),
+    (_node("ScatterND", {1: np.array([[1]], I64), 2: np.ones((1, 4))}, 3, reduction="mul"),
+     "ScatterND .* with reduction 'mul'"),
+])
+def test_forms_without_a_rule_raise_naming_the_form(fn: Callable[..., Any], message: str) -> None:
+    step = gd.function(lambda x: gd.grad(fn)(x), backend="reference")
+    with pytest.raises(GraphError, match=message):
+        step(r(1, 1, 4, 4))
