@@ -38,6 +38,7 @@ def updated_readme(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Rewrites (or, with ``--check``, checks) the README's list; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only check that README.md is up to date")
     parser.add_argument("--readme", type=Path, default=REPO / "README.md")
