@@ -3,7 +3,9 @@
 Each rule equals central finite differences of the op run by ``onnx.reference`` in float64
 (the numbers come from ONNX's own implementation of the op, not from graphdist), on the
 ``reference`` and ``ort`` backends; in float32 on ONNX Runtime where its CPU provider has no
-float64 kernel for the op. Resize is checked in each mode and coordinate transformation, as its
+float64 kernel for the op. LSTM, GRU and RNN (whose rules differentiate an unrolled
+re-computation) are checked in each direction, with and without biases, initial states and
+peepholes. Resize is checked in each mode and coordinate transformation, as its
 rule builds the interpolation weights itself (``align_corners`` at scales whose output length is
 exact: with a fractional one, onnx.reference divides by the unrounded length and ONNX Runtime, as
 the rule, by the output's).
@@ -143,3 +145,68 @@ def test_forms_without_a_rule_raise_naming_the_form(fn: Callable[..., Any], mess
     step = gd.function(lambda x: gd.grad(fn)(x), backend="reference")
     with pytest.raises(GraphError, match=message):
         step(r(1, 1, 4, 4))
+
+
+# ------------------------------------------------------------- LSTM, GRU, RNN
+def _rnn(op_type: str, count: int, outputs: tuple[int, ...], constants: dict[int, np.ndarray | None] | None = None,
+         **attrs: Any) -> Callable[..., Any]:
+    """The weighted sum of the recurrent op's ``outputs`` (traced, or run by ``onnx.reference``)."""
+    constants = constants or {}
+
+    def fn(*floats: Any) -> Any:
+        free = iter(floats)
+        inputs = [constants[i] if i in constants else next(free) for i in range(count)]
+        number = {"LSTM": 3, "GRU": 2, "RNN": 2}[op_type]
+
+        def reference(*v: Any) -> list[np.ndarray]:
+            return onnx_run(op_type, list(v), attrs, outputs=number)
+
+        if any(isinstance(a, gd.Tensor) for a in inputs):
+            from graphdist.trace.tracer import current_trace
+
+            ctx = current_trace()
+            values = [a.value if isinstance(a, gd.Tensor) else None if a is None else ctx.constant(a) for a in inputs]
+            outs = ctx.emit(op_type, values, attrs, num_outputs=number)
+        else:
+            outs = reference(*inputs)
+        return sum(_weighted(outs[i]).sum() for i in outputs)
+
+    return fn
+
+
+H, B_, I_, T = 3, 2, 4, 3  # hidden, batch, input, time
+RNN_CASES: dict[str, Case] = {
+    "lstm_forward_all_inputs": (_rnn("LSTM", 8, (0, 1, 2), {4: None}, hidden_size=H),
+                                (r(T, B_, I_), r(1, 4 * H, I_), r(1, 4 * H, H), r(1, 8 * H), r(1, B_, H), r(1, B_, H),
+                                 r(1, 3 * H)), ("reference",), ("ort",)),
+    "lstm_bidirectional_no_bias": (_rnn("LSTM", 3, (0, 1), hidden_size=H, direction="bidirectional"),
+                                   (r(T, B_, I_), r(2, 4 * H, I_), r(2, 4 * H, H)), ("reference",), ("ort",)),
+    "gru_reverse_bias_initial": (_rnn("GRU", 6, (0, 1), {4: None}, hidden_size=H, direction="reverse"),
+                                 (r(T, B_, I_), r(1, 3 * H, I_), r(1, 3 * H, H), r(1, 6 * H), r(1, B_, H)),
+                                 ("reference",), ("ort",)),
+    "gru_linear_before_reset_y_h_only": (_rnn("GRU", 4, (1,), hidden_size=H, linear_before_reset=1),
+                                         (r(T, B_, I_), r(1, 3 * H, I_), r(1, 3 * H, H), r(1, 6 * H)),
+                                         ("reference",), ("ort",)),
+    "rnn_bidirectional_bias_initial": (_rnn("RNN", 6, (0, 1), {4: None}, hidden_size=H, direction="bidirectional"),
+                                       (r(T, B_, I_), r(2, H, I_), r(2, H, H), r(2, 2 * H), r(2, B_, H)),
+                                       ("reference",), ("ort",)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RNN_CASES))
+def test_recurrent_gradient_matches_finite_differences(name: str) -> None:
+    fn, args, backends64, backends32 = RNN_CASES[name]
+    check(fn, *args, backends=backends64)
+    check_f32(fn, *args, backends=backends32)
+
+
+@pytest.mark.parametrize(("attrs", "message"), [
+    ({"clip": 1.0}, r"LSTM \(.*\) with clip=1.0: no gradient rule"),
+    ({"layout": 1}, "with layout=1"),
+    ({"activations": ["Relu", "Tanh", "Tanh"]}, r"activations \['Relu', 'Tanh', 'Tanh'\]: only the defaults"),
+])
+def test_recurrent_forms_without_a_rule_raise(attrs: dict[str, Any], message: str) -> None:
+    fn = _rnn("LSTM", 3, (0,), hidden_size=H, **attrs)
+    step = gd.function(lambda *a: gd.grad(fn, argnums=(1,))(*a), backend="reference")
+    with pytest.raises(GraphError, match=message):
+        step(r(T, B_, I_), r(1, 4 * H, I_), r(1, 4 * H, H))

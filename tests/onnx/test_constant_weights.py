@@ -109,15 +109,14 @@ def test_batch_norm_statistics_frozen_by_default_update_on_request(tmp_path: Pat
 
 
 def test_gradient_through_op_without_rule_names_op_model_opset_and_node() -> None:
-    """An opset-12 model whose GRU (no gradient rule) the loss reaches: the error names GRU, opset 12
-    (the model's, not the trace's 18) and the node.
+    """An opset-12 model whose DepthToSpace (no gradient rule) the loss reaches: the error names the op,
+    opset 12 (the model's, not the trace's 18) and the node.
     """
-    hidden, features = 3, 2
-    arrays = [numpy_helper.from_array(RNG.standard_normal(shape).astype(np.float32), name) for name, shape in
-              (("W", (1, 3 * hidden, features)), ("R", (1, 3 * hidden, hidden)))]
-    nodes = [helper.make_node("GRU", ["x", "W", "R"], ["", "h"], hidden_size=hidden, name="encoder_gru")]
-    model = gd.onnx.load(make_model(nodes, [tensor("x", [4, 2, features])], [tensor("h", [1, 2, hidden])],
-                                    arrays, opset=12, name="seq"))
+    scale = numpy_helper.from_array(RNG.uniform(0.5, 1.5, (4, 1, 1)).astype(np.float32), "scale")
+    nodes = [helper.make_node("Mul", ["x", "scale"], ["scaled"]),
+             helper.make_node("DepthToSpace", ["scaled"], ["y"], blocksize=2, name="upsample_d2s")]
+    model = gd.onnx.load(make_model(nodes, [tensor("x", [1, 4, 2, 2])], [tensor("y", [1, 1, 4, 4])], [scale],
+                                    opset=12, name="sr"))
 
     @gd.function
     def grads(x):
@@ -125,7 +124,7 @@ def test_gradient_through_op_without_rule_names_op_model_opset_and_node() -> Non
             loss = model(x).sum()
         return tape.gradient(loss, model.trainable_variables)
 
-    with pytest.raises(gd.TracingError, match=r"cannot differentiate through GRU \(node 'encoder_gru' of model "
-                                              r"'seq' \(opset 12\), at [^)]*\): the op has no gradient rule at "
+    with pytest.raises(gd.TracingError, match=r"cannot differentiate through DepthToSpace \(node 'upsample_d2s' of "
+                                              r"model 'sr' \(opset 12\), at [^)]*\): the op has no gradient rule at "
                                               r"opset 12 \(traced at 18\)"):
-        grads(RNG.standard_normal((4, 2, features)).astype(np.float32))
+        grads(RNG.standard_normal((1, 4, 2, 2)).astype(np.float32))
