@@ -9,6 +9,7 @@ files are used as shipped: nothing edits them.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -43,8 +44,8 @@ def test_ppocr_cls_loads_its_constant_weights_as_variables() -> None:
 
 
 def _train(strategy: gd.Strategy, x: np.ndarray, labels: np.ndarray, steps: int, name: str = "ppocr_cls",
-           optimizer: str = "sgd") -> tuple[list[float], gd.onnx.OnnxModel]:
-    model = _load(name, strategy)
+           optimizer: str = "sgd", **load: Any) -> tuple[list[float], gd.onnx.OnnxModel]:
+    model = _load(name, strategy, **load)
     with strategy.scope():
         opt = gd.optimizers.SGD(0.05) if optimizer == "sgd" else gd.optimizers.Adam(1e-3)
     batch = len(x)
@@ -112,6 +113,22 @@ def _assert_saved_model_runs_on_onnxruntime(model: gd.onnx.OnnxModel, x: np.ndar
     np.testing.assert_allclose(got, model(x), rtol=1e-4, atol=1e-5)
     original = ort.InferenceSession(str(model_path("ppocr_cls")), providers=["CPUExecutionProvider"])
     assert not np.allclose(original.run(None, {"x": x})[0], got, rtol=1e-4, atol=1e-5)  # trained weights saved
+
+
+def test_ppocr_cls_with_moving_batch_norm_statistics_stays_finite() -> None:
+    """``batch_norm="update"`` (batch statistics, running ones moving as in Keras' fit): the running
+    statistics are non-trainable variables, so no optimizer step drives a variance negative (the NaN
+    at step 2 of weights moved to trainable initializers by hand).
+    """
+    x = RNG.standard_normal((4, 3, 48, 192)).astype(np.float32)
+    initial = [v.numpy() for v in _load("ppocr_cls", gd.OneDeviceStrategy("cpu:0")).variables]
+    losses, model = _train(gd.OneDeviceStrategy("cpu:0"), x, np.array([0, 1, 1, 0]), steps=3, batch_norm="update")
+    assert np.all(np.isfinite(losses)) and losses[-1] < losses[0], losses
+    statistics = [(v, w) for v, w in zip(model.variables, initial) if not v.trainable]
+    assert all(np.all(np.isfinite(v.numpy())) for v, _ in statistics)
+    variances = [v.numpy() for v, _ in statistics if v.name.endswith("_variance:0")]
+    assert len(variances) == 35 and all(np.all(a > 0) for a in variances)
+    assert sum(not np.allclose(v.numpy(), w) for v, w in statistics) > len(statistics) // 2  # they moved
 
 
 def test_ppocr_det_trains_one_step_under_mirrored_like_one_device() -> None:
