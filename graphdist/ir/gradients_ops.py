@@ -26,7 +26,7 @@ from onnx import numpy_helper
 
 from graphdist.errors import GraphError
 from graphdist.ir import nn_ops  # noqa: F401 - hand-written OpDefs first: a rule goes on the OpDef when there is one
-from graphdist.ir.gradients import GradBuilder, register_gradient
+from graphdist.ir.gradients import GradBuilder, GradRule, _grad_to_input_shape, register_gradient
 from graphdist.ir.graph import Node, Value
 
 __all__: list[str] = []
@@ -398,3 +398,100 @@ def _einsum(b: GradBuilder, node: Node, g: Grads) -> Grads:
             grad = b.expand_to(grad, shape)
         grads.append(grad)
     return grads
+
+
+# --------------------------------------------------------------- reductions
+def _reduction(derivative: Callable[[GradBuilder, Value, Value], Value]) -> GradRule:
+    """``g * derivative(x, y)`` with the reduction's output ``y`` and ``g`` broadcast back to ``x``'s shape."""
+    def rule(b: GradBuilder, node: Node, g: Grads) -> Grads:
+        y = _grad_to_input_shape(b, node, node.outputs[0])
+        grad = _grad_to_input_shape(b, node, g[0])
+        return [b.mul(grad, derivative(b, node.inputs[0], y))] + [None] * (len(node.inputs) - 1)
+
+    return rule
+
+
+def _safe_ratio(b: GradBuilder, x: Value, y: Value) -> Value:
+    """``x / y``, 0 where ``y`` is 0 (the subgradient of a norm at 0)."""
+    zero = _scalar(b, 0.0, y)
+    is_zero = b.op1("Equal", [y, zero])
+    return b.op1("Where", [is_zero, zero, b.op1("Div", [x, b.op1("Where", [is_zero, _scalar(b, 1.0, y), y])])])
+
+
+register_gradient("ReduceSumSquare", since=18)(_reduction(lambda b, x, y: b.mul(x, _scalar(b, 2.0, x))))
+register_gradient("ReduceL1", since=18)(_reduction(lambda b, x, y: b.op1("Sign", [x])))
+register_gradient("ReduceL2", since=18)(_reduction(_safe_ratio))
+register_gradient("ReduceLogSumExp", since=18)(_reduction(lambda b, x, y: b.op1("Exp", [b.op1("Sub", [x, y])])))
+register_gradient("ReduceLogSum", since=18)(_reduction(lambda b, x, y: b.op1("Exp", [b.neg(y)])))
+
+
+# ------------------------------------------------------- more activations
+def _positive(b: GradBuilder, x: Value, threshold: float = 0.0) -> Value:
+    return b.op1("Greater", [x, _scalar(b, threshold, x)])
+
+
+@register_gradient("Celu", since=12)
+def _celu(b: GradBuilder, node: Node, g: Grads) -> Grads:
+    x = node.inputs[0]
+    alpha = float(node.attrs.get("alpha", 1.0))
+    negative = b.op1("Exp", [b.mul(x, _scalar(b, 1.0 / alpha, x))])
+    return [b.mul(g[0], b.op1("Where", [_positive(b, x), _scalar(b, 1.0, x), negative]))]
+
+
+@register_gradient("Mish", since=18)
+def _mish(b: GradBuilder, node: Node, g: Grads) -> Grads:
+    """``y = x tanh(softplus(x))``: ``tanh(sp) + x sigmoid(x) (1 - tanh(sp)^2)``."""
+    x = node.inputs[0]
+    t = b.op1("Tanh", [b.op1("Softplus", [x])])
+    tail = b.mul(b.mul(x, b.op1("Sigmoid", [x])), b.op1("Sub", [_scalar(b, 1.0, x), b.mul(t, t)]))
+    return [b.mul(g[0], b.add(t, tail))]
+
+
+@register_gradient("ThresholdedRelu", since=10)
+def _thresholded_relu(b: GradBuilder, node: Node, g: Grads) -> Grads:
+    x = node.inputs[0]
+    above = _positive(b, x, float(node.attrs.get("alpha", 1.0)))
+    return [b.op1("Where", [above, g[0], _scalar(b, 0.0, x)])]
+
+
+@register_gradient("Shrink", since=9)
+def _shrink(b: GradBuilder, node: Node, g: Grads) -> Grads:
+    x = node.inputs[0]
+    lambd = float(node.attrs.get("lambd", 0.5))
+    outside = b.op1("Or", [_positive(b, x, lambd), b.op1("Less", [x, _scalar(b, -lambd, x)])])
+    return [b.op1("Where", [outside, g[0], _scalar(b, 0.0, x)])]
+
+
+# ------------------------------------------------- rearrangements, selections
+@register_gradient("SpaceToDepth", since=13)
+def _space_to_depth(b: GradBuilder, node: Node, g: Grads) -> Grads:
+    return [b.op1("DepthToSpace", [g[0]], {"blocksize": int(node.attrs["blocksize"]), "mode": "DCR"})]
+
+
+@register_gradient("DepthToSpace", since=13)
+def _depth_to_space(b: GradBuilder, node: Node, g: Grads) -> Grads:
+    """DCR: SpaceToDepth, its inverse. CRD: the inverse reshape and transpose."""
+    block = int(node.attrs["blocksize"])
+    if _str(node, "mode", "DCR") == "DCR":
+        return [b.op1("SpaceToDepth", [g[0]], {"blocksize": block})]
+    n, c, h, w = _static(node, node.inputs[0])
+    split = b.reshape(g[0], [n, c // (block * block), h, block, w, block])
+    moved = b.op1("Transpose", [split], {"perm": [0, 1, 3, 5, 2, 4]})
+    return [b.reshape(moved, [n, c, h, w])]
+
+
+@register_gradient("Trilu", since=14)
+def _trilu(b: GradBuilder, node: Node, g: Grads) -> Grads:
+    """Trilu keeps a triangle and zeroes the rest: its gradient is the same Trilu of the gradient."""
+    return [b.op1("Trilu", [g[0], *node.inputs[1:]], dict(node.attrs))] + [None] * (len(node.inputs) - 1)
+
+
+@register_gradient("TopK", since=11)
+def _top_k(b: GradBuilder, node: Node, g: Grads) -> Grads:
+    """The values' gradient goes back to the positions they were taken from."""
+    x = node.inputs[0]
+    if g[0] is None:
+        return [None, None]
+    zeros = b.op1("ConstantOfShape", [b.op1("Shape", [x])], {"value": _zero_tensor(x)})
+    axis = int(node.attrs.get("axis", -1))
+    return [b.op1("ScatterElements", [zeros, node.outputs[1], g[0]], {"axis": axis, "reduction": "add"}), None]

@@ -113,6 +113,27 @@ CASES: dict[str, Case] = {
     "tile": (_node("Tile", {1: np.array([2, 1, 3], I64)}, 2), (r(2, 3, 2),), REF_ORT, ()),
     "cumsum_exclusive": (_node("CumSum", {1: np.array(1, I64)}, 2, exclusive=1), (r(2, 4),), REF_ORT, ()),
     "cumsum_reverse": (_node("CumSum", {1: np.array(-1, I64)}, 2, reverse=1), (r(3, 4),), REF_ORT, ()),
+    # reductions (axes as an input, keepdims both ways)
+    "reduce_sum_square": (_node("ReduceSumSquare", {1: np.array([1], I64)}, 2), (r(2, 3, 4),), REF_ORT, ()),
+    "reduce_l1_keepdims0": (_node("ReduceL1", {1: np.array([0, 2], I64)}, 2, keepdims=0), (r(2, 3, 4) + 0.0078125,),
+                            REF_ORT, ()),
+    "reduce_l2_all": (_node("ReduceL2", {}, 1), (r(3, 4),), REF_ORT, ()),
+    "reduce_log_sum_exp": (_node("ReduceLogSumExp", {1: np.array([-1], I64)}, 2), (r(2, 5) * 3,), REF_ORT, ()),
+    "reduce_log_sum": (_node("ReduceLogSum", {1: np.array([1], I64)}, 2, keepdims=0), (r(3, 4) + 2,), REF_ORT, ()),
+    # more activations (kinks avoided: inputs off the thresholds)
+    "celu_float32_only": (_node("Celu", {}, 1, alpha=0.7), (r(3, 4) * 2 + 0.0078125,), (), REF_ORT),
+    "mish": (_node("Mish", {}, 1), (r(3, 4) * 3,), ("reference",), ("ort",)),
+    "thresholded_relu": (_node("ThresholdedRelu", {}, 1, alpha=0.3), (r(3, 4) + 0.0078125,), ("reference",),
+                         ("ort",)),
+    "shrink": (_node("Shrink", {}, 1, lambd=0.4, bias=0.1), (r(3, 4) + 0.0078125,), ("reference",), ("ort",)),
+    # rearrangements and selections
+    "space_to_depth": (_node("SpaceToDepth", {}, 1, blocksize=2), (r(1, 2, 4, 6),), REF_ORT, ()),
+    "depth_to_space_dcr": (_node("DepthToSpace", {}, 1, blocksize=2), (r(2, 8, 2, 3),), REF_ORT, ()),
+    "depth_to_space_crd": (_node("DepthToSpace", {}, 1, blocksize=2, mode="CRD"), (r(2, 8, 2, 3),), REF_ORT, ()),
+    "trilu_upper_k": (_node("Trilu", {1: np.array(1, I64)}, 2), (r(2, 4, 5),), REF_ORT, ()),
+    "trilu_lower": (_node("Trilu", {}, 1, upper=0), (r(4, 4),), REF_ORT, ()),
+    "top_k_values": (lambda x: _weighted(_raw("TopK", lambda v, k: onnx_run("TopK", [v, k], {"axis": 1}, 2)[0], x,
+                                             np.array([2], I64), axis=1)), (r(3, 5),), ("reference",), ("ort",)),
     # Einsum (ONNX Runtime has no float64 Einsum)
     "einsum_matmul": (_node("Einsum", {}, 2, equation="ij,jk->ik"), (r(3, 4), r(4, 2)), ("reference",), ("ort",)),
     "einsum_batched_attention": (_node("Einsum", {}, 2, equation="bhqd,bhkd->bhqk"), (r(2, 2, 3, 4), r(2, 2, 5, 4)),
