@@ -109,13 +109,13 @@ def test_batch_norm_statistics_frozen_by_default_update_on_request(tmp_path: Pat
 
 
 def test_gradient_through_op_without_rule_names_op_model_opset_and_node() -> None:
-    """An opset-12 model whose DepthToSpace (no gradient rule) the loss reaches: the error names the op,
+    """An opset-12 model whose LpNormalization (no gradient rule) the loss reaches: the error names the op,
     opset 12 (the model's, not the trace's 18) and the node.
     """
     scale = numpy_helper.from_array(RNG.uniform(0.5, 1.5, (4, 1, 1)).astype(np.float32), "scale")
     nodes = [helper.make_node("Mul", ["x", "scale"], ["scaled"]),
-             helper.make_node("DepthToSpace", ["scaled"], ["y"], blocksize=2, name="upsample_d2s")]
-    model = gd.onnx.load(make_model(nodes, [tensor("x", [1, 4, 2, 2])], [tensor("y", [1, 1, 4, 4])], [scale],
+             helper.make_node("LpNormalization", ["scaled"], ["y"], axis=1, name="unit_norm")]
+    model = gd.onnx.load(make_model(nodes, [tensor("x", [1, 4, 2, 2])], [tensor("y", [1, 4, 2, 2])], [scale],
                                     opset=12, name="sr"))
 
     @gd.function
@@ -124,7 +124,7 @@ def test_gradient_through_op_without_rule_names_op_model_opset_and_node() -> Non
             loss = model(x).sum()
         return tape.gradient(loss, model.trainable_variables)
 
-    with pytest.raises(gd.TracingError, match=r"cannot differentiate through DepthToSpace \(node 'upsample_d2s' of "
+    with pytest.raises(gd.TracingError, match=r"cannot differentiate through LpNormalization \(node 'unit_norm' of "
                                               r"model 'sr' \(opset 12\), at [^)]*\): the op has no gradient rule at "
                                               r"opset 12 \(traced at 18\)"):
         grads(RNG.standard_normal((1, 4, 2, 2)).astype(np.float32))
