@@ -366,7 +366,9 @@ class OnnxModel:
 
     # --------------------------------------------------------------------- save
     def to_onnx(self) -> onnx.ModelProto:
-        """The model as loaded, with the variables' current values as its initializers (a new proto)."""
+        """The model as loaded, with the variables' current values as its initializers (a new proto; promoted
+        ``Constant`` nodes become initializers).
+        """
         proto = onnx.ModelProto()
         proto.CopyFrom(self._proto)
         current = dict(zip(self._variable_names, self._variables))
@@ -381,7 +383,9 @@ class OnnxModel:
         """Writes the model with the variables' current values as its initializers (atomically).
 
         Everything else (inputs, outputs, nodes, opsets, metadata) is the
-        model as loaded, so ``onnxruntime.InferenceSession(path)`` runs it.
+        model as loaded, so ``onnxruntime.InferenceSession(path)`` runs it;
+        the ``Constant`` nodes promoted to variables (:attr:`promoted_constants`)
+        are written as initializers of the same names instead.
 
         Returns:
             The path written.
