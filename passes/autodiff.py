@@ -9,8 +9,10 @@ Cases:
 * source on the path to the target: the accumulated gradient (several uses
   of a value add up);
 * source not connected to the target: zeros of the source's shape;
-* an op on the path without a gradient rule: ``GraphError`` naming the op
-  and the node, and saying which sources need it;
+* an op on the path without a gradient rule (hand-written on its OpDef, or
+  registered for an op with a generic OpDef: :func:`graphdist.ir.gradients.gradient_rule`):
+  ``TracingError`` naming the op and the node and, for a node inlined from an
+  imported model, the model and its own opset (not the trace's);
 * several ``Gradient`` nodes (several tapes or calls): each expanded on its own.
 """
 
