@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphdist.errors import TracingError
-from graphdist.ir import gradients, gradients_ops, gradients_rnn  # noqa: F401 - registers the rules
+from graphdist.ir import gradients, gradients_decomposed, gradients_ops  # noqa: F401 - registers the rules
 from graphdist.ir.gradients import GradBuilder, gradient_rule
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Node, Value
 from graphdist.ir.ops import OPSET, get_opdef, has_opdef

@@ -67,7 +67,7 @@ def ops_with_gradients() -> list[str]:
     """Every op with a gradient rule (``domain.op`` outside the ONNX domain), sorted; graphdist's own
     bookkeeping ops (``graphdist.*``) left out.
     """
-    from graphdist.ir import gradients_nn, gradients_ops, gradients_rnn  # noqa: F401 - their rules register on import
+    from graphdist.ir import gradients_decomposed, gradients_nn, gradients_ops  # noqa: F401 - their rules register on import
 
     names = {f"{d + '.' if d else ''}{o}" for (d, o) in registered_ops() if get_opdef(o, d).gradient is not None}
     names |= {f"{d + '.' if d else ''}{o}" for d, o in _SCHEMA_OP_RULES}

@@ -22,7 +22,7 @@ import pytest
 import graphdist as gd
 import graphdist.passes.autodiff  # noqa: F401 - registers the rules
 from graphdist.errors import GraphError
-from tests.ir.test_nn_ops import REF_ORT, onnx_run, r
+from tests.ir.test_nn_ops import REF_ORT, at_opset, onnx_run, r
 from tests.trace.test_gradients import _raw, _weighted, check, check_f32
 
 I64 = np.int64
@@ -231,3 +231,32 @@ def test_recurrent_forms_without_a_rule_raise(attrs: dict[str, Any], message: st
     step = gd.function(lambda *a: gd.grad(fn, argnums=(1,))(*a), backend="reference")
     with pytest.raises(GraphError, match=message):
         step(r(T, B_, I_), r(1, 4 * H, I_), r(1, 4 * H, H))
+
+
+def _mvn(axes: list[int]) -> Callable[..., Any]:
+    def numpy_mvn(x: np.ndarray) -> np.ndarray:
+        centered = x - x.mean(axis=tuple(axes), keepdims=True)
+        return centered / np.sqrt((centered ** 2).mean(axis=tuple(axes), keepdims=True) + 1e-9)
+
+    return lambda x: _weighted(_raw("MeanVarianceNormalization", numpy_mvn, x, axes=axes))
+
+
+NORM_CASES: dict[str, Case] = {
+    # opset 21 (ONNX deprecates the opset-18 form); statistics in float64 (stash_type) to compare in float64
+    "group_norm_opset21_per_channel": (at_opset(21, lambda *a: _weighted(_raw(
+        "GroupNormalization", lambda *v: onnx_run("GroupNormalization", list(v), {"num_groups": 2, "stash_type": 11},
+                                                  opset=21)[0],
+        *a, num_groups=2, stash_type=11))), (r(2, 4, 5), r(4), r(4)), ("reference",), ()),
+    # float32 only (ONNX's function body of MeanVarianceNormalization is float32): against numpy's formula
+    "mean_variance_normalization": (_mvn(axes=[0, 2, 3]), (r(2, 3, 4, 2),), (), REF_ORT),
+    "mean_variance_normalization_axes": (_mvn(axes=[1]), (r(2, 5, 3),), (), REF_ORT),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NORM_CASES))
+def test_decomposed_normalization_gradient_matches_finite_differences(name: str) -> None:
+    fn, args, backends64, backends32 = NORM_CASES[name]
+    if backends64:
+        check(fn, *args, backends=backends64)
+    if backends32:
+        check_f32(fn, *args, backends=backends32)

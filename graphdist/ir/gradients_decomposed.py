@@ -1,22 +1,26 @@
-"""Gradients of the recurrent ops LSTM, GRU and RNN, by decomposition.
+"""Gradients by decomposition: the recurrent ops LSTM, GRU and RNN, and GroupNormalization and
+MeanVarianceNormalization.
 
-A rule here re-computes the node's outputs with primitive ops (the recurrence unrolled over the
+A rule here re-computes the node's outputs with primitive ops (a recurrence unrolled over the
 static sequence length, with MatMul, Slice, Sigmoid, Tanh, Mul, Add, Concat), then back-propagates
 the output gradients through those ops with their own rules (:func:`backprop_through`): so the
-gradient of the recurrence is exactly the composition of rules each checked on its own, with no
-hand-written BPTT. The re-computation costs one extra forward pass of the node.
+gradient is exactly the composition of rules each checked on its own, with no hand-written BPTT.
+The re-computation costs one extra forward pass of the node.
 
-Forms with a rule: ``layout=0``; default activations; no ``clip``; LSTM without ``input_forget``;
+Recurrent forms with a rule: ``layout=0``; default activations; no ``clip``; LSTM without ``input_forget``;
 no ``sequence_lens`` (every sequence full length); any direction, biases, initial states and LSTM
 peepholes. Another form raises :class:`~graphdist.errors.GraphError` naming what is missing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from graphdist.errors import GraphError
-from graphdist.ir.gradients import GradBuilder, gradient_rule, register_gradient
+from graphdist.ir import nn_ops  # noqa: F401 - hand-written OpDefs first: a rule goes on the OpDef when there is one
+from graphdist.ir.gradients import GradBuilder, GradRule, gradient_rule, register_gradient
 from graphdist.ir.graph import Node, Value
 
 __all__ = ["backprop_through"]
@@ -230,3 +234,53 @@ def _rnn_rule(b: GradBuilder, node: Node, g: Grads) -> Grads:
 register_gradient("LSTM", since=7)(_rnn_rule)
 register_gradient("GRU", since=7)(_rnn_rule)
 register_gradient("RNN", since=7)(_rnn_rule)
+
+
+# ------------------------------------------------- normalisations, by decomposition
+def _normalized(b: GradBuilder, x: Value, axes: list[int], epsilon: float) -> Value:
+    """``(x - mean) / sqrt(var + epsilon)`` over ``axes`` (population variance)."""
+    def mean(value: Value) -> Value:
+        return b.op1("ReduceMean", [value, b.int64s(axes)], {"keepdims": 1})
+
+    centered = b.op1("Sub", [x, mean(x)])
+    variance = mean(b.mul(centered, centered))
+    return b.op1("Div", [centered, b.op1("Sqrt", [b.add(variance, b.const(epsilon, x.dtype))])])
+
+
+def _decomposed(build: Callable[[GradBuilder, Node], list[Value]]) -> GradRule:
+    """A rule that re-computes the node's outputs with ``build`` and back-propagates through that."""
+    def rule(b: GradBuilder, node: Node, g: Grads) -> Grads:
+        start = len(b.created)
+        outputs = build(b, node)
+        return backprop_through(b, b.created[start:], outputs, list(g[: len(outputs)]), list(node.inputs))
+
+    return rule
+
+
+def _mean_variance_normalization(b: GradBuilder, node: Node) -> list[Value]:
+    x = node.inputs[0]
+    axes = [int(a) % x.rank for a in node.attrs.get("axes", [0, 2, 3])]
+    return [_normalized(b, x, axes, 1e-9)]  # ONNX's function body adds 1e-9 to the variance
+
+
+def _group_normalization(b: GradBuilder, node: Node) -> list[Value]:
+    """Opset 18 (``scale``/``bias`` per group) and 21 (per channel): the channels in ``num_groups`` groups."""
+    x, scale, bias = node.inputs
+    if not all(isinstance(d, int) for d in x.shape):
+        raise GraphError(f"cannot differentiate through GroupNormalization ({node.name}): the input's shape "
+                         f"{x.shape} must be static")
+    shape = [int(d) for d in x.shape]
+    groups = int(node.attrs["num_groups"])
+    grouped = b.reshape(x, [shape[0], groups, int(np.prod(shape[1:])) // groups])
+    normalized = _normalized(b, grouped, [2], float(node.attrs.get("epsilon", 1e-5)))
+    if int(scale.shape[0]) == groups and groups != shape[1]:  # the opset-18 form: one scale per group
+        layout = [1, groups, 1]
+    else:
+        normalized = b.reshape(normalized, shape)
+        layout = [1, shape[1]] + [1] * (len(shape) - 2)
+    y = b.add(b.mul(normalized, b.reshape(scale, layout)), b.reshape(bias, layout))
+    return [b.reshape(y, shape)]
+
+
+register_gradient("MeanVarianceNormalization", since=13)(_decomposed(_mean_variance_normalization))
+register_gradient("GroupNormalization", since=18)(_decomposed(_group_normalization))
