@@ -68,6 +68,7 @@ dist: $(STAMP)
 docs: $(STAMP)
 	rm -rf docs/api
 	$(PY) docs/build_api.py --output docs/api
+	$(PY) docs/build_gradient_list.py
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all

@@ -9,8 +9,10 @@ Cases:
 * source on the path to the target: the accumulated gradient (several uses
   of a value add up);
 * source not connected to the target: zeros of the source's shape;
-* an op on the path without a gradient rule: ``GraphError`` naming the op
-  and the node, and saying which sources need it;
+* an op on the path without a gradient rule (hand-written on its OpDef, or
+  registered for an op with a generic OpDef: :func:`graphdist.ir.gradients.gradient_rule`):
+  ``TracingError`` naming the op and the node and, for a node inlined from an
+  imported model, the model and its own opset (not the trace's);
 * several ``Gradient`` nodes (several tapes or calls): each expanded on its own.
 """
 
@@ -19,10 +21,10 @@ from __future__ import annotations
 import numpy as np
 
 from graphdist.errors import TracingError
-from graphdist.ir import gradients  # noqa: F401 - registers the rules
-from graphdist.ir.gradients import GradBuilder
+from graphdist.ir import gradients, gradients_decomposed, gradients_ops  # noqa: F401 - registers the rules
+from graphdist.ir.gradients import GradBuilder, gradient_rule
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Node, Value
-from graphdist.ir.ops import OPSET, get_opdef, has_opdef, node_opdef
+from graphdist.ir.ops import OPSET, get_opdef, has_opdef
 from graphdist.passes.base import PassBase, PassContext, PassResult
 
 __all__ = ["AutodiffPass"]
@@ -44,15 +46,23 @@ def _accumulate(b: GradBuilder, grads: dict[int, Value], value: Value, grad: Val
 
 
 def _not_differentiable(node: Node) -> str:
-    where = f"node {node.name}{', at ' + node.meta['source'] if 'source' in node.meta else ''}"
-    fix = "Rewrite that part with differentiable numpy ops, or stop the gradient before it (gd.stop_gradient)"
+    where = f"node {node.name!r}"
+    opset = node.graph.opset if node.graph is not None else OPSET
+    model = node.meta.get("model")
+    if model is not None:  # inlined from an imported model: name the model's own opset, not the trace's
+        where += f" of model {model!r} (opset {node.meta['model_opset']})"
+    if "source" in node.meta:
+        where += f", at {node.meta['source']}"
+    fix = ("Rewrite that part with differentiable ops, stop the gradient before it (gd.stop_gradient), or "
+           "freeze the variables it reaches (gd.onnx.load(..., frozen=[...])); the ops with gradients are "
+           "listed in the README (\"ONNX models in\")")
     if node.domain == ONNX_DOMAIN and has_opdef(node.op_type) and get_opdef(node.op_type).gradient is not None:
         since = get_opdef(node.op_type).since or OPSET
         fix = (f"graphdist differentiates its form from opset {since} on, and this graph is at opset "
-               f"{node.graph.opset}: convert the model up (onnx.version_converter.convert_version(model, "
+               f"{opset}: convert the model up (onnx.version_converter.convert_version(model, "
                f"{OPSET})) before loading it")
-    return (f"cannot differentiate through {node.qualified_op} ({where}): the op has no gradient rule at "
-            f"opset {node.graph.opset if node.graph is not None else OPSET}. {fix}")
+    at = f"opset {node.meta['model_opset']} (traced at {opset})" if model is not None else f"opset {opset}"
+    return f"cannot differentiate through {node.qualified_op} ({where}): the op has no gradient rule at {at}. {fix}"
 
 
 def _backward(graph: Graph, gradient_node: Node, b: GradBuilder) -> list[Value]:
@@ -66,7 +76,7 @@ def _backward(graph: Graph, gradient_node: Node, b: GradBuilder) -> list[Value]:
             continue
         if not any(v is not None and id(v) in reached for v in node.inputs):
             continue
-        rule = node_opdef(node).gradient
+        rule = gradient_rule(node)
         if rule is None:
             raise TracingError(_not_differentiable(node))
         input_grads = rule(b, node, output_grads)

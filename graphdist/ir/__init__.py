@@ -4,7 +4,9 @@ from graphdist.ir import (
     check_ops,  # noqa: F401,E402 - registers CheckIndices and AssertInRange (run-time index checks)
     comm_ops,  # noqa: F401,E402 - registers collectives, transfers, ps pulls/pushes
     gradients,  # noqa: F401,E402 - attaches gradient rules to the OpDefs
+    gradients_decomposed,  # noqa: F401,E402 - LSTM, GRU, RNN, GroupNormalization, ...: gradients by decomposition
     gradients_nn,  # noqa: F401,E402 - gradient rules of the nn ops (imports nn_ops first)
+    gradients_ops,  # noqa: F401,E402 - gradient rules of ops with generic (schema) OpDefs: Resize, Einsum, ...
     nn_ops,  # noqa: F401,E402 - registers Gemm, BatchNormalization, LayerNormalization, ... (imported models)
     placement_ops,  # noqa: F401,E402 - registers TPUStrategy's logical-device annotations
     replica_ops,  # noqa: F401,E402 - registers ReplicaId and the cross-replica ops

@@ -21,21 +21,57 @@ import numpy as np
 from graphdist.errors import GraphError
 from graphdist.ir import state_ops  # noqa: F401 - AssignVariable must be registered before its rule
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Node, Value
-from graphdist.ir.ops import get_opdef, onnx_dtype
+from graphdist.ir.ops import OPSET, get_opdef, has_opdef, node_opdef, onnx_dtype, registered_ops
 
-__all__ = ["GradBuilder", "register_gradient", "GradRule"]
+__all__ = ["GradBuilder", "register_gradient", "GradRule", "gradient_rule", "ops_with_gradients"]
 
 GradRule = Callable[["GradBuilder", Node, list["Value | None"]], list["Value | None"]]
 
+#: Rules of ops without a hand-written OpDef (their generic OpDef is made from ONNX's schema, at the
+#: graph's opset): ``(domain, op_type) -> (rule, since)``; the rule models the op's forms from opset
+#: ``since`` on.
+_SCHEMA_OP_RULES: dict[tuple[str, str], tuple[GradRule, int]] = {}
 
-def register_gradient(op_type: str, domain: str = ONNX_DOMAIN) -> Callable[[GradRule], GradRule]:
-    """Decorator attaching a gradient rule to ``domain.op_type``'s OpDef."""
+
+def register_gradient(op_type: str, domain: str = ONNX_DOMAIN, since: int = 1) -> Callable[[GradRule], GradRule]:
+    """Decorator attaching a gradient rule to ``domain.op_type``.
+
+    An op with a hand-written OpDef gets the rule on that OpDef. Any other
+    ONNX op (one whose OpDef is generic, made from ONNX's schema) keeps it
+    here, for its forms of opset ``since`` and later.
+    """
 
     def attach(rule: GradRule) -> GradRule:
-        get_opdef(op_type, domain).gradient = rule
+        if has_opdef(op_type, domain):
+            get_opdef(op_type, domain).gradient = rule
+        else:
+            _SCHEMA_OP_RULES[(domain, op_type)] = (rule, since)
         return rule
 
     return attach
+
+
+def gradient_rule(node: Node) -> GradRule | None:
+    """The gradient rule of ``node`` at its graph's opset, or ``None`` when it has none."""
+    rule = node_opdef(node).gradient
+    if rule is not None:
+        return rule
+    entry = _SCHEMA_OP_RULES.get((node.domain, node.op_type))
+    if entry is None:
+        return None
+    opset = node.graph.opset_imports.get(node.domain, OPSET) if node.graph is not None else OPSET
+    return entry[0] if opset >= entry[1] else None
+
+
+def ops_with_gradients() -> list[str]:
+    """Every op with a gradient rule (``domain.op`` outside the ONNX domain), sorted; graphdist's own
+    bookkeeping ops (``graphdist.*``) left out.
+    """
+    from graphdist.ir import gradients_decomposed, gradients_nn, gradients_ops  # noqa: F401 - their rules register on import
+
+    names = {f"{d + '.' if d else ''}{o}" for (d, o) in registered_ops() if get_opdef(o, d).gradient is not None}
+    names |= {f"{d + '.' if d else ''}{o}" for d, o in _SCHEMA_OP_RULES}
+    return sorted(n for n in names if not n.startswith(GRAPHDIST_DOMAIN + "."))
 
 
 class GradBuilder:
@@ -542,13 +578,17 @@ def _pad(b: GradBuilder, node: Node, g: list[Value | None]) -> list[Value | None
     x = node.inputs[0]
     mode = node.attrs.get("mode", "constant")
     mode = mode.decode() if isinstance(mode, bytes) else mode
-    if mode != "constant":
-        raise GraphError(f"cannot differentiate through Pad ({node.name}) in mode {mode!r}: only mode "
-                         "'constant' has a gradient rule")
+    if mode not in ("constant", "edge", "reflect", "wrap"):
+        raise GraphError(f"cannot differentiate through Pad ({node.name}) in mode {mode!r}: only modes "
+                         "'constant', 'edge', 'reflect' and 'wrap' have a gradient rule")
     pads = _ints(node.inputs[1])
     axes = _ints(node.inputs[3]) if len(node.inputs) > 3 else None
     axes = [a % x.rank for a in axes] if axes else list(range(x.rank))
     grad = g[0]
+    if mode != "constant":
+        from graphdist.ir.gradients_ops import pad_gradient  # it builds on this module
+
+        return [pad_gradient(b, node, grad, mode, pads, axes)] + [None] * (len(node.inputs) - 1)
     # Drop what Pad added (positive pads), then zero-fill what it cropped (negative pads).
     begins, ends = pads[: len(axes)], pads[len(axes):]
     if any(p > 0 for p in pads):

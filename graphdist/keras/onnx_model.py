@@ -52,7 +52,9 @@ def from_onnx(model: onnx.ModelProto | str | os.PathLike[str] | OnnxModel, train
 
     Args:
         model: Path of an ``.onnx`` file, an ``onnx.ModelProto``, or a model
-            from :func:`graphdist.onnx.load` (used as is: its variables are shared).
+            from :func:`graphdist.onnx.load` (used as is: its variables are shared;
+            load it with ``batch_norm="update"`` for ``fit`` to normalise with
+            batch statistics and move the running ones; by default they stay frozen).
         trainable: ``False`` keeps every weight out of training (Keras'
             ``model.trainable = False``; they still exist, are saved and restored).
         name: Model name (default: the ONNX graph's name).

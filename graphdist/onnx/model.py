@@ -29,10 +29,12 @@ compiled specialisation per input shape, reading the variables' current
 values on every call.
 
 ``training=True`` runs the model's training form: ``Dropout`` drops (random,
-so replicas and runs differ), ``BatchNormalization`` normalises with the
-batch's statistics and moves its running mean and variance (when they are
-variables): in a multi-replica step by the mean over the replicas of each
-replica's new value, as ``gd.keras.layers.BatchNormalization(synchronized=False)``.
+so replicas and runs differ). ``BatchNormalization`` keeps its running
+statistics frozen by default (``load(..., batch_norm="frozen")``); with
+``batch_norm="update"`` it normalises with the batch's statistics and moves
+its running mean and variance (when they are variables): in a multi-replica
+step by the mean over the replicas of each replica's new value, as
+``gd.keras.layers.BatchNormalization(synchronized=False)``.
 Models older than opset 15 (BatchNormalization) or 12 (Dropout) are
 converted up with ONNX's version converter for it.
 """
@@ -61,7 +63,15 @@ from graphdist.ir.onnx_io import from_onnx
 from graphdist.ir.onnx_schema_ops import UNKNOWN_RANK
 from graphdist.ir.value_operands import bind_model_inputs, static_input_names, with_input_shapes
 from graphdist.onnx.files import read_model, write_model
-from graphdist.onnx.prepare import clean_model, training_model, variable_initializers, with_variables_as_inputs
+from graphdist.onnx.prepare import (
+    BATCH_NORM_MODES,
+    clean_model,
+    running_statistics,
+    training_model,
+    variable_initializers,
+    with_variables_as_inputs,
+)
+from graphdist.onnx.prepare import promote_constants as promote
 from graphdist.trace.inline import inline_graph
 from graphdist.trace.tensor import Tensor
 from graphdist.trace.tracer import current_trace
@@ -76,13 +86,25 @@ MAX_SPECIALISATIONS = 16
 
 
 def load(model: onnx.ModelProto | bytes | str | os.PathLike[str], trainable: bool = True,
-         frozen: Sequence[str] | None = None, *, base_dir: str | os.PathLike[str] | None = None) -> OnnxModel:
+         frozen: Sequence[str] | None = None, *, base_dir: str | os.PathLike[str] | None = None,
+         promote_constants: bool = True, batch_norm: str = "frozen") -> OnnxModel:
     """Loads an ONNX model (a path, an ``onnx.ModelProto`` or its bytes; any opset ONNX Runtime runs).
 
     Made inside a strategy's scope, the model's floating-point initializers
     become ``gd.Variable`` s of that strategy, named by their initializer
     names (those that decide shapes, such as a ``Resize``'s ``scales``, stay
     constants).
+
+    Exporters that write weights as ``Constant`` nodes (Paddle2ONNX) get
+    them as variables too: with ``trainable=True``, a floating-point
+    ``Constant`` that feeds a weight input (Conv/ConvTranspose ``W``/``B``,
+    Gemm ``B``/``C``, either MatMul operand, the bias ``Add`` ed to one of
+    those, BatchNormalization/LayerNormalization/InstanceNormalization
+    ``scale``/``bias``) becomes an initializer and so a trainable variable,
+    named by the Constant's output; BatchNormalization's running mean and
+    variance become frozen (non-trainable) variables, as Keras'
+    ``moving_mean``/``moving_variance``. :attr:`OnnxModel.promoted_constants`
+    lists them (and the load logs how many).
 
     Args:
         model: Path of an ``.onnx`` file (external data is read from next to
@@ -95,6 +117,16 @@ def load(model: onnx.ModelProto | bytes | str | os.PathLike[str], trainable: boo
             external data: the directory holding those files (a path's
             external data is always read from the file's own directory, and
             never from the current directory).
+        promote_constants: ``False``: ``Constant`` nodes stay constants
+            (only initializers become variables).
+        batch_norm: What ``model(x, training=True)`` does to
+            BatchNormalization. ``"frozen"`` (default): it keeps the
+            inference form, normalising with the running statistics, which
+            do not move (fine-tuning practice, and what keeps a multi-replica
+            step equal to one device on the global batch); ``"update"``: it
+            normalises with the batch's statistics and moves the running
+            ones as Keras' ``fit`` does (in a multi-replica step by the mean
+            of the replicas' new values).
 
     Returns:
         An :class:`OnnxModel`.
@@ -106,11 +138,16 @@ def load(model: onnx.ModelProto | bytes | str | os.PathLike[str], trainable: boo
             model uses an op or value graphdist and ONNX Runtime cannot run
             (the message names it).
         InvalidArgumentError: ``frozen`` names an unknown initializer, or is
-            given with ``trainable=False``.
+            given with ``trainable=False``; ``batch_norm`` is not
+            ``"frozen"`` or ``"update"``.
     """
+    if batch_norm not in BATCH_NORM_MODES:
+        raise InvalidArgumentError(f"gd.onnx.load: batch_norm must be one of {', '.join(map(repr, BATCH_NORM_MODES))}"
+                                   f", got {batch_norm!r}")
     with paused_gc():  # importing a large model makes millions of objects and frees none (see gc_pause)
         proto, source = read_model(model, base_dir=base_dir)
-        return OnnxModel(proto, source=source, trainable=trainable, frozen=frozen)
+        return OnnxModel(proto, source=source, trainable=trainable, frozen=frozen,
+                         promote_constants=promote_constants, batch_norm=batch_norm)
 
 
 class OnnxModel:
@@ -122,14 +159,24 @@ class OnnxModel:
         name: The model's graph name (else the file's stem).
         input_names: The inputs a call takes, in order (initializers excluded).
         output_names: The outputs, in order.
+        promoted_constants: Names of the ``Constant`` nodes made variables
+            (see :func:`load`), weights first, then running statistics.
     """
 
     def __init__(self, proto: onnx.ModelProto, *, source: str | None = None, trainable: bool = True,
-                 frozen: Sequence[str] | None = None) -> None:
-        self._proto = proto
+                 frozen: Sequence[str] | None = None, promote_constants: bool = True,
+                 batch_norm: str = "frozen") -> None:
         self._source = source
         stem = os.path.splitext(os.path.basename(source))[0] if source else ""
         self.name = proto.graph.name or stem or "onnx_model"
+        promotion = promote(proto) if trainable and promote_constants else None
+        self.promoted_constants = promotion.names if promotion is not None else []
+        if promotion is not None and promotion.names:
+            proto = promotion.model  # saved with the promoted weights as initializers
+            logger.info("%s: promoted %d Constant node(s) to variables (%d weights, %d running statistics)",
+                        self._what(), len(promotion.names), len(promotion.weights), len(promotion.statistics))
+        self._proto = proto
+        self._batch_norm = batch_norm
         self._clean = clean_model(proto)
         initializers = {t.name for t in proto.graph.initializer}
         self.input_names = [vi.name for vi in proto.graph.input if vi.name not in initializers]
@@ -144,7 +191,9 @@ class OnnxModel:
         self._strategy = get_strategy()
         wanted = set(names)
         arrays = {t.name: tensor_array(t, self._what()) for t in self._clean.graph.initializer if t.name in wanted}
-        self._variables = [Variable(arrays[n], name=n, trainable=n not in frozen_names) for n in names]
+        statistics = running_statistics(self._clean)  # Keras' moving_mean/moving_variance: never trained
+        self._variables = [Variable(arrays[n], name=n, trainable=n not in frozen_names and n not in statistics)
+                           for n in names]
         self._variable_names = list(names)
         self._import = with_variables_as_inputs(self._clean, names)
         static = set(static_input_names(self._import)) & set(self.input_names)
@@ -226,7 +275,7 @@ class OnnxModel:
             if shapes:
                 model = with_input_shapes(model, shapes)
             if training:
-                form = training_model(model, self._variable_names)
+                form = training_model(model, self._variable_names, self._batch_norm)
                 if form is not None:
                     model, updates = form.model, [variable for _, variable in form.updates]
             if static:
@@ -243,8 +292,8 @@ class OnnxModel:
 
         Args:
             *args: One value per input, in :attr:`input_names` order.
-            training: Run the training form (Dropout drops, BatchNormalization
-                uses batch statistics and moves its running statistics).
+            training: Run the training form (Dropout drops; BatchNormalization
+                as :func:`load`'s ``batch_norm`` says: frozen by default).
             **kwargs: Inputs by name (instead of, or after, positional ones).
 
         Returns:
@@ -355,7 +404,9 @@ class OnnxModel:
 
     # --------------------------------------------------------------------- save
     def to_onnx(self) -> onnx.ModelProto:
-        """The model as loaded, with the variables' current values as its initializers (a new proto)."""
+        """The model as loaded, with the variables' current values as its initializers (a new proto; promoted
+        ``Constant`` nodes become initializers).
+        """
         proto = onnx.ModelProto()
         proto.CopyFrom(self._proto)
         current = dict(zip(self._variable_names, self._variables))
@@ -370,7 +421,9 @@ class OnnxModel:
         """Writes the model with the variables' current values as its initializers (atomically).
 
         Everything else (inputs, outputs, nodes, opsets, metadata) is the
-        model as loaded, so ``onnxruntime.InferenceSession(path)`` runs it.
+        model as loaded, so ``onnxruntime.InferenceSession(path)`` runs it;
+        the ``Constant`` nodes promoted to variables (:attr:`promoted_constants`)
+        are written as initializers of the same names instead.
 
         Returns:
             The path written.

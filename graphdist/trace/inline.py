@@ -89,6 +89,7 @@ def inline_graph(graph: Graph, args: Sequence[Any], *, batch_axis: int | None = 
         raise TracingError(f"graph {graph.name!r} holds {', '.join(special)} nodes, which belong to one compiled "
                            "step and cannot be inlined into another; inline a graph of ONNX ops (a traced "
                            "forward pass or an imported model)")
+    model_opset = graph.opset
     graph = _at_trace_opset(graph, ctx, own_opset)
     mapping: dict[int, Value] = {}
     for index, (spec, arg) in enumerate(zip(graph.inputs, args)):
@@ -128,6 +129,8 @@ def inline_graph(graph: Graph, args: Sequence[Any], *, batch_axis: int | None = 
             continue
         outs = ctx.emit(node.op_type, inputs, attrs, domain=node.domain, num_outputs=len(node.outputs),
                         name=node.name)
+        if outs and outs[0].value.producer is not None:  # errors about the node name the model and its opset
+            outs[0].value.producer.meta.update(model=graph.name, model_opset=model_opset)
         for old, new in zip(node.outputs, outs):
             if new.value.dtype != old.dtype:
                 raise TracingError(f"graph {graph.name!r}: node {node.name} ({node.op_type}) gives {new.value.dtype} "

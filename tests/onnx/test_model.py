@@ -266,7 +266,7 @@ def _bn_numpy(x, scale, bias, mean, var, eps=1e-5):
 @pytest.mark.parametrize("opset", [9, 15])
 def test_batch_norm_training_mode_uses_batch_statistics_and_moves_running_ones(opset: int) -> None:
     proto = _batch_norm_model(opset) if opset >= 15 else _batch_norm_opset9()
-    model = gd.onnx.load(proto)
+    model = gd.onnx.load(proto, batch_norm="update")
     x = RNG.standard_normal((4, 3, 2, 2)).astype(np.float32) * 2 + 1
     scale, bias, mean, var = (v.numpy() for v in model.variables)
     np.testing.assert_allclose(model(x), run_ort(proto, x)[0], rtol=1e-5, atol=1e-5)  # inference form
@@ -286,7 +286,7 @@ def _batch_norm_opset9() -> onnx.ModelProto:
 def test_batch_norm_training_under_mirrored_moves_by_the_replicas_mean() -> None:
     strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"])
     with strategy.scope():
-        model = gd.onnx.load(_batch_norm_model())
+        model = gd.onnx.load(_batch_norm_model(), batch_norm="update")
     mean, var = model.variables[2].numpy(), model.variables[3].numpy()
     x = RNG.standard_normal((4, 3, 2, 2)).astype(np.float32) * 2 + 1
     halves = (x[:2], x[2:])
