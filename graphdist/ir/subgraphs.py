@@ -17,7 +17,7 @@ from typing import Any
 
 import onnx
 
-__all__ = ["CAPTURES_ATTR", "subgraphs_of", "free_names", "split_captures", "renamed_attribute"]
+__all__ = ["CAPTURES_ATTR", "subgraphs_of", "subgraph_ops", "free_names", "split_captures", "renamed_attribute"]
 
 #: Node attribute (not an ONNX attribute: lowering drops it) listing the outer names a node's subgraphs read.
 CAPTURES_ATTR = "graphdist.captures"
@@ -34,6 +34,18 @@ def subgraphs_of(attrs: Mapping[str, Any]) -> list[onnx.GraphProto]:
         elif isinstance(value, onnx.AttributeProto) and value.type == onnx.AttributeProto.GRAPHS:
             graphs.extend(value.graphs)
     return graphs
+
+
+def subgraph_ops(attr_maps: Iterable[Mapping[str, Any]]) -> set[tuple[str, str]]:
+    """``(op_type, domain)`` of every node in the subgraphs held by these attribute maps, at any depth."""
+    ops: set[tuple[str, str]] = set()
+    pending = [graph for attrs in attr_maps for graph in subgraphs_of(attrs)]
+    while pending:
+        graph = pending.pop()
+        for node in graph.node:
+            ops.add((node.op_type, "" if node.domain == "ai.onnx" else node.domain))
+            pending.extend(_nested(node))
+    return ops
 
 
 def _nested(node: onnx.NodeProto) -> list[onnx.GraphProto]:

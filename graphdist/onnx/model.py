@@ -57,7 +57,7 @@ from graphdist.errors import GraphError, InvalidArgumentError, TracingError
 from graphdist.ir.graph import Graph
 from graphdist.ir.onnx_checks import tensor_array
 from graphdist.ir.onnx_io import from_onnx
-from graphdist.ir.value_operands import bind_model_inputs, static_input_names
+from graphdist.ir.value_operands import CONTROL_OPERANDS, bind_model_inputs, static_input_names
 from graphdist.onnx.files import read_model, write_model
 from graphdist.onnx.prepare import clean_model, training_model, variable_initializers, with_variables_as_inputs
 from graphdist.trace.inline import inline_graph
@@ -147,6 +147,10 @@ class OnnxModel:
         self._import = with_variables_as_inputs(self._clean, names)
         static = set(static_input_names(self._import)) & set(self.input_names)
         self._static = [i for i, name in enumerate(self.input_names) if name in static]
+        # Inputs deciding an If: eager calls specialise on their values (a numpy value in a trace is a
+        # constant, on which inline_graph inlines the taken branch); a traced value keeps the If.
+        control = set(static_input_names(self._import, CONTROL_OPERANDS)) & set(self.input_names) - static
+        self._control = [i for i, name in enumerate(self.input_names) if name in control]
         self._graphs: OrderedDict[tuple, tuple[Graph, list[str]]] = OrderedDict()
         self._functions: OrderedDict[tuple, Function] = OrderedDict()
         self._plain_graph: Graph | None = None
@@ -295,7 +299,7 @@ class OnnxModel:
 
     def _eager(self, values: list[Any], training: bool) -> Any:
         arrays = [np.asarray(v.numpy() if isinstance(v, Variable) else v) for v in values]
-        static = {i: arrays[i] for i in self._static}
+        static = {i: arrays[i] for i in (*self._static, *self._control)}
         key = (training, tuple((i, a.dtype.str, a.shape, a.tobytes()) for i, a in sorted(static.items())))
         fn = self._functions.get(key)
         if fn is None:

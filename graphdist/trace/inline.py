@@ -20,6 +20,8 @@ from graphdist.errors import InvalidArgumentError, TracingError
 from graphdist.ir.fold import fold_node
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Value
 from graphdist.ir.onnx_schema_ops import schema_since
+from graphdist.ir.subgraphs import subgraph_ops
+from graphdist.trace.control_flow import known_condition, specialised_branches, taken_branch
 from graphdist.trace.tracer import current_trace
 
 __all__ = ["inline_graph", "graph_function", "example_batch", "converted_graph"]
@@ -118,6 +120,14 @@ def inline_graph(graph: Graph, args: Sequence[Any], *, batch_axis: int | None = 
     for node in graph.nodes:
         attrs = {k: list(v) if isinstance(v, list) else v for k, v in node.attrs.items()}
         inputs = [resolve(v) for v in node.inputs]
+        condition = known_condition(node.op_type, node.domain, inputs)
+        if condition is not None:  # the taken branch's ops in the node's place, folded in turn
+            branch, arguments = taken_branch(graph, node.name, attrs, inputs, condition)
+            results = inline_graph(branch, [Tensor(v, ctx) for v in arguments])
+            _map_results(graph, node, [r.value for r in results], mapping)
+            continue
+        if node.op_type == "If" and node.domain == ONNX_DOMAIN:
+            attrs = specialised_branches(graph, node.name, attrs, inputs)
         folded = fold_node(node.op_type, node.domain, attrs, inputs, len(node.outputs), ctx.graph.opset_imports)
         if folded is not None and all(a.dtype == old.dtype for a, old in zip(folded, node.outputs)):
             for old, array in zip(node.outputs, folded):
@@ -125,12 +135,16 @@ def inline_graph(graph: Graph, args: Sequence[Any], *, batch_axis: int | None = 
             continue
         outs = ctx.emit(node.op_type, inputs, attrs, domain=node.domain, num_outputs=len(node.outputs),
                         name=node.name)
-        for old, new in zip(node.outputs, outs):
-            if new.value.dtype != old.dtype:
-                raise TracingError(f"graph {graph.name!r}: node {node.name} ({node.op_type}) gives {new.value.dtype} "
-                                   f"for %{old.name}, which the graph declares {old.dtype}")
-            mapping[id(old)] = new.value
+        _map_results(graph, node, [out.value for out in outs], mapping)
     return [Tensor(resolve(v), ctx) for v in graph.outputs]
+
+
+def _map_results(graph: Graph, node: Any, results: list[Value], mapping: dict[int, Value]) -> None:
+    for old, new in zip(node.outputs, results):
+        if new.dtype != old.dtype:
+            raise TracingError(f"graph {graph.name!r}: node {node.name} ({node.op_type}) gives {new.dtype} "
+                               f"for %{old.name}, which the graph declares {old.dtype}")
+        mapping[id(old)] = new
 
 
 def _bound_value(graph: Graph, spec: Value, bound: Any, ctx: Any) -> Value:
@@ -161,9 +175,10 @@ def _at_trace_opset(graph: Graph, ctx: Any, own_opset: bool) -> Graph:
     if graph.opset >= trace.opset:
         trace.opset_imports[ONNX_DOMAIN] = graph.opset  # the trace's own ops keep their meaning in newer opsets
         return graph
-    changed = sorted({n.op_type for n in graph.nodes if n.domain == ONNX_DOMAIN
-                      and schema_since(n.op_type, ONNX_DOMAIN, graph.opset)
-                      != schema_since(n.op_type, ONNX_DOMAIN, trace.opset)})
+    # An If/Loop/Scan body runs at the graph's opset too: its ops count (a ReduceMean in a branch).
+    ops = {(n.op_type, n.domain) for n in graph.nodes} | subgraph_ops(n.attrs for n in graph.nodes)
+    changed = sorted({op for op, domain in ops if domain == ONNX_DOMAIN
+                      and schema_since(op, ONNX_DOMAIN, graph.opset) != schema_since(op, ONNX_DOMAIN, trace.opset)})
     return graph if not changed else converted_graph(graph, trace.opset, changed)
 
 
