@@ -30,9 +30,14 @@ from graphdist.ir.onnx_io import ORT_IR_VERSION, from_onnx, to_onnx
 from graphdist.ir.ops import onnx_dtype
 from graphdist.ir.subgraphs import CAPTURES_ATTR, free_names, split_captures
 
-__all__ = ["BRANCHES", "known_condition", "taken_branch", "specialised_branches"]
+__all__ = ["BRANCHES", "MAX_UNROLLED_ITERATIONS", "known_condition", "taken_branch", "specialised_branches",
+           "known_trip_count", "unrolled_iterations", "specialised_body"]
 
 logger = logging.getLogger(__name__)
+
+#: A ``Loop`` with more iterations than this stays a node (an unrolled body per iteration would make the
+#: graph, and its compile time, grow with the trip count).
+MAX_UNROLLED_ITERATIONS = 64
 
 #: The ``If`` attributes holding its branches, by the condition's value.
 BRANCHES = {True: "then_branch", False: "else_branch"}
@@ -91,6 +96,121 @@ def specialised_branches(graph: Graph, node_name: str, attrs: dict[str, Any],
     return result
 
 
+def known_trip_count(op_type: str, domain: str, inputs: Sequence[Value | None]) -> int | None:
+    """The iterations a ``Loop`` node may run when its trip count and condition are constants of the trace
+    (a missing condition counts as true; a false one as no iteration), else ``None``.
+    """
+    if op_type != "Loop" or domain != ONNX_DOMAIN or len(inputs) < 2 or inputs[0] is None:
+        return None
+    trips, condition = inputs[0].const_value, (None if inputs[1] is None else inputs[1].const_value)
+    if trips is None or (inputs[1] is not None and condition is None):
+        return None
+    if condition is not None and not bool(np.asarray(condition).reshape(-1)[0]):
+        return 0
+    return max(0, int(np.asarray(trips).reshape(-1)[0]))
+
+
+def unrolled_iterations(graph: Graph, node_name: str, attrs: Mapping[str, Any], inputs: Sequence[Value],
+                        trips: int) -> list[Graph] | None:
+    """The body of a ``Loop`` with ``trips`` known iterations, one graph per iteration that runs, or
+    ``None`` when it cannot be unrolled (too many iterations, a condition computed from data, a loop
+    that runs no iteration but has scan outputs, a body graphdist cannot import).
+
+    Each graph is the body imported with its iteration number and incoming condition as constants (so a
+    condition computed from them folds) and the trace's types of the loop-carried and captured values:
+    its inputs are the loop-carried values then the captured ones; its outputs the body's, less the
+    condition (the loop-carried values, then the scan outputs of that iteration).
+    """
+    onnx_inputs, captured, names = split_captures(inputs, attrs)
+    carried = list(onnx_inputs[2:])
+    body = attrs["body"].g
+    if trips > MAX_UNROLLED_ITERATIONS or (trips == 0 and len(body.output) > 1 + len(carried)):
+        return None
+    iterations = []
+    for index in range(trips):
+        try:
+            graph_i = _body_graph(graph, node_name, body, index, carried, names, captured)
+        except GraphError as err:
+            logger.debug("Loop %s kept: its body cannot be imported (%s)", node_name, err)
+            return None
+        condition = _constant_output(graph_i, 0)
+        if condition is None:
+            logger.debug("Loop %s kept: its condition is computed from data", node_name)
+            return None
+        iterations.append(graph_i)
+        if not bool(np.asarray(condition).reshape(-1)[0]):
+            break
+    return iterations
+
+
+def specialised_body(graph: Graph, node_name: str, attrs: dict[str, Any], inputs: Sequence[Value]) -> dict[str, Any]:
+    """``attrs`` of a ``Loop`` kept for run time, its body imported with the trace's types of the values it
+    reads and written back, so that ONNX's inference types the node with the trace's shapes (a body written
+    for ``float[N,3]`` run on ``float[2,3]`` gives no types otherwise).
+
+    The body is kept as written when it cannot be imported, or when its loop-carried values change type
+    from one iteration to the next (a value that grows).
+    """
+    onnx_inputs, captured, names = split_captures(inputs, attrs)
+    carried = list(onnx_inputs[2:])
+    body = attrs["body"].g
+    own = list(body.input)
+    counter, condition = (helper.make_tensor_value_info(vi.name, onnx_dtype(dtype), [])
+                          for vi, dtype in zip(own[:2], (np.dtype(np.int64), np.dtype(np.bool_))))
+    loop_inputs = [counter, condition, *(helper.make_tensor_value_info(vi.name, onnx_dtype(v.dtype), list(v.shape))
+                                         for vi, v in zip(own[2:], carried))]
+    reads = set(free_names([body]))
+    outer = [helper.make_tensor_value_info(name, onnx_dtype(v.dtype), list(v.shape))
+             for name, v in zip(names, captured) if name in reads]
+    inner = onnx.GraphProto()
+    inner.CopyFrom(body)
+    del inner.input[:]
+    try:
+        imported = _imported(graph, node_name, inner, [*loop_inputs, *outer], "body")
+    except GraphError as err:
+        logger.debug("Loop %s: body kept as written (%s)", node_name, err)
+        return attrs
+    steady = all(out.dtype == value.dtype and tuple(out.shape) == tuple(value.shape)
+                 for out, value in zip(imported.outputs[1:1 + len(carried)], carried))
+    if not steady:
+        return attrs
+    proto = to_onnx(imported).graph
+    del proto.input[len(loop_inputs):]  # the outer values: read by name, not body inputs
+    return {**attrs, "body": helper.make_attribute("body", proto), CAPTURES_ATTR: list(names)}
+
+
+def _constant_output(graph: Graph, index: int) -> np.ndarray | None:
+    value = graph.outputs[index]
+    while value.const_value is None and value.producer is not None and value.producer.op_type == "Identity":
+        value = value.producer.inputs[0]
+    return value.const_value
+
+
+def _body_graph(graph: Graph, node_name: str, body: onnx.GraphProto, index: int, carried: Sequence[Value],
+                names: Sequence[str], captured: Sequence[Value]) -> Graph:
+    carried_names = [vi.name for vi in body.input[2:]]
+    types = tuple((value.dtype.str, tuple(value.shape)) for value in (*carried, *captured))
+    cache = graph.meta.setdefault("loop_bodies", {})
+    key = (node_name, index, types)
+    if key not in cache:
+        counter, condition = (vi.name for vi in body.input[:2])
+        constants = [onnx.numpy_helper.from_array(np.asarray(index, np.int64), counter),
+                     onnx.numpy_helper.from_array(np.asarray(True), condition)]
+        reads = set(free_names([body])) | set(carried_names)
+        outer = [(name, value) for name, value in zip(names, captured) if name in reads]
+        inputs = [helper.make_tensor_value_info(name, onnx_dtype(value.dtype), list(value.shape))
+                  for name, value in [*zip(carried_names, carried), *outer]]
+        renamed = onnx.GraphProto()
+        renamed.CopyFrom(body)
+        del renamed.input[:]
+        renamed.initializer.extend(constants)
+        imported = _imported(graph, node_name, renamed, inputs, f"iteration{index}")
+        if [v.name for v in imported.inputs] != [vi.name for vi in inputs]:
+            raise GraphError(f"the body of Loop {node_name} does not take its inputs as declared")
+        cache[key] = imported
+    return cache[key]
+
+
 def _branch_graph(graph: Graph, node_name: str, which: str, attrs: Mapping[str, Any], names: Sequence[str],
                   captured: Sequence[Value]) -> Graph:
     """Branch ``which`` of the ``If`` node ``node_name`` of ``graph`` imported with ``captured``'s types
@@ -109,15 +229,23 @@ def _import_branch(graph: Graph, node_name: str, branch: onnx.GraphProto, names:
     reads = set(free_names([branch]))
     inputs = [helper.make_tensor_value_info(name, onnx_dtype(value.dtype), list(value.shape))
               for name, value in zip(names, captured) if name in reads]
-    body = helper.make_graph(list(branch.node), f"{graph.name}/{node_name}/{branch.name}", inputs,
-                             list(branch.output), initializer=list(branch.initializer),
-                             value_info=list(branch.value_info))
+    return _imported(graph, node_name, branch, inputs, branch.name)
+
+
+def _imported(graph: Graph, node_name: str, subgraph: onnx.GraphProto, inputs: list[onnx.ValueInfoProto],
+              label: str) -> Graph:
+    """``subgraph`` as a graph of its own taking ``inputs`` (the outer values it reads), imported at
+    ``graph``'s opsets.
+    """
+    body = helper.make_graph(list(subgraph.node), f"{graph.name}/{node_name}/{label}", inputs,
+                             list(subgraph.output), initializer=list(subgraph.initializer),
+                             value_info=list(subgraph.value_info))
     opsets = [helper.make_opsetid(domain, version) for domain, version in sorted(graph.opset_imports.items())]
     model = helper.make_model(body, opset_imports=opsets, producer_name="graphdist.control_flow")
     model.ir_version = max(ORT_IR_VERSION, helper.find_min_ir_version_for(opsets, ignore_unknown=True))
     try:
         imported = from_onnx(model)
     except GraphError as err:
-        raise GraphError(f"branch {branch.name!r} of If {node_name}: {err}") from None
+        raise GraphError(f"{label} of {node_name}: {err}") from None
     imported.name = body.name
     return imported

@@ -20,8 +20,15 @@ from graphdist.errors import InvalidArgumentError, TracingError
 from graphdist.ir.fold import fold_node
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Value
 from graphdist.ir.onnx_schema_ops import schema_since
-from graphdist.ir.subgraphs import subgraph_ops
-from graphdist.trace.control_flow import known_condition, specialised_branches, taken_branch
+from graphdist.ir.subgraphs import split_captures, subgraph_ops
+from graphdist.trace.control_flow import (
+    known_condition,
+    known_trip_count,
+    specialised_body,
+    specialised_branches,
+    taken_branch,
+    unrolled_iterations,
+)
 from graphdist.trace.tracer import current_trace
 
 __all__ = ["inline_graph", "graph_function", "example_batch", "converted_graph"]
@@ -126,8 +133,15 @@ def inline_graph(graph: Graph, args: Sequence[Any], *, batch_axis: int | None = 
             results = inline_graph(branch, [Tensor(v, ctx) for v in arguments])
             _map_results(graph, node, [r.value for r in results], mapping)
             continue
+        trips = known_trip_count(node.op_type, node.domain, inputs)
+        iterations = None if trips is None else unrolled_iterations(graph, node.name, attrs, inputs, trips)
+        if iterations is not None:  # each iteration's body in turn, its scan outputs stacked
+            _map_results(graph, node, _unrolled(node, attrs, inputs, iterations, ctx), mapping)
+            continue
         if node.op_type == "If" and node.domain == ONNX_DOMAIN:
             attrs = specialised_branches(graph, node.name, attrs, inputs)
+        elif node.op_type == "Loop" and node.domain == ONNX_DOMAIN:
+            attrs = specialised_body(graph, node.name, attrs, inputs)
         folded = fold_node(node.op_type, node.domain, attrs, inputs, len(node.outputs), ctx.graph.opset_imports)
         if folded is not None and all(a.dtype == old.dtype for a, old in zip(folded, node.outputs)):
             for old, array in zip(node.outputs, folded):
@@ -137,6 +151,26 @@ def inline_graph(graph: Graph, args: Sequence[Any], *, batch_axis: int | None = 
                         name=node.name)
         _map_results(graph, node, [out.value for out in outs], mapping)
     return [Tensor(resolve(v), ctx) for v in graph.outputs]
+
+
+def _unrolled(node: Any, attrs: dict[str, Any], inputs: list[Value], iterations: list[Graph], ctx: Any) -> list[Value]:
+    """A Loop's outputs from its iterations' bodies: the last loop-carried values, the scan outputs stacked."""
+    from graphdist.trace.tensor import Tensor
+
+    onnx_inputs, captured, names = split_captures(inputs, attrs)
+    carried = list(onnx_inputs[2:])
+    scans: list[list[Value]] = []
+    for body in iterations:
+        reads = {v.name for v in body.inputs[len(carried):]}
+        outer = [v for name, v in zip(names, captured) if name in reads]
+        outs = [t.value for t in inline_graph(body, [Tensor(v, ctx) for v in (*carried, *outer)])]
+        carried, step_scans = outs[1:1 + len(carried)], outs[1 + len(carried):]
+        scans = [[] for _ in step_scans] if not scans else scans
+        for collected, value in zip(scans, step_scans):
+            collected.append(ctx.emit1("Unsqueeze", [value, ctx.int64s([0])]).value)
+    stacked = [values[0] if len(values) == 1 else ctx.emit1("Concat", values, {"axis": 0}).value
+               for values in scans]
+    return [*carried, *stacked]
 
 
 def _map_results(graph: Graph, node: Any, results: list[Value], mapping: dict[int, Value]) -> None:
