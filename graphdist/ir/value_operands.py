@@ -32,14 +32,17 @@ VALUE_OPERANDS: dict[str, tuple[int, ...]] = {
     "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,), "Pad": (1, 3), "Range": (0, 1, 2), "OneHot": (1,),
     "TopK": (1,), "Resize": (1, 2, 3), "Upsample": (1,), "CenterCropPad": (1,), "Col2Im": (1, 2),
     "MaxUnpool": (2,), "DFT": (1, 2), "STFT": (1, 3), "MelWeightMatrix": (0, 1, 2, 3, 4),
-    "Loop": (0,),  # the trip count decides the length of scan outputs
     "BlackmanWindow": (0,), "HannWindow": (0,), "HammingWindow": (0,), "AffineGrid": (1,),
 }
 
-#: Per ``ai.onnx`` op, the input positions that decide which ops run: an ``If``'s condition. A caller
+#: Per ``ai.onnx`` op, the input positions that decide which ops run: an ``If``'s condition, a ``Loop``'s
+#: trip count and condition. A caller
 #: with its value specialises on it (the taken branch is inlined, its shapes fold); a value known only
 #: at run time keeps the node, unlike :data:`VALUE_OPERANDS`, which must be known.
-CONTROL_OPERANDS: dict[str, tuple[int, ...]] = {"If": (0,)}
+CONTROL_OPERANDS: dict[str, tuple[int, ...]] = {
+    "If": (0,),
+    "Loop": (0, 1),  # trip count and condition: known, the loop unrolls; else its scan outputs' length is dynamic
+}
 
 #: Ops whose outputs depend on their inputs' shapes only: the search for static inputs stops there.
 _SHAPE_ONLY = frozenset({"Shape", "Size"})

@@ -147,10 +147,13 @@ class OnnxModel:
         self._import = with_variables_as_inputs(self._clean, names)
         static = set(static_input_names(self._import)) & set(self.input_names)
         self._static = [i for i, name in enumerate(self.input_names) if name in static]
-        # Inputs deciding an If: eager calls specialise on their values (a numpy value in a trace is a
-        # constant, on which inline_graph inlines the taken branch); a traced value keeps the If.
+        # Integer and boolean scalars deciding an If or a Loop (a sample rate, a trip count): eager calls
+        # specialise on their values (in a trace a numpy value is a constant, on which inline_graph inlines the
+        # taken branch or unrolls the loop); a traced value keeps the node. Data tensors are never specialised.
         control = set(static_input_names(self._import, CONTROL_OPERANDS)) & set(self.input_names) - static
-        self._control = [i for i, name in enumerate(self.input_names) if name in control]
+        self._control = [i for i, (name, (dims, dtype)) in enumerate(zip(self.input_names, self.input_specs()))
+                         if name in control and np.dtype(dtype).kind in "iub" and None not in dims
+                         and int(np.prod(dims)) == 1]
         self._graphs: OrderedDict[tuple, tuple[Graph, list[str]]] = OrderedDict()
         self._functions: OrderedDict[tuple, Function] = OrderedDict()
         self._plain_graph: Graph | None = None
