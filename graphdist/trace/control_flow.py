@@ -82,7 +82,10 @@ def specialised_branches(graph: Graph, node_name: str, attrs: dict[str, Any],
         try:
             branch = _branch_graph(graph, node_name, name, attrs, names, captured)
         except GraphError as err:
-            logger.debug("If %s: %s kept as written (%s)", node_name, name, err)
+            # ONNX Runtime types a subgraph against the segment's static shapes too: it may refuse this one.
+            logger.warning("If %s: its %s cannot be typed with the shapes of this trace (%s); it is kept as "
+                           "written, and ONNX Runtime may refuse it. Give the inputs deciding the condition as "
+                           "numpy values so that graphdist inlines the branch taken", node_name, name, err)
             continue
         proto = to_onnx(branch).graph
         outer = {value.name for value in proto.input}

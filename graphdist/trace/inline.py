@@ -238,10 +238,24 @@ def converted_graph(graph: Graph, opset: int, changed: Sequence[str] = ()) -> Gr
                 f"export the model at opset {opset} or newer") from None
         result = from_onnx(model)
         result.name = graph.name
+        _check_same_signature(graph, result, opset, changed)
         cache[opset] = result
         logger.info("converted %s from opset %d to %d (%s changed form)", graph.name, graph.opset, opset,
                     ", ".join(changed))
     return cache[opset]
+
+
+def _check_same_signature(graph: Graph, converted: Graph, opset: int, changed: Sequence[str]) -> None:
+    """The converter keeps the graph's inputs and outputs (for Scan-8 it drops their batch axis instead)."""
+    def signature(g: Graph) -> list[tuple[Any, int]]:
+        return [(v.dtype, v.rank) for v in (*g.inputs, *g.outputs)]
+
+    if signature(converted) != signature(graph):
+        raise TracingError(
+            f"graph {graph.name!r} is at opset {graph.opset} and the trace at {opset}; ONNX's version converter "
+            f"changes its inputs or outputs converting {', '.join(changed) or 'its ops'} (from "
+            f"{[v.type_str() for v in graph.inputs]} to {[v.type_str() for v in converted.inputs]}); export "
+            f"the model at a newer opset")
 
 
 def graph_function(graph: Graph, *, batch_axis: int | None = None) -> Callable[..., Any]:

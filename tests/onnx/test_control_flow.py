@@ -325,3 +325,19 @@ def test_sequence_values_are_a_clear_refusal() -> None:
     (case,) = _node_cases(["test_if_seq"])
     with pytest.raises(gd.GraphError, match="sequence value; graphdist supports tensor values only"):
         gd.onnx.load(case.model, trainable=False)
+
+
+def test_silero_vad_with_a_traced_sample_rate_keeps_the_if_and_says_why_ort_may_refuse_it(caplog) -> None:
+    """A traced sr keeps the top If; ORT types both branches with the replica's static shapes, and the
+    untaken 8 kHz network cannot be typed on 16 kHz-sized input (its LSTM would get a rank-5 input)."""
+    path = str(model_path("silero_vad"))
+    model = gd.onnx.load(path, trainable=False)
+    audio, state = silero_inputs(2, 512)
+    step = gd.function(lambda a, s, r: model(a, s, r))
+    with caplog.at_level("WARNING", logger="graphdist.trace.control_flow"), pytest.raises(gd.BackendError):
+        step(audio, state, np.array(16000, np.int64))
+    assert "Give the inputs deciding the condition as numpy values" in caplog.text
+    rate = np.array(8000, np.int64)  # the other way round both branches type, and the node runs
+    audio, state = silero_inputs(2, 256)
+    for got, want in zip(step(audio, state, rate), run_ort(path, {"input": audio, "state": state, "sr": rate})):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
