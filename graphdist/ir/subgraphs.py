@@ -147,8 +147,9 @@ def control_flow_types(op_type: str, attrs: Mapping[str, Any], input_types: Sequ
 
     * ``If``: the branches' types where both have one of the same element type and rank (dimensions
       where they differ are unknown);
-    * ``Loop``: a loop-carried value keeps its input's type when the body declares the same one; a scan
-      output is the body's type with a leading axis of ``trip_count`` (unknown when ``None``).
+    * ``Loop``: a loop-carried value keeps its input's element type and rank, and the dimensions the body
+      declares the same (others are unknown: the value may change shape from one iteration to the next);
+      a scan output is the body's type with a leading axis of ``trip_count`` (unknown when ``None``).
     """
     result: list[onnx.TypeProto | None] = [None] * count
     if op_type == "If" and isinstance(attrs.get("then_branch"), onnx.AttributeProto) \
@@ -163,8 +164,9 @@ def control_flow_types(op_type: str, attrs: Mapping[str, Any], input_types: Sequ
             if declared is None:
                 continue
             if index < len(carried):
-                given = carried[index]
-                result[index] = given if given is not None and _compatible(given, declared) else None
+                given = carried[index]  # it may change shape across iterations where the body does not say
+                result[index] = _merged(given, declared) if given is not None and _compatible(given, declared) \
+                    else None
             else:
                 dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
                         for d in declared.tensor_type.shape.dim]
