@@ -1,4 +1,4 @@
-"""``If`` nodes of an inlined graph: the taken branch when the condition is known, else the node.
+"""Control flow of an inlined graph: ``If`` and ``Loop`` nodes whose deciding values the trace knows.
 
 An imported model's ``If`` often decides on something the trace knows: a
 sample rate given as a numpy value, a batch size (``Shape -> Gather ->
@@ -8,10 +8,17 @@ taken branch is imported with the types its outer values have in the trace
 in the node's place, as ONNX Runtime's constant folding does: the replica's
 graph then holds ordinary ops that every pass and backend handles.
 
-When the condition is only known at run time, the node stays, and each
-branch is imported the same way and written back as a subgraph: nested
-``If`` s on static shapes are gone from it, so ONNX Runtime, which types
-subgraphs against the static shapes of a replica's segment, accepts it.
+A ``Loop`` whose trip count and condition are constants of the trace runs
+unrolled (at most :data:`MAX_UNROLLED_ITERATIONS` iterations): one copy of
+its body per iteration, imported with the iteration number and incoming
+condition as constants, so a condition computed from them folds; a condition
+computed from data keeps the node.
+
+Otherwise the node stays, and its subgraphs are imported the same way and
+written back: nested ``If`` s on static shapes are gone from them, and their
+types are the trace's, so ONNX's inference types the node and ONNX Runtime,
+which types subgraphs against the static shapes of a replica's segment,
+accepts it. (A ``Scan``'s body is kept as written.)
 """
 
 from __future__ import annotations

@@ -56,9 +56,12 @@ def inline_graph(graph: Graph, args: Sequence[Any], *, batch_axis: int | None = 
     The graph keeps its ops' forms: a graph at a newer opset than the trace
     raises the trace's opset (graphdist's own ops keep their meaning in newer
     opsets); one at an older opset whose ops changed form since is converted
-    up with ONNX's version converter first. Nodes whose values are known now
-    (``Shape`` of a static shape, small arithmetic on constants) become
-    constants (:func:`graphdist.ir.fold.fold_node`).
+    up with ONNX's version converter first (with the ops of its ``If``/``Loop``/``Scan``
+    bodies). Nodes whose values are known now (``Shape`` of a static shape,
+    small arithmetic on constants) become constants
+    (:func:`graphdist.ir.fold.fold_node`); an ``If`` on a known condition is
+    replaced by its taken branch and a ``Loop`` of a known trip count is
+    unrolled (:mod:`graphdist.trace.control_flow`).
 
     Args:
         graph: A graph of ONNX ops (typically from :func:`graphdist.ir.from_onnx`
