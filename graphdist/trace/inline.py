@@ -170,7 +170,10 @@ def _unrolled(node: Any, attrs: dict[str, Any], inputs: list[Value], iterations:
         carried, step_scans = outs[1:1 + len(carried)], outs[1 + len(carried):]
         scans = [[] for _ in step_scans] if not scans else scans
         for collected, value in zip(scans, step_scans):
-            collected.append(ctx.emit1("Unsqueeze", [value, ctx.int64s([0])]).value)
+            if ctx.graph.opset < 13:  # a trace at an old model's own opset (an eager call): axes an attribute
+                collected.append(ctx.emit1("Unsqueeze", [value], {"axes": [0]}).value)
+            else:
+                collected.append(ctx.emit1("Unsqueeze", [value, ctx.int64s([0])]).value)
     stacked = [values[0] if len(values) == 1 else ctx.emit1("Concat", values, {"axis": 0}).value
                for values in scans]
     return [*carried, *stacked]

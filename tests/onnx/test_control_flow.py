@@ -233,6 +233,17 @@ def test_loop_runs_unrolled_or_as_a_node_equal_to_onnxruntime(trips: int) -> Non
     assert ("Loop" in traced_ops(step, x, w)) == (trips > MAX_UNROLLED_ITERATIONS)
 
 
+def test_loop_of_an_opset_11_model_unrolls_eagerly_and_traced() -> None:
+    model_proto = for_loop_model(3)
+    model_proto.opset_import[0].version = 11  # eager calls trace at the model's own opset: Unsqueeze-11
+    model = gd.onnx.load(model_proto, trainable=False)
+    x, w = np.ones((2, 3), np.float32), np.arange(3, dtype=np.float32)
+    want = run_ort(model_proto, {"x": x, "w": w})
+    for got in (model(x, w), gd.function(lambda a, b: model(a, b))(x, w)):
+        for g, expected in zip(got, want):
+            np.testing.assert_allclose(g, expected, rtol=1e-6)
+
+
 def test_loop_with_a_traced_trip_count_runs_with_a_dynamic_scan_length() -> None:
     model_proto = for_loop_model(None)
     model = gd.onnx.load(model_proto, trainable=False)
