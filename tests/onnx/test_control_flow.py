@@ -352,3 +352,58 @@ def test_silero_vad_with_a_traced_sample_rate_keeps_the_if_and_says_why_ort_may_
     audio, state = silero_inputs(2, 256)
     for got, want in zip(step(audio, state, rate), run_ort(path, {"input": audio, "state": state, "sr": rate})):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------- training through an inlined branch
+def gated_model(w0: np.ndarray) -> onnx.ModelProto:
+    """y = if mode == 1: x @ w * 2 else x @ w - 1, with the weight w an initializer read by both branches."""
+    then = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["xw_t"]),
+                              helper.make_node("Mul", ["xw_t", "two"], ["t"])], "then", [],
+                             [vi("t", FLOAT, ["N", 2])], initializer=[numpy_helper.from_array(np.float32(2), "two")])
+    other = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["xw_e"]),
+                               helper.make_node("Sub", ["xw_e", "one"], ["e"])], "else", [],
+                              [vi("e", FLOAT, ["N", 2])], initializer=[numpy_helper.from_array(np.float32(1), "one")])
+    nodes = [helper.make_node("Constant", [], ["one_i"], value=numpy_helper.from_array(np.int64(1), "one_i")),
+             helper.make_node("Equal", ["mode", "one_i"], ["flag"]),
+             helper.make_node("If", ["flag"], ["y"], then_branch=then, else_branch=other)]
+    return make_model(nodes, [vi("x", FLOAT, ["N", 3]), vi("mode", INT64, [])], [vi("y", FLOAT, ["N", 2])],
+                      [numpy_helper.from_array(w0, "w")], name="gated")
+
+
+@pytest.mark.parametrize("mode", [1, 0])
+def test_training_through_the_taken_branch_mirrored_equals_one_device_and_numpy(mode: int) -> None:
+    w0 = np.random.default_rng(4).standard_normal((3, 2)).astype(np.float32)
+    x = np.random.default_rng(5).standard_normal((8, 3)).astype(np.float32)
+    target = np.random.default_rng(6).standard_normal((8, 2)).astype(np.float32)
+    rate = np.array(mode, np.int64)
+
+    def train(strategy: gd.Strategy) -> np.ndarray:
+        with strategy.scope():
+            model = gd.onnx.load(gated_model(w0))
+            optimizer = gd.optimizers.SGD(0.1)
+
+        @gd.function
+        def step(x, target):
+            def replica_step(x, target):
+                with gd.GradientTape() as tape:
+                    loss = gd.nn.compute_average_loss(((model(x, rate) - target) ** 2).sum(axis=1),
+                                                      global_batch_size=8)
+                grads = tape.gradient(loss, model.trainable_variables)
+                optimizer.apply_gradients(zip(grads, model.trainable_variables))
+                return loss
+            return strategy.reduce("SUM", strategy.run(replica_step, args=(x, target)), axis=None)
+
+        if strategy.num_replicas_in_sync > 1:
+            dist = strategy.experimental_distribute_dataset(gd.data.Dataset.from_tensor_slices((x, target)).batch(8))
+            step(*next(iter(dist)))
+        else:
+            step(x, target)
+        return model.variables[0].numpy()
+
+    one = train(gd.OneDeviceStrategy("cpu:0"))
+    two = train(gd.MirroredStrategy(["cpu:0", "cpu:1"]))
+    scale, shift = (2.0, 0.0) if mode == 1 else (1.0, -1.0)
+    residual = scale * (x @ w0) + shift - target
+    want = w0 - 0.1 * (2 * scale * x.T @ residual / 8)
+    np.testing.assert_allclose(one, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(two, one, rtol=1e-5, atol=1e-6)
