@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,7 @@ from graphdist.ir.ops import onnx_dtype
 from graphdist.ir.subgraphs import CAPTURES_ATTR, free_names, split_captures
 
 __all__ = ["BRANCHES", "MAX_UNROLLED_ITERATIONS", "known_condition", "taken_branch", "specialised_branches",
-           "known_trip_count", "unrolled_iterations", "specialised_body"]
+           "known_trip_count", "unrolled_iterations", "specialised_body", "ScanPlan", "scan_plan"]
 
 logger = logging.getLogger(__name__)
 
@@ -151,6 +152,92 @@ def unrolled_iterations(graph: Graph, node_name: str, attrs: Mapping[str, Any], 
         if not bool(np.asarray(condition).reshape(-1)[0]):
             break
     return iterations
+
+
+@dataclass(frozen=True)
+class ScanPlan:
+    """How a ``Scan`` of static length runs unrolled.
+
+    Attributes:
+        body: The body imported with the trace's types (states, then one slice of each scan input, then
+            the captured values it reads); the same graph for every iteration.
+        length: The number of iterations (the scan inputs' length along their axes).
+        states: How many loop-carried states the node has.
+        input_axes: Per scan input, the axis it is sliced along (non-negative).
+        input_reversed: Per scan input, whether it is read from the end.
+        output_axes: Per scan output, the axis the iterations' slices are stacked along (non-negative).
+        output_reversed: Per scan output, whether the slices are stacked from the last iteration.
+        captured: The trace values the body reads from outside, in its input order.
+    """
+
+    body: Graph
+    length: int
+    states: int
+    input_axes: tuple[int, ...]
+    input_reversed: tuple[bool, ...]
+    output_axes: tuple[int, ...]
+    output_reversed: tuple[bool, ...]
+    captured: tuple[Value, ...]
+
+
+def scan_plan(graph: Graph, node_name: str, op_type: str, domain: str, attrs: Mapping[str, Any],
+              inputs: Sequence[Value | None]) -> ScanPlan | None:
+    """The unrolled form of a ``Scan`` node (opset 9 and later) whose length is static and at most
+    :data:`MAX_UNROLLED_ITERATIONS`, else ``None`` (the node stays): its body is imported once with the
+    trace's types, and kept as a node when a state changes type from one iteration to the next.
+    """
+    if op_type != "Scan" or domain != ONNX_DOMAIN or graph.opset_imports.get(ONNX_DOMAIN, 0) < 9:
+        return None
+    onnx_inputs, captured, names = split_captures(inputs, attrs)
+    count = int(attrs.get("num_scan_inputs", 0))
+    states, scanned = list(onnx_inputs[:len(onnx_inputs) - count]), list(onnx_inputs[len(onnx_inputs) - count:])
+    if not scanned or any(v is None for v in (*states, *scanned)):
+        return None
+    body = attrs["body"].g
+    input_axes = tuple(_axis(a, v.rank) for a, v in zip(_ints(attrs, "scan_input_axes", count), scanned))
+    lengths = {v.shape[a] for v, a in zip(scanned, input_axes)}
+    length = next(iter(lengths)) if len(lengths) == 1 else None
+    if not isinstance(length, int) or not 0 < length <= MAX_UNROLLED_ITERATIONS:
+        return None
+    slices = [(v.dtype, tuple(d for i, d in enumerate(v.shape) if i != a)) for v, a in zip(scanned, input_axes)]
+    own = [helper.make_tensor_value_info(vi.name, onnx_dtype(dtype), list(shape)) for vi, (dtype, shape)
+           in zip(body.input, [*((v.dtype, v.shape) for v in states), *slices])]
+    reads = set(free_names([body]))
+    outer = [(name, value) for name, value in zip(names, captured) if name in reads]
+    inner = onnx.GraphProto()
+    inner.CopyFrom(body)
+    del inner.input[:]
+    types = tuple((v.dtype.str, tuple(v.shape)) for v in (*states, *scanned, *captured))
+    cache = graph.meta.setdefault("scan_bodies", {})
+    if (node_name, types) not in cache:
+        try:
+            imported = _imported(graph, node_name, inner, [*own, *(helper.make_tensor_value_info(
+                name, onnx_dtype(v.dtype), list(v.shape)) for name, v in outer)], "body")
+        except GraphError as err:
+            logger.debug("Scan %s kept: its body cannot be imported (%s)", node_name, err)
+            imported = None
+        cache[(node_name, types)] = imported
+    imported = cache[(node_name, types)]
+    if imported is None or any(out.dtype != v.dtype or tuple(out.shape) != tuple(v.shape)
+                               for out, v in zip(imported.outputs, states)):
+        return None
+    scan_outputs = imported.outputs[len(states):]
+    return ScanPlan(
+        body=imported, length=length, states=len(states), input_axes=input_axes,
+        input_reversed=tuple(bool(d) for d in _ints(attrs, "scan_input_directions", count)),
+        output_axes=tuple(_axis(a, v.rank + 1) for a, v in
+                          zip(_ints(attrs, "scan_output_axes", len(scan_outputs)), scan_outputs)),
+        output_reversed=tuple(bool(d) for d in _ints(attrs, "scan_output_directions", len(scan_outputs))),
+        captured=tuple(v for _, v in outer))
+
+
+def _ints(attrs: Mapping[str, Any], name: str, count: int) -> list[int]:
+    value = attrs.get(name)
+    return [0] * count if value is None or isinstance(value, onnx.AttributeProto) else [int(v) for v in value]
+
+
+def _axis(axis: int, rank: int) -> int:
+    return axis + rank if axis < 0 else axis
 
 
 def specialised_body(graph: Graph, node_name: str, attrs: dict[str, Any], inputs: Sequence[Value]) -> dict[str, Any]:

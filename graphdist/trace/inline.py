@@ -22,8 +22,10 @@ from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Value
 from graphdist.ir.onnx_schema_ops import schema_since
 from graphdist.ir.subgraphs import split_captures, subgraph_ops
 from graphdist.trace.control_flow import (
+    ScanPlan,
     known_condition,
     known_trip_count,
+    scan_plan,
     specialised_body,
     specialised_branches,
     taken_branch,
@@ -141,6 +143,10 @@ def inline_graph(graph: Graph, args: Sequence[Any], *, batch_axis: int | None = 
         if iterations is not None:  # each iteration's body in turn, its scan outputs stacked
             _map_results(graph, node, _unrolled(node, attrs, inputs, iterations, ctx), mapping)
             continue
+        plan = scan_plan(graph, node.name, node.op_type, node.domain, attrs, inputs)
+        if plan is not None:  # the body once per element of the scanned axis, its scan outputs stacked
+            _map_results(graph, node, _unrolled_scan(plan, inputs, ctx), mapping)
+            continue
         if node.op_type == "If" and node.domain == ONNX_DOMAIN:
             attrs = specialised_branches(graph, node.name, attrs, inputs)
         elif node.op_type == "Loop" and node.domain == ONNX_DOMAIN:
@@ -170,13 +176,40 @@ def _unrolled(node: Any, attrs: dict[str, Any], inputs: list[Value], iterations:
         carried, step_scans = outs[1:1 + len(carried)], outs[1 + len(carried):]
         scans = [[] for _ in step_scans] if not scans else scans
         for collected, value in zip(scans, step_scans):
-            if ctx.graph.opset < 13:  # a trace at an old model's own opset (an eager call): axes an attribute
-                collected.append(ctx.emit1("Unsqueeze", [value], {"axes": [0]}).value)
-            else:
-                collected.append(ctx.emit1("Unsqueeze", [value, ctx.int64s([0])]).value)
+            collected.append(_unsqueezed(value, 0, ctx))
     stacked = [values[0] if len(values) == 1 else ctx.emit1("Concat", values, {"axis": 0}).value
                for values in scans]
     return [*carried, *stacked]
+
+
+def _unrolled_scan(plan: ScanPlan, inputs: list[Value], ctx: Any) -> list[Value]:
+    """A Scan's outputs from its body run once per element: the last states, the scan outputs stacked."""
+    from graphdist.trace.tensor import Tensor
+
+    count = len(plan.input_axes)
+    states = list(inputs[:plan.states])
+    scanned = list(inputs[plan.states:plan.states + count])
+    collected: list[list[Value]] = [[] for _ in plan.output_axes]
+    for step in range(plan.length):
+        slices = [ctx.emit1("Gather", [value, ctx.constant(np.int64(plan.length - 1 - step if back else step))],
+                            {"axis": axis}).value
+                  for value, axis, back in zip(scanned, plan.input_axes, plan.input_reversed)]
+        outs = [t.value for t in inline_graph(plan.body, [Tensor(v, ctx) for v in (*states, *slices,
+                                                                                 *plan.captured)])]
+        states = outs[:plan.states]
+        for values, value, axis in zip(collected, outs[plan.states:], plan.output_axes):
+            values.append(_unsqueezed(value, axis, ctx))
+    stacked = []
+    for values, axis, back in zip(collected, plan.output_axes, plan.output_reversed):
+        values = values[::-1] if back else values
+        stacked.append(values[0] if len(values) == 1 else ctx.emit1("Concat", values, {"axis": axis}).value)
+    return [*states, *stacked]
+
+
+def _unsqueezed(value: Value, axis: int, ctx: Any) -> Value:
+    if ctx.graph.opset < 13:  # a trace at an old model's own opset (an eager call): axes an attribute
+        return ctx.emit1("Unsqueeze", [value], {"axes": [axis]}).value
+    return ctx.emit1("Unsqueeze", [value, ctx.int64s([axis])]).value
 
 
 def _map_results(graph: Graph, node: Any, results: list[Value], mapping: dict[int, Value]) -> None:

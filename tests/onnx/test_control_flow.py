@@ -407,3 +407,37 @@ def test_training_through_the_taken_branch_mirrored_equals_one_device_and_numpy(
     want = w0 - 0.1 * (2 * scale * x.T @ residual / 8)
     np.testing.assert_allclose(one, want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(two, one, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------- Scan
+def scan_model(length: int) -> onnx.ModelProto:
+    """A running sum over axis 1 of x read backwards, plus a running product of a forward scan over axis 0
+    of y; scan outputs stacked along axis 1 (the first one in reverse) and axis 0; w read from outside."""
+    body = helper.make_graph([
+        helper.make_node("Add", ["sum_in", "x_t"], ["sum_out"]),
+        helper.make_node("Mul", ["prod_in", "y_t"], ["prod_out"]),
+        helper.make_node("Mul", ["sum_out", "w"], ["scan_a"]),
+        helper.make_node("Identity", ["prod_out"], ["scan_b"]),
+    ], "body", [vi("sum_in", FLOAT, [2]), vi("prod_in", FLOAT, [3]), vi("x_t", FLOAT, [2]), vi("y_t", FLOAT, [3])],
+        [vi("sum_out", FLOAT, [2]), vi("prod_out", FLOAT, [3]), vi("scan_a", FLOAT, [2]), vi("scan_b", FLOAT, [3])])
+    nodes = [helper.make_node("Scan", ["s0", "p0", "x", "y"], ["s", "p", "a", "b"], body=body, num_scan_inputs=2,
+                              scan_input_axes=[1, 0], scan_input_directions=[1, 0], scan_output_axes=[-1, 0],
+                              scan_output_directions=[1, 0])]
+    inputs = [vi("s0", FLOAT, [2]), vi("p0", FLOAT, [3]), vi("x", FLOAT, [2, length]), vi("y", FLOAT, [length, 3]),
+              vi("w", FLOAT, [2])]
+    outputs = [vi("s", FLOAT, [2]), vi("p", FLOAT, [3]), vi("a", FLOAT, [2, length]), vi("b", FLOAT, [length, 3])]
+    return make_model(nodes, inputs, outputs, name="scan_model")
+
+
+@pytest.mark.parametrize("length", [1, 4, MAX_UNROLLED_ITERATIONS + 1])
+def test_scan_runs_unrolled_or_as_a_node_equal_to_onnxruntime(length: int) -> None:
+    model_proto = scan_model(length)
+    model = gd.onnx.load(model_proto, trainable=False)
+    rng = np.random.default_rng(7)
+    arrays = [rng.standard_normal(shape).astype(np.float32) for shape in ([2], [3], [2, length], [length, 3], [2])]
+    want = run_ort(model_proto, dict(zip(["s0", "p0", "x", "y", "w"], arrays)))
+    step = gd.function(lambda *a: model(*a))
+    for got in (step(*arrays), model(*arrays)):
+        for g, expected in zip(got, want):
+            np.testing.assert_allclose(g, expected, rtol=1e-5, atol=1e-6)
+    assert ("Scan" in traced_ops(step, *arrays)) == (length > MAX_UNROLLED_ITERATIONS)
