@@ -18,7 +18,11 @@ Otherwise the node stays, and its subgraphs are imported the same way and
 written back: nested ``If`` s on static shapes are gone from them, and their
 types are the trace's, so ONNX's inference types the node and ONNX Runtime,
 which types subgraphs against the static shapes of a replica's segment,
-accepts it. (A ``Scan``'s body is kept as written.)
+accepts it.
+
+A ``Scan`` (opset 9 and later) always has a static length in a trace: up to
+:data:`MAX_UNROLLED_ITERATIONS` steps it runs unrolled (:func:`scan_plan`),
+longer ones stay nodes with their body as written.
 """
 
 from __future__ import annotations
