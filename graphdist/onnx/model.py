@@ -151,9 +151,7 @@ class OnnxModel:
         # specialise on their values (in a trace a numpy value is a constant, on which inline_graph inlines the
         # taken branch or unrolls the loop); a traced value keeps the node. Data tensors are never specialised.
         control = set(static_input_names(self._import, CONTROL_OPERANDS)) & set(self.input_names) - static
-        self._control = [i for i, (name, (dims, dtype)) in enumerate(zip(self.input_names, self.input_specs()))
-                         if name in control and np.dtype(dtype).kind in "iub" and None not in dims
-                         and int(np.prod(dims)) == 1]
+        self._control = [i for i, name in enumerate(self.input_names) if name in control and _is_flag(proto, name)]
         self._graphs: OrderedDict[tuple, tuple[Graph, list[str]]] = OrderedDict()
         self._functions: OrderedDict[tuple, Function] = OrderedDict()
         self._plain_graph: Graph | None = None
@@ -375,6 +373,17 @@ class OnnxModel:
     def __repr__(self) -> str:
         return (f"<gd.onnx.OnnxModel {self.name!r} inputs={self.input_names} outputs={self.output_names} "
                 f"variables={len(self._variables)} strategy={self._strategy!r}>")
+
+
+def _is_flag(proto: onnx.ModelProto, name: str) -> bool:
+    """Whether graph input ``name`` is declared an integer or boolean tensor of one element."""
+    declared = next(vi.type for vi in proto.graph.input if vi.name == name)
+    tensor = declared.tensor_type if declared.WhichOneof("value") == "tensor_type" else None
+    if tensor is None or not tensor.elem_type or not tensor.HasField("shape"):
+        return False
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+    kind = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type).kind
+    return kind in "iub" and None not in dims and int(np.prod(dims)) == 1
 
 
 def _some(names: Sequence[str], limit: int = 8) -> str:

@@ -332,8 +332,9 @@ def test_onnx_node_case_through_gd_function_of_the_loaded_model(case) -> None:
                                       got, rtol=case.rtol, atol=case.atol, model_dir=case.name)
 
 
-def test_sequence_values_are_a_clear_refusal() -> None:
-    (case,) = _node_cases(["test_if_seq"])
+@pytest.mark.parametrize("name", ["test_if_seq", "test_sequence_insert_at_back", "test_loop13_seq"])
+def test_sequence_values_are_a_clear_refusal(name: str) -> None:
+    (case,) = _node_cases([name])
     with pytest.raises(gd.GraphError, match="sequence value; graphdist supports tensor values only"):
         gd.onnx.load(case.model, trainable=False)
 
