@@ -158,7 +158,11 @@ def inline_graph(graph: Graph, args: Sequence[Any], *, batch_axis: int | None = 
             continue
         outs = ctx.emit(node.op_type, inputs, attrs, domain=node.domain, num_outputs=len(node.outputs),
                         name=node.name)
-        _map_results(graph, node, [out.value for out in outs], mapping)
+        for old, new in zip(node.outputs, outs):
+            if new.value.dtype != old.dtype:
+                raise TracingError(f"graph {graph.name!r}: node {node.name} ({node.op_type}) gives {new.value.dtype} "
+                                   f"for %{old.name}, which the graph declares {old.dtype}")
+            mapping[id(old)] = new.value
     return [Tensor(resolve(v), ctx) for v in graph.outputs]
 
 
