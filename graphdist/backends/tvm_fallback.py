@@ -266,6 +266,21 @@ def unsupported_nodes(model: onnx.ModelProto) -> list[Unsupported]:
     return found
 
 
+#: Control-flow ops graphdist removes while tracing when the values deciding them are known.
+_CONTROL_FLOW_HINTS = {
+    "Loop": "a Loop stays a node when its trip count or condition is not known when tracing (or it runs more "
+            "than 64 iterations); give the trip count as a numpy value or a constant, so that graphdist unrolls "
+            "it",
+    "If": "an If stays a node when its condition is not known when tracing; give the inputs deciding it as "
+          "numpy values, so that graphdist inlines the branch taken",
+}
+
+
+def _control_flow_hint(ops: tuple[str, ...]) -> str:
+    hints = [_CONTROL_FLOW_HINTS[op] for op in ops if op in _CONTROL_FLOW_HINTS]
+    return "".join(f" ({hint[0].upper()}{hint[1:]}.)" for hint in hints)
+
+
 def compile_on_ort(model: onnx.ModelProto, device: Device, threads: int, cache_dir: Path | None,
                    err: TvmConversionError) -> FallbackExecutable:
     """Compiles a segment TVM cannot convert with the ``ort`` backend (see the module docstring).
@@ -288,7 +303,7 @@ def compile_on_ort(model: onnx.ModelProto, device: Device, threads: int, cache_d
         raise BackendError(
             f"segment {name!r} on {device} uses {named}, which TVM cannot run ({described}). Segments on TPU-like "
             "devices are compiled by TVM only (ONNX Runtime cannot run there, so there is no fallback): "
-            "compute this part on a cpu device, or replace the op."
+            f"compute this part on a cpu device, or replace the op.{_control_flow_hint(ops)}"
         ) from err
     with _warned_lock:
         new = [op for op in ops or ("<unknown op>",) if op not in _warned_ops]

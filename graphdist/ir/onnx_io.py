@@ -255,10 +255,17 @@ def _named_output(graph: Graph, value: Value, name: str) -> Value:
     """
     if value.name == name and value.producer is not None:
         return value
+    if value.name == name and graph.initializers.get(name) is value:
+        # A Constant as the output (an If branch's): the constant takes another name, the output keeps its own.
+        del graph.initializers[name]
+        value.name = graph.unique_name(f"{name}_constant")
+        graph.initializers[value.name] = value
+        out_name = name
+    else:
+        out_name = name if name not in graph._names else graph.unique_name(name)
     node = Node("Identity", [value], {})
     node.name = graph.unique_name(f"{name}_identity", node=True)
-    out = Value(name if name not in graph._names or value.name == name else graph.unique_name(name),
-                value.dtype, value.shape, producer=node, index=0)
+    out = Value(out_name, value.dtype, value.shape, producer=node, index=0)
     graph._names.add(out.name)
     node.outputs.append(out)
     graph.append(node)

@@ -32,7 +32,7 @@ from onnx import helper, numpy_helper
 from graphdist.errors import GraphError
 from graphdist.ir.graph import Node, Value
 from graphdist.ir.ops import OpDef, TypeList, install_generic_ops, numpy_dtype, onnx_dtype
-from graphdist.ir.subgraphs import split_captures, subgraphs_of
+from graphdist.ir.subgraphs import control_flow_types, split_captures, subgraphs_of
 
 __all__ = ["schema_since", "generic_opdef", "MAX_DATA_ELEMENTS", "tensor_type_proto", "type_of", "UNKNOWN_RANK"]
 
@@ -152,6 +152,8 @@ def _infer_from_schema(schema: onnx.defs.OpSchema, domain: str, opset: int):
         if subgraphs_of(node.attrs) or schema.has_function or schema.has_context_dependent_function:
             if any(not _has_shape(inferred.get(f"o{i}")) for i in range(count)):
                 inferred = _infer_through_function(node, count, types, opsets) or inferred
+        if subgraphs_of(node.attrs) and any(not _has_shape(inferred.get(f"o{i}")) for i in range(count)):
+            inferred = {**inferred, **_control_flow_types(node, count, types)}
         if any(not _has_shape(inferred.get(f"o{i}")) for i in range(count)):
             inferred = {**inferred, **_infer_by_running(node, count, opsets)}
         result = []
@@ -165,6 +167,20 @@ def _infer_from_schema(schema: onnx.defs.OpSchema, domain: str, opset: int):
         return result
 
     return infer
+
+
+def _control_flow_types(node: Node, count: int, types: dict[str, onnx.TypeProto]) -> dict[str, onnx.TypeProto]:
+    """An If's or Loop's output types from its subgraphs' (ONNX's inference leaves a Loop run on static
+    shapes, or an If whose branches differ in a dimension, untyped).
+    """
+    inputs, _, _ = split_captures(node.inputs, node.attrs)
+    trips = None
+    if node.op_type == "Loop" and inputs and inputs[0] is not None and inputs[0].const_value is not None \
+            and (len(inputs) < 2 or inputs[1] is None):
+        trips = int(np.asarray(inputs[0].const_value).reshape(-1)[0])
+    found = control_flow_types(node.op_type, node.attrs, [types.get(f"i{i}") for i in range(len(inputs))],
+                               trips, count)
+    return {f"o{i}": t for i, t in enumerate(found) if t is not None}
 
 
 def _has_shape(type_proto: onnx.TypeProto | None) -> bool:

@@ -17,7 +17,8 @@ from typing import Any
 
 import onnx
 
-__all__ = ["CAPTURES_ATTR", "subgraphs_of", "free_names", "split_captures", "renamed_attribute"]
+__all__ = ["CAPTURES_ATTR", "subgraphs_of", "subgraph_ops", "free_names", "split_captures", "renamed_attribute",
+           "control_flow_types"]
 
 #: Node attribute (not an ONNX attribute: lowering drops it) listing the outer names a node's subgraphs read.
 CAPTURES_ATTR = "graphdist.captures"
@@ -34,6 +35,18 @@ def subgraphs_of(attrs: Mapping[str, Any]) -> list[onnx.GraphProto]:
         elif isinstance(value, onnx.AttributeProto) and value.type == onnx.AttributeProto.GRAPHS:
             graphs.extend(value.graphs)
     return graphs
+
+
+def subgraph_ops(attr_maps: Iterable[Mapping[str, Any]]) -> set[tuple[str, str]]:
+    """``(op_type, domain)`` of every node in the subgraphs held by these attribute maps, at any depth."""
+    ops: set[tuple[str, str]] = set()
+    pending = [graph for attrs in attr_maps for graph in subgraphs_of(attrs)]
+    while pending:
+        graph = pending.pop()
+        for node in graph.node:
+            ops.add((node.op_type, "" if node.domain == "ai.onnx" else node.domain))
+            pending.extend(_nested(node))
+    return ops
 
 
 def _nested(node: onnx.NodeProto) -> list[onnx.GraphProto]:
@@ -96,3 +109,67 @@ def renamed_attribute(attr: onnx.AttributeProto, mapping: Mapping[str, str]) -> 
     for graph in ([copy.g] if copy.type == onnx.AttributeProto.GRAPH else list(copy.graphs)):
         _rename(graph, mapping)
     return copy
+
+
+def _declared(graph: onnx.GraphProto) -> list[onnx.TypeProto | None]:
+    """The tensor types a subgraph declares for its outputs (``None`` where there is no rank)."""
+    types: list[onnx.TypeProto | None] = []
+    for output in graph.output:
+        tensor = output.type.tensor_type if output.type.WhichOneof("value") == "tensor_type" else None
+        types.append(output.type if tensor is not None and tensor.elem_type and tensor.HasField("shape") else None)
+    return types
+
+
+def _merged(first: onnx.TypeProto, second: onnx.TypeProto) -> onnx.TypeProto | None:
+    a, b = first.tensor_type, second.tensor_type
+    if a.elem_type != b.elem_type or len(a.shape.dim) != len(b.shape.dim):
+        return None
+    merged = onnx.TypeProto()
+    merged.CopyFrom(first)
+    for dim, other in zip(merged.tensor_type.shape.dim, b.shape.dim):
+        if dim.HasField("dim_value") and not (other.HasField("dim_value") and other.dim_value == dim.dim_value):
+            dim.Clear()  # the branches disagree on this dimension: unknown until run time
+    return merged
+
+
+def _compatible(first: onnx.TypeProto, second: onnx.TypeProto) -> bool:
+    """Same element type and rank, and no dimension both give that differs."""
+    a, b = first.tensor_type, second.tensor_type
+    return a.elem_type == b.elem_type and len(a.shape.dim) == len(b.shape.dim) and all(
+        not (x.HasField("dim_value") and y.HasField("dim_value")) or x.dim_value == y.dim_value
+        for x, y in zip(a.shape.dim, b.shape.dim))
+
+
+def control_flow_types(op_type: str, attrs: Mapping[str, Any], input_types: Sequence[onnx.TypeProto | None],
+                       trip_count: int | None, count: int) -> list[onnx.TypeProto | None]:
+    """Output types of an ``If`` or ``Loop`` from its subgraphs' declared output types, where ONNX's
+    inference gives none (``None`` per output it cannot type).
+
+    * ``If``: the branches' types where both have one of the same element type and rank (dimensions
+      where they differ are unknown);
+    * ``Loop``: a loop-carried value keeps its input's element type and rank, and the dimensions the body
+      declares the same (others are unknown: the value may change shape from one iteration to the next);
+      a scan output is the body's type with a leading axis of ``trip_count`` (unknown when ``None``).
+    """
+    result: list[onnx.TypeProto | None] = [None] * count
+    if op_type == "If" and isinstance(attrs.get("then_branch"), onnx.AttributeProto) \
+            and isinstance(attrs.get("else_branch"), onnx.AttributeProto):
+        then, other = _declared(attrs["then_branch"].g), _declared(attrs["else_branch"].g)
+        for index, (a, b) in enumerate(zip(then[:count], other[:count])):
+            result[index] = _merged(a, b) if a is not None and b is not None else None
+    elif op_type == "Loop" and isinstance(attrs.get("body"), onnx.AttributeProto):
+        body = _declared(attrs["body"].g)[1:]
+        carried = list(input_types[2:])
+        for index, declared in enumerate(body[:count]):
+            if declared is None:
+                continue
+            if index < len(carried):
+                given = carried[index]  # it may change shape across iterations where the body does not say
+                result[index] = _merged(given, declared) if given is not None and _compatible(given, declared) \
+                    else None
+            else:
+                dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                        for d in declared.tensor_type.shape.dim]
+                result[index] = onnx.helper.make_tensor_type_proto(declared.tensor_type.elem_type,
+                                                                   [trip_count, *dims])
+    return result

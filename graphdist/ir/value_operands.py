@@ -20,7 +20,8 @@ from onnx import numpy_helper
 from graphdist.ir.graph import ONNX_DOMAIN, Graph
 from graphdist.ir.subgraphs import free_names
 
-__all__ = ["VALUE_OPERANDS", "static_inputs", "static_input_names", "bind_model_inputs", "with_input_shapes"]
+__all__ = ["VALUE_OPERANDS", "CONTROL_OPERANDS", "static_inputs", "static_input_names", "bind_model_inputs",
+           "with_input_shapes"]
 
 _REDUCTIONS = ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
                "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")
@@ -32,8 +33,16 @@ VALUE_OPERANDS: dict[str, tuple[int, ...]] = {
     "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,), "Pad": (1, 3), "Range": (0, 1, 2), "OneHot": (1,),
     "TopK": (1,), "Resize": (1, 2, 3), "Upsample": (1,), "CenterCropPad": (1,), "Col2Im": (1, 2),
     "MaxUnpool": (2,), "DFT": (1, 2), "STFT": (1, 3), "MelWeightMatrix": (0, 1, 2, 3, 4),
-    "Loop": (0,),  # the trip count decides the length of scan outputs
     "BlackmanWindow": (0,), "HannWindow": (0,), "HammingWindow": (0,), "AffineGrid": (1,),
+}
+
+#: Per ``ai.onnx`` op, the input positions that decide which ops run: an ``If``'s condition, a ``Loop``'s
+#: trip count and condition. A caller
+#: with its value specialises on it (the taken branch is inlined, its shapes fold); a value known only
+#: at run time keeps the node, unlike :data:`VALUE_OPERANDS`, which must be known.
+CONTROL_OPERANDS: dict[str, tuple[int, ...]] = {
+    "If": (0,),
+    "Loop": (0, 1),  # trip count and condition: known, the loop unrolls; else its scan outputs' length is dynamic
 }
 
 #: Ops whose outputs depend on their inputs' shapes only: the search for static inputs stops there.
@@ -64,14 +73,20 @@ def static_inputs(graph: Graph) -> list[int]:
     return [index for index, value in enumerate(graph.inputs) if id(value) in seen]
 
 
-def static_input_names(model: onnx.ModelProto) -> list[str]:
+def static_input_names(model: onnx.ModelProto,
+                       operands: Mapping[str, tuple[int, ...]] = VALUE_OPERANDS) -> list[str]:
     """:func:`static_inputs` for an ONNX model, before import: the names of the graph inputs (not
     initializers) that decide a value operand, in input order.
+
+    Args:
+        model: The model.
+        operands: The operands sought, per op (:data:`CONTROL_OPERANDS`: the inputs that decide an
+            ``If`` of the main graph).
     """
     proto = model.graph
     producers = {name: node for node in proto.node for name in node.output if name}
     wanted = [node.input[p] for node in proto.node if node.domain in ("", "ai.onnx")
-              for p in VALUE_OPERANDS.get(node.op_type, ()) if p < len(node.input) and node.input[p]]
+              for p in operands.get(node.op_type, ()) if p < len(node.input) and node.input[p]]
     seen: set[str] = set()
     while wanted:
         name = wanted.pop()

@@ -61,7 +61,7 @@ from graphdist.ir.graph import Graph
 from graphdist.ir.onnx_checks import tensor_array
 from graphdist.ir.onnx_io import from_onnx
 from graphdist.ir.onnx_schema_ops import UNKNOWN_RANK
-from graphdist.ir.value_operands import bind_model_inputs, static_input_names, with_input_shapes
+from graphdist.ir.value_operands import CONTROL_OPERANDS, bind_model_inputs, static_input_names, with_input_shapes
 from graphdist.onnx.files import read_model, write_model
 from graphdist.onnx.prepare import (
     BATCH_NORM_MODES,
@@ -198,6 +198,11 @@ class OnnxModel:
         self._import = with_variables_as_inputs(self._clean, names)
         static = set(static_input_names(self._import)) & set(self.input_names)
         self._static = [i for i, name in enumerate(self.input_names) if name in static]
+        # Integer and boolean scalars deciding an If or a Loop (a sample rate, a trip count): eager calls
+        # specialise on their values (in a trace a numpy value is a constant, on which inline_graph inlines the
+        # taken branch or unrolls the loop); a traced value keeps the node. Data tensors are never specialised.
+        control = set(static_input_names(self._import, CONTROL_OPERANDS)) & set(self.input_names) - static
+        self._control = [i for i, name in enumerate(self.input_names) if name in control and _is_flag(proto, name)]
         self._graphs: OrderedDict[tuple, tuple[Graph, list[str]]] = OrderedDict()
         self._functions: OrderedDict[tuple, Function] = OrderedDict()
         self._plain_graph: Graph | None = None
@@ -382,7 +387,7 @@ class OnnxModel:
 
     def _eager(self, values: list[Any], training: bool) -> Any:
         arrays = [np.asarray(v.numpy() if isinstance(v, Variable) else v) for v in values]
-        static = {i: arrays[i] for i in self._static}
+        static = {i: arrays[i] for i in (*self._static, *self._control)}
         key = (training, tuple((i, a.dtype.str, a.shape, a.tobytes()) for i, a in sorted(static.items())))
         fn = self._functions.get(key)
         if fn is None:
@@ -459,6 +464,17 @@ class OnnxModel:
     def __repr__(self) -> str:
         return (f"<gd.onnx.OnnxModel {self.name!r} inputs={self.input_names} outputs={self.output_names} "
                 f"variables={len(self._variables)} strategy={self._strategy!r}>")
+
+
+def _is_flag(proto: onnx.ModelProto, name: str) -> bool:
+    """Whether graph input ``name`` is declared an integer or boolean tensor of one element."""
+    declared = next(vi.type for vi in proto.graph.input if vi.name == name)
+    tensor = declared.tensor_type if declared.WhichOneof("value") == "tensor_type" else None
+    if tensor is None or not tensor.elem_type or not tensor.HasField("shape"):
+        return False
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+    kind = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type).kind
+    return kind in "iub" and None not in dims and int(np.prod(dims)) == 1
 
 
 def _some(names: Sequence[str], limit: int = 8) -> str:

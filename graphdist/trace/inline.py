@@ -21,6 +21,17 @@ from graphdist.ir.batch_fold import folded_provenance
 from graphdist.ir.fold import fold_node
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Value
 from graphdist.ir.onnx_schema_ops import schema_since
+from graphdist.ir.subgraphs import split_captures, subgraph_ops
+from graphdist.trace.control_flow import (
+    ScanPlan,
+    known_condition,
+    known_trip_count,
+    scan_plan,
+    specialised_body,
+    specialised_branches,
+    taken_branch,
+    unrolled_iterations,
+)
 from graphdist.trace.tracer import current_trace
 
 __all__ = ["inline_graph", "graph_function", "example_batch", "converted_graph"]
@@ -48,9 +59,12 @@ def inline_graph(graph: Graph, args: Sequence[Any], *, batch_axis: int | None = 
     The graph keeps its ops' forms: a graph at a newer opset than the trace
     raises the trace's opset (graphdist's own ops keep their meaning in newer
     opsets); one at an older opset whose ops changed form since is converted
-    up with ONNX's version converter first. Nodes whose values are known now
-    (``Shape`` of a static shape, small arithmetic on constants) become
-    constants (:func:`graphdist.ir.fold.fold_node`).
+    up with ONNX's version converter first (with the ops of its ``If``/``Loop``/``Scan``
+    bodies). Nodes whose values are known now (``Shape`` of a static shape,
+    small arithmetic on constants) become constants
+    (:func:`graphdist.ir.fold.fold_node`); an ``If`` on a known condition is
+    replaced by its taken branch and a ``Loop`` of a known trip count is
+    unrolled (:mod:`graphdist.trace.control_flow`).
 
     Args:
         graph: A graph of ONNX ops (typically from :func:`graphdist.ir.from_onnx`
@@ -120,6 +134,25 @@ def inline_graph(graph: Graph, args: Sequence[Any], *, batch_axis: int | None = 
     for node in graph.nodes:
         attrs = {k: list(v) if isinstance(v, list) else v for k, v in node.attrs.items()}
         inputs = [resolve(v) for v in node.inputs]
+        condition = known_condition(node.op_type, node.domain, inputs)
+        if condition is not None:  # the taken branch's ops in the node's place, folded in turn
+            branch, arguments = taken_branch(graph, node.name, attrs, inputs, condition)
+            results = inline_graph(branch, [Tensor(v, ctx) for v in arguments])
+            _map_results(graph, node, [r.value for r in results], mapping)
+            continue
+        trips = known_trip_count(node.op_type, node.domain, inputs)
+        iterations = None if trips is None else unrolled_iterations(graph, node.name, attrs, inputs, trips)
+        if iterations is not None:  # each iteration's body in turn, its scan outputs stacked
+            _map_results(graph, node, _unrolled(node, attrs, inputs, iterations, ctx), mapping)
+            continue
+        plan = scan_plan(graph, node.name, node.op_type, node.domain, attrs, inputs)
+        if plan is not None:  # the body once per element of the scanned axis, its scan outputs stacked
+            _map_results(graph, node, _unrolled_scan(plan, inputs, ctx), mapping)
+            continue
+        if node.op_type == "If" and node.domain == ONNX_DOMAIN:
+            attrs = specialised_branches(graph, node.name, attrs, inputs)
+        elif node.op_type == "Loop" and node.domain == ONNX_DOMAIN:
+            attrs = specialised_body(graph, node.name, attrs, inputs)
         folded = fold_node(node.op_type, node.domain, attrs, inputs, len(node.outputs), ctx.graph.opset_imports)
         if folded is not None and all(a.dtype == old.dtype for a, old in zip(folded, node.outputs)):
             # Elements computed from the per-replica batch size stay recorded, so the step re-plans.
@@ -137,6 +170,64 @@ def inline_graph(graph: Graph, args: Sequence[Any], *, batch_axis: int | None = 
                                    f"for %{old.name}, which the graph declares {old.dtype}")
             mapping[id(old)] = new.value
     return [Tensor(resolve(v), ctx) for v in graph.outputs]
+
+
+def _unrolled(node: Any, attrs: dict[str, Any], inputs: list[Value], iterations: list[Graph], ctx: Any) -> list[Value]:
+    """A Loop's outputs from its iterations' bodies: the last loop-carried values, the scan outputs stacked."""
+    from graphdist.trace.tensor import Tensor
+
+    onnx_inputs, captured, names = split_captures(inputs, attrs)
+    carried = list(onnx_inputs[2:])
+    scans: list[list[Value]] = []
+    for body in iterations:
+        reads = {v.name for v in body.inputs[len(carried):]}
+        outer = [v for name, v in zip(names, captured) if name in reads]
+        outs = [t.value for t in inline_graph(body, [Tensor(v, ctx) for v in (*carried, *outer)])]
+        carried, step_scans = outs[1:1 + len(carried)], outs[1 + len(carried):]
+        scans = [[] for _ in step_scans] if not scans else scans
+        for collected, value in zip(scans, step_scans):
+            collected.append(_unsqueezed(value, 0, ctx))
+    stacked = [values[0] if len(values) == 1 else ctx.emit1("Concat", values, {"axis": 0}).value
+               for values in scans]
+    return [*carried, *stacked]
+
+
+def _unrolled_scan(plan: ScanPlan, inputs: list[Value], ctx: Any) -> list[Value]:
+    """A Scan's outputs from its body run once per element: the last states, the scan outputs stacked."""
+    from graphdist.trace.tensor import Tensor
+
+    count = len(plan.input_axes)
+    states = list(inputs[:plan.states])
+    scanned = list(inputs[plan.states:plan.states + count])
+    collected: list[list[Value]] = [[] for _ in plan.output_axes]
+    for step in range(plan.length):
+        slices = [ctx.emit1("Gather", [value, ctx.constant(np.int64(plan.length - 1 - step if back else step))],
+                            {"axis": axis}).value
+                  for value, axis, back in zip(scanned, plan.input_axes, plan.input_reversed)]
+        outs = [t.value for t in inline_graph(plan.body, [Tensor(v, ctx) for v in (*states, *slices,
+                                                                                 *plan.captured)])]
+        states = outs[:plan.states]
+        for values, value, axis in zip(collected, outs[plan.states:], plan.output_axes):
+            values.append(_unsqueezed(value, axis, ctx))
+    stacked = []
+    for values, axis, back in zip(collected, plan.output_axes, plan.output_reversed):
+        values = values[::-1] if back else values
+        stacked.append(values[0] if len(values) == 1 else ctx.emit1("Concat", values, {"axis": axis}).value)
+    return [*states, *stacked]
+
+
+def _unsqueezed(value: Value, axis: int, ctx: Any) -> Value:
+    if ctx.graph.opset < 13:  # a trace at an old model's own opset (an eager call): axes an attribute
+        return ctx.emit1("Unsqueeze", [value], {"axes": [axis]}).value
+    return ctx.emit1("Unsqueeze", [value, ctx.int64s([axis])]).value
+
+
+def _map_results(graph: Graph, node: Any, results: list[Value], mapping: dict[int, Value]) -> None:
+    for old, new in zip(node.outputs, results):
+        if new.dtype != old.dtype:
+            raise TracingError(f"graph {graph.name!r}: node {node.name} ({node.op_type}) gives {new.dtype} "
+                               f"for %{old.name}, which the graph declares {old.dtype}")
+        mapping[id(old)] = new
 
 
 def _bound_value(graph: Graph, spec: Value, bound: Any, ctx: Any) -> Value:
@@ -167,9 +258,10 @@ def _at_trace_opset(graph: Graph, ctx: Any, own_opset: bool) -> Graph:
     if graph.opset >= trace.opset:
         trace.opset_imports[ONNX_DOMAIN] = graph.opset  # the trace's own ops keep their meaning in newer opsets
         return graph
-    changed = sorted({n.op_type for n in graph.nodes if n.domain == ONNX_DOMAIN
-                      and schema_since(n.op_type, ONNX_DOMAIN, graph.opset)
-                      != schema_since(n.op_type, ONNX_DOMAIN, trace.opset)})
+    # An If/Loop/Scan body runs at the graph's opset too: its ops count (a ReduceMean in a branch).
+    ops = {(n.op_type, n.domain) for n in graph.nodes} | subgraph_ops(n.attrs for n in graph.nodes)
+    changed = sorted({op for op, domain in ops if domain == ONNX_DOMAIN
+                      and schema_since(op, ONNX_DOMAIN, graph.opset) != schema_since(op, ONNX_DOMAIN, trace.opset)})
     return graph if not changed else converted_graph(graph, trace.opset, changed)
 
 
@@ -195,10 +287,24 @@ def converted_graph(graph: Graph, opset: int, changed: Sequence[str] = ()) -> Gr
                 f"export the model at opset {opset} or newer") from None
         result = from_onnx(model)
         result.name = graph.name
+        _check_same_signature(graph, result, opset, changed)
         cache[opset] = result
         logger.info("converted %s from opset %d to %d (%s changed form)", graph.name, graph.opset, opset,
                     ", ".join(changed))
     return cache[opset]
+
+
+def _check_same_signature(graph: Graph, converted: Graph, opset: int, changed: Sequence[str]) -> None:
+    """The converter keeps the graph's inputs and outputs (for Scan-8 it drops their batch axis instead)."""
+    def signature(g: Graph) -> list[tuple[Any, int]]:
+        return [(v.dtype, v.rank) for v in (*g.inputs, *g.outputs)]
+
+    if signature(converted) != signature(graph):
+        raise TracingError(
+            f"graph {graph.name!r} is at opset {graph.opset} and the trace at {opset}; ONNX's version converter "
+            f"changes its inputs or outputs converting {', '.join(changed) or 'its ops'} (from "
+            f"{[v.type_str() for v in graph.inputs]} to {[v.type_str() for v in converted.inputs]}); export "
+            f"the model at a newer opset")
 
 
 def graph_function(graph: Graph, *, batch_axis: int | None = None) -> Callable[..., Any]:
