@@ -354,6 +354,7 @@ class OnnxModel:
 
     def _traced(self, values: Sequence[Any], training: bool, own_opset: bool) -> Any:
         static = self._static_values(values)
+        values = self._known_control_values(values)
         data = [v for i, v in enumerate(values) if i not in self._static]
         graph, updates = self._graph_for(training, static, self._call_shapes(values) if self._deferred else None)
         reads = [read_variable(v) for v in self._variables]
@@ -363,6 +364,21 @@ class OnnxModel:
             self._move_statistics(outputs[count:], updates)
         outputs = outputs[:count]
         return outputs[0] if count == 1 else tuple(outputs)
+
+    def _known_control_values(self, values: Sequence[Any]) -> list[Any]:
+        """``values`` with each traced flag that decides an If or a Loop replaced by its value when the call being
+        traced passed it as a plain numpy array (the same for every replica): the taken branch is then inlined
+        (``gd.function`` keys its cache on the value). A per-replica or computed flag stays traced, and the node
+        is kept.
+        """
+        values = list(values)
+        for index in self._control:
+            value = values[index]
+            if isinstance(value, Tensor):
+                known = value.tracer.specialise(value.value)
+                if known is not None:
+                    values[index] = known
+        return values
 
     def _call_shapes(self, values: Sequence[Any]) -> dict[str, tuple]:
         """The data inputs' shapes in this call; a per-replica batch dimension stays a symbol, so that the

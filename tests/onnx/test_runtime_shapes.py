@@ -258,3 +258,30 @@ def test_an_exported_plan_keeps_its_specialised_value_and_refuses_another(tmp_pa
     replanned = plan.replan(gd.MirroredStrategy(["cpu:0", "cpu:1"]))
     with pytest.raises(gd.PlanError, match="decides shapes"):
         replanned(x, np.array([8, 3]))
+
+
+def test_a_flag_deciding_an_if_is_specialised_under_gd_function() -> None:
+    """silero-vad (torch.onnx, MIT): the whole model is an If on ``sr == 16000``. Passed to a gd.function as a
+    numpy array, ``sr`` is specialised like a shape input: the taken branch is inlined, one trace per rate.
+    """
+    path = str(model_path("silero_vad"))
+    strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"])
+    with strategy.scope():
+        model = gd.onnx.load(path, trainable=False)
+
+    @gd.function
+    def step(audio: object, state: object, rate: np.ndarray) -> object:
+        return strategy.run(model, args=(audio, state, rate))
+
+    rng = np.random.default_rng(0)
+    for rate, samples in ((16000, 512), (8000, 256), (16000, 512)):
+        audio = rng.standard_normal((4, samples)).astype(np.float32)
+        state = (rng.standard_normal((2, 4, 128)) * 0.1).astype(np.float32)
+        result = step(gd.PerReplica([audio[:2], audio[2:]]), gd.PerReplica([state[:, :2], state[:, 2:]]),
+                      np.array(rate))
+        for replica in range(2):
+            rows = slice(2 * replica, 2 * replica + 2)
+            want = _ort(path, {"input": audio[rows], "state": state[:, rows], "sr": np.array(rate)})
+            for got, expected in zip(result, want):
+                np.testing.assert_allclose(got.values[replica], expected, rtol=1e-5, atol=1e-6)
+    assert step.experimental_get_tracing_count() == 2
