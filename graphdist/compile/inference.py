@@ -31,7 +31,9 @@ def make_inference_step(graph: Graph, strategy: Any, batch: int | None = None, *
     The step takes every graph input as a per-replica value (each replica's
     share of the global batch, split along axis 0), evaluates the graph on
     every replica and gathers each output along axis 0, so it returns the
-    outputs for the whole global batch.
+    outputs for the whole global batch. With one replica too the arguments
+    are per-replica values (of one component), so that an exported plan
+    re-plans to more replicas by splitting its batch.
 
     Args:
         graph: The model (e.g. ``from_onnx(path)``).

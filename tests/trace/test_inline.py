@@ -92,11 +92,10 @@ def test_graphdist_nodes_are_refused() -> None:
 def test_inference_step_splits_the_batch(model: MLP, imported: gd.Graph, strategy: gd.Strategy) -> None:
     step, example = make_inference_step(imported, strategy, batch=8)
     replicas = strategy.num_replicas_in_sync
-    if replicas > 1:
-        assert all(isinstance(a, gd.PerReplica) and [v.shape for v in a.values] == [(4, 6)] * 2 for a in example)
-        x = np.concatenate(example[0].values)
-    else:
-        (x,) = example
+    # Per-replica values for one replica too: the plan knows its arguments are the batch (it re-plans to N).
+    assert all(isinstance(a, gd.PerReplica) and [v.shape for v in a.values] == [(8 // replicas, 6)] * replicas
+               for a in example)
+    x = np.concatenate(example[0].values)
     np.testing.assert_allclose(step(*example), model.reference_forward(x), rtol=1e-5, atol=1e-6)
     concrete = step.get_concrete_function(*example)
     # traced once, as one replica; the pipeline makes the replicas
