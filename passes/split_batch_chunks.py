@@ -103,12 +103,15 @@ class SplitBatchChunksPass(PassBase):
                                     "divides it")
 
     def ensures(self, graph: Graph, ctx: PassContext | None = None) -> None:
-        """The meta says how the batch was cut.
+        """A graph this pass cut says so (one without batch inputs, or already cut into micro-batches by
+        ``AccumulateGradientsPass``, is left as it was).
 
         Raises:
             PostconditionError: It does not.
         """
-        if graph.meta.get("deterministic_chunks") != self.chunks:
+        untouched = graph.meta.get("batch") is None or (
+            "accumulate_steps" in graph.meta and "deterministic_chunks" not in graph.meta)
+        if not untouched and graph.meta.get("deterministic_chunks") != self.chunks:
             raise PostconditionError(f"graph {graph.name!r} lost graph.meta['deterministic_chunks']")
 
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
