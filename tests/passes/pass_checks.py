@@ -39,7 +39,8 @@ def random_feeds(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
 
 def check_pass(pass_: PassBase, graph: Graph, *, modified: bool, expected: Graph | None = None,
                ctx: PassContext | None = None, feeds: dict[str, np.ndarray] | None = None,
-               numerics: bool = True, placement: bool = False, meta_keys: tuple[str, ...] = ()) -> Graph:
+               numerics: bool = True, placement: bool = False, meta_keys: tuple[str, ...] = (),
+               new_outputs: int = 0) -> Graph:
     """Runs ``pass_`` on ``graph`` and checks it (see the module docstring); returns the result.
 
     Args:
@@ -53,6 +54,8 @@ def check_pass(pass_: PassBase, graph: Graph, *, modified: bool, expected: Graph
             graph, e.g. several participants of one collective).
         placement: Compare devices and replicas too.
         meta_keys: Node meta keys compared too.
+        new_outputs: Outputs the pass appends (variable updates): the ones before must keep their values,
+            the test checks the new ones.
     """
     ctx = ctx or PassContext()
     feeds = feeds if feeds is not None else random_feeds(graph)
@@ -64,7 +67,7 @@ def check_pass(pass_: PassBase, graph: Graph, *, modified: bool, expected: Graph
         assert_structural_equal(result.graph, expected, placement=placement, meta_keys=meta_keys)
     if before is not None:
         after = run_reference(result.graph, feeds)
-        assert len(after) == len(before)
+        assert len(after) == len(before) + new_outputs
         for got, want in zip(after, before):
             np.testing.assert_array_equal(got, want)
     snapshot = result.graph.copy()
