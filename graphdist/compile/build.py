@@ -1,8 +1,10 @@
-"""Building a plan from a traced step: the strategy's pipeline, partitioning, compilation.
+"""Building a plan from a traced step: the strategy's pipeline, stage by stage, then compilation.
 
 Shared by ``gd.function`` (a step just traced) and re-planning (a stored
 traced step, another strategy): both hand :func:`compile_traced` the traced
 graph, how the step is called, the pipeline and the variables' placement.
+The pipeline (:func:`graphdist.compile.pipeline.build_pipeline`) holds every
+pass; this module only runs its stages and keeps the graph each one ends with.
 """
 
 from __future__ import annotations
@@ -10,26 +12,17 @@ from __future__ import annotations
 from typing import Any
 
 from graphdist.compile.interface import Resolved, StepInterface
-from graphdist.compile.pipeline import Pipeline, PipelineConfig
+from graphdist.compile.pipeline import Pipeline
 from graphdist.compile.plan import Plan
 from graphdist.errors import TracingError
 from graphdist.ir.graph import Graph
 from graphdist.ir.placement import PlacementSpec
 from graphdist.passes.base import PassContext, PassManager
-from graphdist.passes.lower_index_checks import LowerIndexChecksPass
-from graphdist.passes.partition import PartitionPass
 
-__all__ = ["compile_traced", "rewrite_passes"]
+__all__ = ["compile_traced"]
 
 
-def rewrite_passes(pipeline: Pipeline | list[Any]) -> list[Any]:
-    """The passes that make a step's rewritten graph: the strategy's pipeline, then
-    ``LowerIndexChecksPass`` (index checks become run-time assertions once the replicas and devices exist).
-    """
-    return [*pipeline, LowerIndexChecksPass()]
-
-
-def compile_traced(traced: Graph, interface: StepInterface, pipeline: Pipeline | list[Any],
+def compile_traced(traced: Graph, interface: StepInterface, pipeline: Pipeline,
                    placement: PlacementSpec, backend: str | None,
                    options: dict[str, Any] | None = None) -> tuple[dict[str, Graph], Any, Resolved]:
     """Rewrites, partitions and compiles a traced step.
@@ -37,7 +30,7 @@ def compile_traced(traced: Graph, interface: StepInterface, pipeline: Pipeline |
     Args:
         traced: The traced step (not modified).
         interface: How the step is called.
-        pipeline: The strategy's passes.
+        pipeline: Every pass, from :func:`~graphdist.compile.pipeline.build_pipeline`.
         placement: The variables' placement.
         backend: The backend to compile the segments with (``None``: the default).
         options: ``PassContext.options`` for the passes: what the caller supports, e.g.
@@ -45,18 +38,21 @@ def compile_traced(traced: Graph, interface: StepInterface, pipeline: Pipeline |
             which stores a ZeRO-1 slot in per-replica parts.
 
     Returns:
-        ``({"traced", "rewritten", "partitioned"} graphs, compiled plan, resolved interface)``; the
-        rewritten graph's results are in result order (``resolved.output_order`` is the identity).
+        ``({"traced", "rewritten", "partitioned"} graphs, compiled plan, resolved interface)``; ``traced`` is
+        the graph the ``rebatched`` stage ends with (``traced`` itself when the pipeline does not rebatch), and
+        the rewritten graph's results are in result order (``resolved.output_order`` is the identity).
     """
     from graphdist.backends import get_backend  # on first use: importing the backends takes ~25 ms
 
-    config = pipeline.config if isinstance(pipeline, Pipeline) else PipelineConfig()
-    ctx = PassContext(devices=tuple(config.devices), options=dict(options or {}))
+    ctx = PassContext(devices=tuple(pipeline.config.devices), options=dict(options or {}))
+    rebatch = pipeline.stage("rebatched")
+    if rebatch:
+        traced = PassManager(rebatch).run(traced.copy(), ctx).graph
     graph = traced.copy()
     graph.meta["placement"] = placement
-    rewritten = PassManager(rewrite_passes(pipeline)).run(graph, ctx).graph
+    rewritten = PassManager(pipeline.stage("rewritten")).run(graph, ctx).graph
     resolved = _arrange_results(rewritten, interface)
-    partitioned = PassManager([PartitionPass()]).run(rewritten.copy(), ctx).graph
+    partitioned = PassManager(pipeline.stage("partitioned")).run(rewritten.copy(), ctx).graph
     plan = Plan.from_graph(partitioned).compile(get_backend(backend))
     return {"traced": traced, "rewritten": rewritten, "partitioned": partitioned}, plan, resolved
 

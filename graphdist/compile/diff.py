@@ -14,7 +14,7 @@ Graph inputs, outputs and initializers are compared by name as well.
 :func:`diff_graphs` compares two graphs (``traced`` vs ``rewritten``);
 :func:`pipeline_diffs` runs a list of passes one by one and records a
 :class:`GraphDiff` per pass; :func:`strategy_pass_diffs` does that for a
-``ConcreteFunction``'s strategy pipeline plus partitioning, from its traced
+``ConcreteFunction``'s whole pipeline (partitioning included), from its traced
 graph (``graphdist inspect ... --stage diff``)::
 
     concrete = step.get_concrete_function(x)
@@ -349,15 +349,13 @@ def pipeline_diffs(graph: Graph, passes: Sequence[Any], ctx: Any = None, *, titl
 
 
 def strategy_pass_diffs(concrete: Any) -> PipelineDiff:
-    """Per-pass diffs of a ``ConcreteFunction``: its strategy's pipeline (and the
-    passes compilation adds, :func:`~graphdist.compile.build.rewrite_passes`), then
-    ``PartitionPass``, re-run from the traced graph (the compiled function is
-    not touched; the final graph equals ``concrete.graph("partitioned")``).
+    """Per-pass diffs of a ``ConcreteFunction``: its whole pipeline
+    (:func:`~graphdist.compile.pipeline.build_pipeline`, partitioning included),
+    re-run from the traced graph (the compiled function is not touched; the
+    final graph equals ``concrete.graph("partitioned")``).
     """
-    from graphdist.compile.build import rewrite_passes
     from graphdist.compile.pipeline import build_pipeline
     from graphdist.passes.base import PassContext
-    from graphdist.passes.partition import PartitionPass
 
     strategy = concrete.strategy
     devices = tuple(strategy.extended.worker_devices)
@@ -367,4 +365,4 @@ def strategy_pass_diffs(concrete: Any) -> PipelineDiff:
              f"traced ({len(traced.nodes)} nodes) -> partitioned")
     # The configuration it was compiled with: accumulate_steps and op determinism's chunks included.
     pipeline = build_pipeline(concrete.config)
-    return pipeline_diffs(traced, [*rewrite_passes(pipeline), PartitionPass()], ctx, title=title)
+    return pipeline_diffs(traced, list(pipeline), ctx, title=title)

@@ -8,11 +8,16 @@ the named slots of a :class:`Pipeline` in a fixed order; a slot a strategy
 does not need stays empty. No pass branches on the strategy, and no
 pipeline is made by searching and splicing another one.
 
-Slots, in order (the passes each slot holds when filled):
+Slots, in order (the passes each slot holds when filled), in three stages
+(:data:`STAGES`): ``rebatched`` (the traced step given the configuration's
+batch), ``rewritten`` (the distributed step, one graph) and ``partitioned``
+(cut into device segments). Compilation keeps the graph each stage ends with
+(:func:`graphdist.compile.build.compile_traced`):
 
 =====================  ==================================================  ============================
 slot                   passes                                               filled when
 =====================  ==================================================  ============================
+``rebatch``            ``RebatchPass``                                      ``rebatch`` (re-planning)
 ``accumulate``         ``AccumulateGradientsPass``                          ``accumulate_steps`` > 1
                        or ``SplitBatchChunksPass``                          ``deterministic_chunks``
 ``differentiate``      ``AutodiffPass``, ``LowerStopGradientsPass``         always
@@ -31,6 +36,8 @@ slot                   passes                                               fill
 ``logical_devices``    ``ShardLogicalDevicesPass``, ``PlaceLogicalDevicesPass``  ``logical_cores``
 ``cleanup``            ``FoldConstantsPass``, ``EliminateDeadNodesPass``    always
 ``devices``            ``AssignDevicesPass``                                always
+``index_checks``       ``LowerIndexChecksPass``                             always
+``partition``          ``PartitionPass``                                    always
 =====================  ==================================================  ============================
 
 "Variables local": no ``parameter_device`` and no ``parameter_servers`` (there the updates run where the
@@ -55,22 +62,32 @@ from graphdist.passes.insert_collectives import InsertCollectivesPass
 from graphdist.passes.insert_cross_worker_collectives import InsertCrossWorkerCollectivesPass
 from graphdist.passes.lower_collectives import LowerCollectivesPass
 from graphdist.passes.lower_deterministic_reductions import LowerDeterministicReductionsPass
+from graphdist.passes.lower_index_checks import LowerIndexChecksPass
 from graphdist.passes.lower_single_reader_all_reduces import LowerSingleReaderAllReducesPass
 from graphdist.passes.lower_stop_gradients import LowerStopGradientsPass
 from graphdist.passes.lower_variable_updates import LowerVariableUpdatesPass
+from graphdist.passes.partition import PartitionPass
 from graphdist.passes.place_logical_devices import PlaceLogicalDevicesPass
 from graphdist.passes.place_ps_variables import PlacePSVariablesPass
 from graphdist.passes.place_variables import PlaceVariablesPass
+from graphdist.passes.rebatch import RebatchPass
 from graphdist.passes.replicate import ReplicatePass
 from graphdist.passes.shard_logical_devices import ShardLogicalDevicesPass
 from graphdist.passes.shard_optimizer_state import ShardOptimizerStatePass
 from graphdist.passes.split_batch_chunks import SplitBatchChunksPass, chunks_per_replica
 
-__all__ = ["SLOTS", "PipelineConfig", "Pipeline", "build_pipeline", "deterministic_config"]
+__all__ = ["SLOTS", "STAGES", "PipelineConfig", "Pipeline", "build_pipeline", "deterministic_config"]
 
-SLOTS = ("accumulate", "differentiate", "replicate", "variable_updates", "parameter_servers", "collectives",
-         "shard_optimizer", "balance_updates", "single_readers", "central_storage", "cross_worker", "lower_collectives",
-         "bucketing", "deterministic", "logical_devices", "cleanup", "devices")
+#: Stage name -> its slots, in order; each stage ends with a graph compilation keeps.
+STAGES: dict[str, tuple[str, ...]] = {
+    "rebatched": ("rebatch",),
+    "rewritten": ("accumulate", "differentiate", "replicate", "variable_updates", "parameter_servers", "collectives",
+                  "shard_optimizer", "balance_updates", "single_readers", "central_storage", "cross_worker",
+                  "lower_collectives", "bucketing", "deterministic", "logical_devices", "cleanup", "devices",
+                  "index_checks"),
+    "partitioned": ("partition",),
+}
+SLOTS = tuple(slot for slots in STAGES.values() for slot in slots)
 
 
 @dataclass(frozen=True)
@@ -101,6 +118,9 @@ class PipelineConfig:
         deterministic_chunks: Op determinism: the global batch is cut into this many chunks summed in one
             fixed tree (``SplitBatchChunksPass``, ``LowerDeterministicReductionsPass``); ``None``: off.
             Made by :func:`deterministic_config`, which also sets ``accumulate_steps`` to the chunks per replica.
+        rebatch: ``RebatchPass`` options (``{"batch": per-replica batch or None, "replicas": replicas in sync}``)
+            when a stored traced step is re-planned for another replica count (``graphdist.compile.replan``),
+            or ``None``.
     """
 
     devices: tuple[str, ...] = ("cpu:0",)
@@ -118,6 +138,7 @@ class PipelineConfig:
     backend: str | None = None
     strategy: str = "OneDeviceStrategy"
     deterministic_chunks: int | None = None
+    rebatch: Mapping[str, Any] | None = None
 
     @property
     def replicas(self) -> int:
@@ -158,6 +179,12 @@ class Pipeline(Sequence[PassBase]):
         """Every pass, in slot order."""
         return [p for slot in SLOTS for p in self.slots.get(slot, [])]
 
+    def stage(self, name: str) -> list[PassBase]:
+        """The passes of stage ``name`` (see :data:`STAGES`), in slot order."""
+        if name not in STAGES:
+            raise KeyError(f"unknown pipeline stage {name!r}; the stages are {', '.join(STAGES)}")
+        return [p for slot in STAGES[name] for p in self.slots.get(slot, [])]
+
     def with_slot(self, slot: str, *passes: PassBase) -> Pipeline:
         """A copy with ``slot`` holding ``passes`` (an unknown slot is an error, not a silent no-op)."""
         if slot not in SLOTS:
@@ -189,7 +216,12 @@ def build_pipeline(config: PipelineConfig) -> Pipeline:
         "lower_collectives": [LowerCollectivesPass(dict(config.collective_attrs or {"algorithm": "ring"}))],
         "cleanup": [FoldConstantsPass(), EliminateDeadNodesPass()],
         "devices": [AssignDevicesPass()],
+        # Index checks become run-time assertions once the replicas and devices exist.
+        "index_checks": [LowerIndexChecksPass()],
+        "partition": [PartitionPass()],
     }
+    if config.rebatch is not None:
+        slots["rebatch"] = [RebatchPass(config.rebatch.get("batch"), config.rebatch.get("replicas"))]
     if config.deterministic_chunks:
         slots["accumulate"] = [SplitBatchChunksPass(config.deterministic_chunks, config.total_replicas)]
         slots["deterministic"] = [LowerDeterministicReductionsPass()]

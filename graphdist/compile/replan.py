@@ -34,11 +34,12 @@ from graphdist.compile.build import compile_traced
 from graphdist.compile.export import step_files
 from graphdist.compile.load import load_files
 from graphdist.compile.loaded import LoadedPlan
-from graphdist.compile.pipeline import build_pipeline, deterministic_config
+from graphdist.compile.pipeline import Pipeline, build_pipeline, deterministic_config
 from graphdist.compile.step import StepRecord
 from graphdist.errors import GraphError, PlanError
 from graphdist.ir.graph import Graph
 from graphdist.ir.placement import PlacementSpec
+from graphdist.passes.base import PassManager
 
 __all__ = ["replan"]
 
@@ -73,13 +74,15 @@ def replan(record: StepRecord, strategy: Any, *, backend: str | None = None, pla
             config = deterministic_config(config, record.deterministic_chunks)
         except GraphError as err:
             raise PlanError(f"plan {record.name!r} was compiled with op determinism: {err}") from None
-    graph = _rebatched(record, config.total_replicas, checker)
+    config = config.replace(rebatch=_rebatch_options(record, config.total_replicas, checker))
+    pipeline = build_pipeline(config)
+    graph = _rebatched(record, pipeline)
     _check_replica_count(record, config.total_replicas)
     _check_accumulation(record, graph, config.replicas, config.accumulate_steps)
     interface = record.interface.for_replicas(config.replicas)
     placement = PlacementSpec({spec.uid: strategy._place_value(spec, record.values[name])
                                for name, spec in record.variables})
-    graphs, plan, resolved = compile_traced(graph, interface, build_pipeline(config), placement,
+    graphs, plan, resolved = compile_traced(graph, interface, pipeline, placement,
                                             backend or config.backend or plan_backend)
     replanned = StepRecord(record.name, graphs["traced"], interface, record.argument_structure,
                            record.argument_details, record.output_structure, record.variables, record.values,
@@ -92,11 +95,12 @@ def replan(record: StepRecord, strategy: Any, *, backend: str | None = None, pla
     return loaded
 
 
-def _rebatched(record: StepRecord, replicas: int, checker: Callable[[], dict[str, Any]] | None) -> Graph:
-    """The traced graph with the per-replica batch the new replica count gives the same global batch."""
-    from graphdist.passes.rebatch import RebatchPass
-
-    graph = record.traced.copy()
+def _rebatch_options(record: StepRecord, replicas: int,
+                     checker: Callable[[], dict[str, Any]] | None) -> dict[str, Any] | None:
+    """``PipelineConfig.rebatch``: the per-replica batch the new replica count gives the same global batch
+    (``None``: the traced graph is kept as it is).
+    """
+    graph = record.traced
     batch = graph.meta.get("batch")
     if graph.meta.get("replica_variants"):
         if replicas != record.replicas_in_sync:
@@ -104,7 +108,7 @@ def _rebatched(record: StepRecord, replicas: int, checker: Callable[[], dict[str
                             f"uneven batch over {record.replicas_in_sync} replicas); it can only be re-planned for "
                             f"{record.replicas_in_sync} replicas. Export it from a step whose global batch divides "
                             "among the replicas")
-        return graph
+        return None
     if batch is None:  # no per-replica inputs: every replica computes on the same shapes
         if replicas > 1:
             logger.warning("plan %s takes no per-replica arguments, so each of the %d replicas computes on the "
@@ -112,7 +116,7 @@ def _rebatched(record: StepRecord, replicas: int, checker: Callable[[], dict[str
                            "export a step whose arguments are per-replica values (a distributed dataset's "
                            "elements, or gd.PerReplica; `graphdist export model.onnx` does this)", record.name,
                            replicas)
-        return RebatchPass(None, replicas)(graph).graph
+        return {"batch": None, "replicas": replicas}
     total = int(batch) * record.replicas_in_sync
     if total % replicas:
         raise PlanError(f"plan {record.name!r} has a global batch of {total} ({record.replicas_in_sync} replica(s) of "
@@ -120,7 +124,7 @@ def _rebatched(record: StepRecord, replicas: int, checker: Callable[[], dict[str
                         f"divides {total}, or export the step with another global batch")
     wanted = total // replicas
     if wanted == int(batch):
-        return RebatchPass(wanted, replicas)(graph).graph
+        return {"batch": wanted, "replicas": replicas}
     check = record.rebatch
     if not check.get("verified") and checker is not None:
         check = record.rebatch = checker()
@@ -129,8 +133,14 @@ def _rebatched(record: StepRecord, replicas: int, checker: Callable[[], dict[str
                         f"per-replica batch of {wanted} instead of {batch}, and {check.get('reason')}. Re-plan for "
                         f"{record.replicas_in_sync} replicas (same per-replica batch), or rewrite the step so its "
                         "graph follows x.shape[0]")
+    return {"batch": wanted, "replicas": replicas}
+
+
+def _rebatched(record: StepRecord, pipeline: Pipeline) -> Graph:
+    """The traced graph after the pipeline's ``rebatched`` stage (a copy; the record's graph is kept)."""
+    graph = record.traced.copy()
     try:
-        return RebatchPass(wanted, replicas)(graph).graph
+        return PassManager(pipeline.stage("rebatched")).run(graph).graph
     except GraphError as err:
         raise PlanError(f"plan {record.name!r}: {err}") from None
 

@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 import graphdist as gd
-from graphdist.compile.pipeline import SLOTS, Pipeline, PipelineConfig, build_pipeline
+from graphdist.compile.pipeline import SLOTS, STAGES, Pipeline, PipelineConfig, build_pipeline
 from graphdist.passes.eliminate_dead_nodes import EliminateDeadNodesPass
 from graphdist.passes.fold_constants import FoldConstantsPass
 
 TWO = ["cpu:0", "cpu:1"]
-ALWAYS = ("differentiate", "replicate", "variable_updates", "collectives", "lower_collectives", "cleanup", "devices")
+ALWAYS = ("differentiate", "replicate", "variable_updates", "collectives", "lower_collectives", "cleanup", "devices",
+          "index_checks", "partition")
 STRATEGY_NAMES = {"OneDeviceStrategy", "MirroredStrategy", "TPUStrategy", "ParameterServerStrategy",
                   "MultiWorkerMirroredStrategy", "CentralStorageStrategy"}
 PASSES_DIR = Path(__file__).resolve().parents[2] / "passes"
@@ -62,8 +63,9 @@ def test_one_device_fills_the_always_slots_in_order() -> None:
     assert _filled(pipeline) == ALWAYS
     assert [type(p).__name__ for p in pipeline] == [
         "AutodiffPass", "LowerStopGradientsPass", "ReplicatePass", "LowerVariableUpdatesPass", "InsertCollectivesPass",
-        "LowerCollectivesPass", "FoldConstantsPass", "EliminateDeadNodesPass", "AssignDevicesPass"]
-    assert len(pipeline) == 9 and type(pipeline[-1]).__name__ == "AssignDevicesPass"
+        "LowerCollectivesPass", "FoldConstantsPass", "EliminateDeadNodesPass", "AssignDevicesPass",
+        "LowerIndexChecksPass", "PartitionPass"]
+    assert len(pipeline) == 11 and type(pipeline[-1]).__name__ == "PartitionPass"
     replicate = _only(pipeline, "replicate")
     assert (replicate.replicas, replicate.offset, replicate.replicas_in_sync) == (1, 0, 1)
     assert _only(pipeline, "lower_collectives").collective_attrs == {"algorithm": "ring"}  # the default
@@ -185,6 +187,29 @@ def test_with_slot_replaces_one_slot_and_refuses_unknown_names() -> None:
     assert _filled(emptied) == ALWAYS
     with pytest.raises(KeyError, match="unknown pipeline slot 'optimize'"):
         original.with_slot("optimize", FoldConstantsPass())
+
+
+def test_stages_split_the_slots_where_compilation_keeps_a_graph() -> None:
+    """``rebatched`` | ``rewritten`` | ``partitioned``: every slot in exactly one stage, in SLOTS order."""
+    assert [slot for slots in STAGES.values() for slot in slots] == list(SLOTS)
+    pipeline = gd.MirroredStrategy(TWO).pipeline()
+    assert pipeline.stage("rebatched") == []
+    assert [type(p).__name__ for p in pipeline.stage("partitioned")] == ["PartitionPass"]
+    rewritten = [type(p).__name__ for p in pipeline.stage("rewritten")]
+    assert rewritten[0] == "AutodiffPass" and rewritten[-2:] == ["AssignDevicesPass", "LowerIndexChecksPass"]
+    assert [p for stage in STAGES for p in pipeline.stage(stage)] == list(pipeline)
+    with pytest.raises(KeyError, match="unknown pipeline stage 'traced'"):
+        pipeline.stage("traced")
+
+
+@pytest.mark.parametrize("rebatch", [{"batch": 3, "replicas": 2}, {"batch": None, "replicas": 4}])
+def test_rebatch_slot_is_filled_only_when_re_planning(rebatch) -> None:
+    assert "rebatch" not in build_pipeline(PipelineConfig(devices=tuple(TWO))).slots
+    pipeline = build_pipeline(PipelineConfig(devices=tuple(TWO), rebatch=rebatch))
+    (rebatch_pass,) = pipeline.stage("rebatched")
+    assert (type(rebatch_pass).__name__, rebatch_pass.batch, rebatch_pass.replicas) == (
+        "RebatchPass", rebatch["batch"], rebatch["replicas"])
+    assert pipeline[0] is rebatch_pass
 
 
 def test_describe_lists_filled_slots_in_order() -> None:

@@ -282,8 +282,9 @@ def test_pipeline_runs_the_pass_only_when_asked() -> None:
     assert "BucketCollectivesPass" not in _names(build_pipeline(PipelineConfig()))
     names = _names(gd.MirroredStrategy(["cpu:0"], gd.HierarchicalCopyAllReduce(bytes_per_pack=4096)).pipeline())
     at = names.index("BucketCollectivesPass")
-    assert names[at - 1] == "LowerCollectivesPass" and names[at + 1:] == ["FoldConstantsPass", "EliminateDeadNodesPass",
-                                                                          "AssignDevicesPass"]
+    assert names[at - 1] == "LowerCollectivesPass"
+    assert names[at + 1:] == ["FoldConstantsPass", "EliminateDeadNodesPass", "AssignDevicesPass",
+                              "LowerIndexChecksPass", "PartitionPass"]
     (bucket,) = [p for p in gd.MirroredStrategy(["cpu:0"], gd.NcclAllReduce(num_packs=3)).pipeline()
                  if p.name == "BucketCollectivesPass"]
     assert bucket.num_packs == 3 and bucket.bytes_per_pack is None
