@@ -63,6 +63,9 @@ _SCATTERS = ("ReduceScatter", "CrossWorkerReduceScatter")
 class LowerDeterministicReductionsPass(PassBase):
     """Makes every float sum across replicas and workers one fixed pairwise tree (see the module docstring)."""
 
+    runs_after = ("InsertCollectivesPass", "InsertCrossWorkerCollectivesPass", "LowerCollectivesPass",
+                  "BucketCollectivesPass")
+
     def requires(self, graph: Graph, ctx: PassContext | None = None) -> None:
         """No reduce-scatter (its order is the ring's).
 
