@@ -499,7 +499,7 @@ class Function:
         ctx.replicated = True  # the strategy's pipeline makes the replicas
         with ctx.activate():
             proxy_args, proxy_kwargs, feeds = make_inputs(ctx, args, kwargs, batch_args)
-            with _strategy_scope(self._strategy):
+            with _strategy_scope(self._strategy), _NumpyRandomWatch(self._name):
                 result = call_user_function(self._fn, proxy_args, proxy_kwargs)
             result = nest.map_structure(lambda v: read_variable(v) if isinstance(v, Variable) else v, result)
             leaves, treedef = nest.flatten(result, is_leaf=is_distributed)
@@ -513,6 +513,31 @@ class Function:
 
     def __repr__(self) -> str:
         return f"<graphdist.Function {self._name} signatures={self.cached_signatures()}>"
+
+
+class _NumpyRandomWatch:
+    """Warns when numpy's global random state moved while a step was traced: its draws were made once, in
+    Python, and are frozen into the graph as constants (every call replays the same "noise").
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __enter__(self) -> _NumpyRandomWatch:
+        self._before = np.random.get_state(legacy=False)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        after, before = np.random.get_state(legacy=False), self._before
+        moved = (after["state"]["pos"] != before["state"]["pos"] or after["has_gauss"] != before["has_gauss"]
+                 or not np.array_equal(after["state"]["key"], before["state"]["key"]))
+        if moved and exc[0] is None:
+            logger.warning(
+                "np.random was called while gd.function %s was traced: its draws were made once, at trace time, "
+                "and are constants in the compiled step, so every call gives the same numbers. Draw random "
+                "numbers in the step with gd.random.Generator (g = gd.random.Generator.from_seed(1) outside the "
+                "step, g.normal(shape) inside it), or draw them in Python and pass them as an argument",
+                self._name)
 
 
 def _strategy_of_remote_variables(name: str, strategy: Any, variables: dict[str, Variable]) -> Any:
