@@ -421,9 +421,9 @@ def test_export_onnx_inference_and_run(tmp_path: Path) -> None:
     outputs = tmp_path / "y.npz"
     run = graphdist("run", str(plan_dir), "--inputs", str(inputs), "-o", str(outputs))
     assert run.returncode == 0, run.stderr
-    assert "step 1: out0 = float32[8,10]" in run.stdout
+    assert "step 1: add_5 = float32[8,10]" in run.stdout  # the model's own output name
     with np.load(outputs) as data:
-        np.testing.assert_allclose(data["out0"], reference_forward(x), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(data["add_5"], reference_forward(x), rtol=1e-5, atol=1e-5)
 
 
 def test_export_failures(tmp_path: Path) -> None:
