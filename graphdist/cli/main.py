@@ -836,7 +836,8 @@ examples:
 
 def _add_target_options(command: argparse.ArgumentParser) -> None:
     command.add_argument("target", metavar="TARGET",
-                         help="module:function, module:make_step, path/to/model.onnx (or, for inspect, a plan directory)")
+                         help="module:function, module:make_step, path/to/model.onnx (inspect: or a plan "
+                              "directory)")
     command.add_argument("--strategy", metavar="NAME", default=None,
                          help=f"distribution strategy: {', '.join(STRATEGIES)} (default: none for plain "
                               "functions, one_device otherwise)")
