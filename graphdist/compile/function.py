@@ -91,17 +91,21 @@ def _leaf_signature(leaf: Any, arrays: list[Any]) -> Any:
 _ARRAY_ARGS_TREEDEFS: dict[int, Any] = {}
 
 
+def _describe_leaf(leaf: Any) -> str:
+    if isinstance(leaf, tuple) and len(leaf) == 2 and isinstance(leaf[1], str):
+        return f"{np.dtype(leaf[1]).name}{list(leaf[0])}"
+    if isinstance(leaf, tuple) and leaf and leaf[0] == "const":
+        return repr(leaf[2])
+    if isinstance(leaf, tuple) and len(leaf) == 2 and leaf[0] == "per_replica":
+        return "PerReplica(" + ", ".join(_describe_leaf(part) for part in leaf[1]) + ")"
+    return str(leaf[0])
+
+
 def _describe(key: Any) -> str:
-    """Readable form of a signature key: the array leaves' shapes and dtypes."""
-    parts = []
-    for leaf in key[1]:
-        if isinstance(leaf, tuple) and len(leaf) == 2 and isinstance(leaf[1], str):
-            parts.append(f"{np.dtype(leaf[1]).name}{list(leaf[0])}")
-        elif isinstance(leaf, tuple) and leaf and leaf[0] == "const":
-            parts.append(repr(leaf[2]))
-        else:
-            parts.append(str(leaf[0]))
-    return "(" + ", ".join(parts) + ")"
+    """Readable form of a signature key: the array leaves' shapes and dtypes (per replica for
+    distributed values), constants by value.
+    """
+    return "(" + ", ".join(_describe_leaf(leaf) for leaf in key[1]) + ")"
 
 
 def signature_of(args: tuple, kwargs: dict) -> tuple[Any, list[Any]]:

@@ -24,7 +24,7 @@ from graphdist.errors import InvalidArgumentError
 from graphdist.trace.tensor import Tensor
 from graphdist.trace.values import DistributedValues
 
-__all__ = ["lists_as_arrays", "gradient_count", "warn_global_arrays"]
+__all__ = ["convert_lists", "lists_as_arrays", "gradient_count", "warn_global_arrays"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,18 +42,28 @@ def _has_numbers(value: Any) -> bool:
     return isinstance(value, list) and any(isinstance(v, _NUMBERS) for v in value)
 
 
+def convert_lists(value: Any, where: str) -> Any:
+    """``value`` with every (nested) list of numbers made an array, as numpy would; ``where`` starts messages.
+
+    Raises:
+        InvalidArgumentError: A list that numpy cannot make one array of (ragged, or numbers mixed with
+            other values).
+    """
+    return _convert(value, where)
+
+
 def _convert(value: Any, where: str) -> Any:
     if _is_number_list(value):
         try:
             return np.asarray(value)
         except ValueError as err:  # ragged nested lists
             raise InvalidArgumentError(
-                f"strategy.run: {where} is a list of lists of different lengths ({err}); pass an np.ndarray "
+                f"{where} is a list of lists of different lengths ({err}); pass an np.ndarray "
                 "of one shape, or a tuple of arrays") from None
     if _has_numbers(value):
         kinds = sorted({type(v).__name__ for v in value})
         raise InvalidArgumentError(
-            f"strategy.run: {where} is a list mixing numbers with other values ({', '.join(kinds)}); numpy "
+            f"{where} is a list mixing numbers with other values ({', '.join(kinds)}); numpy "
             "cannot make one array of it. Pass np.asarray(...) of numbers, or a tuple of arrays")
     if isinstance(value, (list, tuple)):
         converted = [_convert(v, f"{where}[{i}]") for i, v in enumerate(value)]
@@ -65,8 +75,8 @@ def _convert(value: Any, where: str) -> Any:
 
 def lists_as_arrays(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
     """``args`` and ``kwargs`` with every list of numbers made an array (``np.asarray``)."""
-    new_args = tuple(_convert(a, f"args[{i}]") for i, a in enumerate(args))
-    new_kwargs = {k: _convert(v, f"kwargs[{k!r}]") for k, v in kwargs.items()}
+    new_args = tuple(_convert(a, f"strategy.run: args[{i}]") for i, a in enumerate(args))
+    new_kwargs = {k: _convert(v, f"strategy.run: kwargs[{k!r}]") for k, v in kwargs.items()}
     return new_args, new_kwargs
 
 
