@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-__all__ = ["main", "build_parser", "UsageError"]
+__all__ = ["main", "build_parser", "synopsis", "UsageError"]
 
 logger = logging.getLogger(__name__)
 
@@ -867,6 +867,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=formatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--synopsis", action="store_true",
+                        help="print one usage line per command (the synopsis in the docs) and exit")
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log progress (-vv: debug log and tracebacks on errors)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -946,6 +948,30 @@ def _fail(message: str, status: int, verbose: bool) -> int:
     return status
 
 
+#: Width of the synopsis lines (fixed, so the text does not depend on the terminal).
+SYNOPSIS_WIDTH = 110
+
+
+def subcommands(parser: argparse.ArgumentParser | None = None) -> dict[str, argparse.ArgumentParser]:
+    """Every subcommand's parser, by name, in the order ``graphdist --help`` lists them."""
+    parser = parser or build_parser()
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+def synopsis() -> str:
+    """One usage line (wrapped) per subcommand, generated from the parser (the docs show this text;
+    ``graphdist --synopsis`` prints it).
+    """
+    blocks = []
+    for command in subcommands().values():
+        formatter = argparse.HelpFormatter(command.prog, width=SYNOPSIS_WIDTH)
+        usable = [a for a in command._actions if not isinstance(a, argparse._HelpAction)]
+        formatter.add_usage(command.usage, usable, command._mutually_exclusive_groups, prefix="")
+        blocks.append(formatter.format_help().strip())
+    return "\n".join(blocks) + "\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the ``graphdist`` command line.
 
@@ -956,6 +982,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit status: 0 ok, 1 graphdist failed, 2 usage error.
     """
     parser = build_parser()
+    if list(argv if argv is not None else sys.argv[1:]) == ["--synopsis"]:
+        sys.stdout.write(synopsis())
+        return EXIT_OK
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # --help, --version and argument errors
