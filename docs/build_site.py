@@ -113,7 +113,8 @@ def _layout(title: str, body: str, navigation: list[tuple[str, str]], current: s
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             f"<title>{html.escape(title)} - graphdist</title>"
             f"<link rel=\"stylesheet\" href=\"{root}style.css\"></head>\n"
-            f"<body><nav><a href=\"{root}index.html\"><b>graphdist</b></a>{links}</nav>\n<main>{body}</main></body></html>\n")
+            f"<body><nav><a href=\"{root}index.html\"><b>graphdist</b></a>{links}</nav>\n"
+            f"<main>{body}</main></body></html>\n")
 
 
 def _render(markdown_text: str) -> str:
@@ -199,6 +200,7 @@ def build_site(output: Path, api: bool = True) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Builds the site (``--output``, default ``docs/site``); prints each problem; 1 when there is one."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", type=Path, default=DOCS / "site", help="the site's folder (default docs/site)")
     args = parser.parse_args(argv)
