@@ -8,11 +8,15 @@ Subcommands:
   ``.onnx`` file (as a data-parallel inference step), under ``--strategy``
   and ``--devices``, and show a stage: a graph (``traced``, ``rewritten``,
   ``partitioned``) as tables, DOT, SVG/PNG or ONNX, the ``plan`` (segments
-  per device, communication), or the ``diff`` of each pass.
+  per device, communication), or the ``diff`` of each pass; TARGET may also
+  be an exported plan directory (its plan, or one of the graphs it holds).
 * ``graphdist export TARGET -o DIR``: write the compiled plan directory
   (``ConcreteFunction.export``).
 * ``graphdist run DIR --inputs FILE.npz [--steps N]``: load a plan directory
-  (``gd.load_plan``) and run it.
+  (``gd.load_plan``) and run it (arrays named ``arg0, ...`` or by an ONNX
+  model's input names; other names are refused).
+* ``graphdist replan``, ``graphdist launch``, ``graphdist bench``: see
+  ``graphdist --synopsis`` (one usage line per command) and ``--help``.
 
 Run ``graphdist --help`` or ``graphdist COMMAND --help`` for details. Also
 runnable as ``python -m graphdist.cli.main``.
