@@ -538,7 +538,8 @@ class _NumpyRandomWatch:
         if moved and exc[0] is None:
             logger.warning(
                 "np.random was called while gd.function %s was traced: its draws were made once, at trace time, "
-                "and are constants in the compiled step, so every call gives the same numbers. Draw random "
+                "and those the step computes with are constants of the compiled step, the same at every call "
+                "(initial values of variables created there are fine). Draw random "
                 "numbers in the step with gd.random.Generator (g = gd.random.Generator.from_seed(1) outside the "
                 "step, g.normal(shape) inside it), or draw them in Python and pass them as an argument",
                 self._name)
