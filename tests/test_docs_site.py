@@ -93,7 +93,7 @@ def _chromium() -> str:
 
 @pytest.mark.parametrize("page, heading", [
     ("index.html", "graphdist"),
-    ("coming-from-tf.html", "Coming from tf.distribute"),
+    ("strategies.html", "Strategies and how distribution works"),
     ("api/graphdist.html", "graphdist"),
 ])
 def test_page_renders_in_headless_chromium(served: tuple[str, list[tuple[str, int]]], page: str,
