@@ -114,6 +114,52 @@ def check_no_device_scope(tmp_path: Path) -> None:
     assert not hasattr(gd, "device")
 
 
+def check_variable_float32(tmp_path: Path) -> None:
+    assert gd.Variable(1.0).dtype == np.float32
+
+
+def check_numpy_promotion(tmp_path: Path) -> None:
+    step = gd.function(lambda x: x * np.float64(2))
+    assert step(np.ones(2, np.float32)).dtype == np.float64
+
+
+def check_no_autograph(tmp_path: Path) -> None:
+    step = gd.function(lambda x: x if x.sum() > 0 else -x)
+    with pytest.raises(gd.TracingError, match="np.where"):
+        step(np.ones(2, np.float32))
+
+
+def check_list_physical_devices(tmp_path: Path) -> None:
+    with pytest.raises(gd.InvalidArgumentError, match="'CPU', 'GPU', 'TPU'"):
+        gd.config.list_physical_devices("gpus")
+    assert gd.config.list_physical_devices("TPU") == []
+
+
+def check_tpu_run_outside_function(tmp_path: Path) -> None:
+    strategy = gd.TPUStrategy(gd.cluster_resolver.TPUClusterResolver(tpu="local[2]"))
+    with pytest.raises(gd.PlanError, match="inside a gd.function"):
+        strategy.run(lambda x: x, args=(np.ones(2, np.float32),))
+
+
+def check_soft_placement(tmp_path: Path) -> None:
+    if gd.config.list_physical_devices("GPU"):
+        pytest.skip("this row is about a machine without GPUs")
+    assert gd.MirroredStrategy(["GPU:0", "GPU:1"]).extended.worker_devices == ("cpu:0", "cpu:1")
+    gd.config.set_soft_device_placement(False)
+    try:
+        with pytest.raises(gd.DeviceError, match="cuda:0"):
+            gd.MirroredStrategy(["GPU:0", "GPU:1"])
+    finally:
+        gd.config.set_soft_device_placement(True)
+
+
+def check_device_strings(tmp_path: Path) -> None:
+    strategy = gd.MirroredStrategy(["/cpu:0", "/job:localhost/replica:0/task:0/device:CPU:1"])
+    assert strategy.extended.worker_devices == ("cpu:0", "cpu:1")
+    if not gd.config.list_physical_devices("GPU"):
+        assert gd.OneDeviceStrategy("/gpu:0").extended.worker_devices == ("cpu:0",)  # soft placement of cuda:0
+
+
 CHECKS: dict[str, Callable[..., None]] = {
     "`tf.distribute.coordinator.ClusterCoordinator`": check_cluster_coordinator,
     "`tf.distribute.experimental.coordinator.RemoteValue`": check_remote_value,
@@ -127,6 +173,13 @@ CHECKS: dict[str, Callable[..., None]] = {
     "`tf.function(input_signature=...)`": check_input_signature,
     "`tf.Variable(synchronization=..., aggregation=...)`": check_variable_synchronization,
     "`tf.device(...)`": check_no_device_scope,
+    "`tf.Variable(1.0)`": check_variable_float32,
+    "`float32_tensor * np.float64(2)` in a traced step": check_numpy_promotion,
+    "`if tensor:` in a `tf.function`": check_no_autograph,
+    "`tf.config.list_physical_devices(\"gpus\")`": check_list_physical_devices,
+    "`TPUStrategy.run` outside a `tf.function`": check_tpu_run_outside_function,
+    "`MirroredStrategy([\"GPU:0\", \"GPU:1\"])` without GPUs": check_soft_placement,
+    "device strings `\"/gpu:0\"`, `\"/job:localhost/replica:0/task:0/device:CPU:1\"`": check_device_strings,
 }
 
 
