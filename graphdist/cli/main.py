@@ -222,7 +222,12 @@ def _build_target(args: argparse.Namespace) -> _Built:
             step = gd.function(step, backend=args.backend, name=attr_path)
         elif args.backend is not None:
             step = step._with_backend(args.backend)  # --backend wins over the factory's choice
-        return _Built(_concrete(step, example, target), strategy, example, f"{target} under {strategy!r}")
+        from graphdist.distribute.run_args import quiet_global_array_warning
+
+        # The factory's plain arrays were pointed out above (_warn_whole_batch_examples): once is enough.
+        with quiet_global_array_warning(_plain_examples(example, strategy) != []):
+            concrete = _concrete(step, example, target)
+        return _Built(concrete, strategy, example, f"{target} under {strategy!r}")
     inputs = _example_inputs(module, module_name, fn, attr_path, args.batch)
     if strategy is None:
         if isinstance(fn, gd.Function):
@@ -283,6 +288,15 @@ def _call_factory(fn: Any, target: str, strategy: Any, batch: int | None) -> tup
     return step, example
 
 
+def _plain_examples(example: tuple[Any, ...], strategy: Any) -> list[int]:
+    """Indices of the plain (undistributed) array arguments given to a multi-replica strategy."""
+    import numpy as np
+
+    if strategy.num_replicas_in_sync < 2:
+        return []
+    return [i for i, value in enumerate(example) if isinstance(value, np.ndarray) and value.ndim >= 1]
+
+
 def _warn_whole_batch_examples(example: tuple[Any, ...], target: str, strategy: Any) -> None:
     """Warns when a factory hands plain arrays to a multi-replica strategy.
 
@@ -291,11 +305,9 @@ def _warn_whole_batch_examples(example: tuple[Any, ...], target: str, strategy: 
     each replica on all of it (a summed loss N times too large); the factory
     should return distributed values instead.
     """
-    import numpy as np
-
     replicas = strategy.num_replicas_in_sync
-    plain = [i for i, value in enumerate(example) if isinstance(value, np.ndarray) and value.ndim >= 1]
-    if replicas > 1 and plain:
+    plain = _plain_examples(example, strategy)
+    if plain:
         logger.warning(
             "%s(strategy) returned plain array(s) as example argument(s) %s: strategy.run gives each of the %d "
             "replicas the whole array (as tf.distribute does), not a share of the batch; to split a global batch "

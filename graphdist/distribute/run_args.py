@@ -13,9 +13,11 @@ knows when that happens, so it says so once per replica function and argument.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -24,7 +26,7 @@ from graphdist.errors import InvalidArgumentError
 from graphdist.trace.tensor import Tensor
 from graphdist.trace.values import DistributedValues
 
-__all__ = ["convert_lists", "lists_as_arrays", "gradient_count", "warn_global_arrays"]
+__all__ = ["convert_lists", "lists_as_arrays", "gradient_count", "warn_global_arrays", "quiet_global_array_warning"]
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +88,19 @@ def gradient_count(graph: Any) -> int:
 
 
 _warned: set[tuple[Any, str]] = set()
+_quiet: contextvars.ContextVar[bool] = contextvars.ContextVar("graphdist_quiet_global_arrays", default=False)
+
+
+@contextlib.contextmanager
+def quiet_global_array_warning(quiet: bool = True) -> Iterator[None]:
+    """Within it (when ``quiet``), :func:`warn_global_arrays` says nothing: for a caller that has already
+    told the user (the CLI warns about a factory's plain example arrays itself).
+    """
+    token = _quiet.set(quiet or _quiet.get())
+    try:
+        yield
+    finally:
+        _quiet.reset(token)
 
 
 def _argument_names(fn: Callable[..., Any], count: int) -> list[str]:
@@ -99,6 +114,8 @@ def _argument_names(fn: Callable[..., Any], count: int) -> list[str]:
 
 def warn_global_arrays(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], replicas: int) -> None:
     """Warns once per (function, argument) about traced arrays given whole to each of ``replicas``."""
+    if _quiet.get():
+        return
     names = _argument_names(fn, len(args))
     named = list(zip(names, args)) + list(kwargs.items())
     code = getattr(getattr(fn, "__func__", fn), "__code__", None) or id(fn)

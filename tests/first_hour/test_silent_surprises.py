@@ -100,3 +100,13 @@ def test_lists_numpy_cannot_convert_are_refused(bad, words):
     with pytest.raises(InvalidArgumentError, match=words) as info:
         gd.OneDeviceStrategy("cpu:0").run(lambda x: x, args=(bad,))
     assert "args[0]" in str(info.value)
+
+
+def test_a_caller_that_already_warned_can_quiet_the_warning(mirrored, caplog):
+    replica_fn = _train_step(mirrored)
+    with caplog.at_level(logging.WARNING, logger="graphdist"), run_args.quiet_global_array_warning():
+        mirrored.run(replica_fn, args=(np.ones((4, 3), np.float32),))
+    assert not [r for r in caplog.records if "given whole to each" in r.getMessage()]
+    with caplog.at_level(logging.WARNING, logger="graphdist"):  # outside it, the warning is back (a new trace)
+        mirrored.run(replica_fn, args=(np.ones((6, 3), np.float32),))
+    assert [r for r in caplog.records if "given whole to each" in r.getMessage()]
