@@ -3,20 +3,27 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.demo-installed
 
 .PHONY: demo test test-models install lint bench clean system-deps multi-worker-demo dist docs gpu-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): $(PY) pyproject.toml
+# `make demo` installs only what the demo needs (graphdist and scikit-learn's digits); `make test` and the
+# other targets install every extra on top (TVM, tuning, MPI, the test tools). Sizes: README, Install.
+$(DEMO_STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[data]'
+	touch $(DEMO_STAMP)
+
+$(STAMP): $(DEMO_STAMP)
 	$(PY) -m pip install --quiet -e '.[test,data,tvm,tune,mpi]'
 	touch $(STAMP)
 
 install: $(STAMP)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(PY) -m graphdist.models.demo
 
 # Digits on 2 workers (MultiWorkerMirroredStrategy), then on 2 workers + 1 ps (ParameterServerStrategy),
@@ -38,10 +45,12 @@ test-models: $(STAMP)
 
 # System packages the tests use, installed with apt-get when missing and possible (root or passwordless
 # sudo): Graphviz's `dot` renders graph pictures (not on PyPI); openssh-server runs the ssh servers of the
-# multi-host tests (graphdist launch --hosts in network-namespace hosts). Otherwise those tests are skipped.
+# multi-host tests (graphdist launch --hosts in network-namespace hosts); Debian's chromium opens the built
+# docs site in the docs test (tests/test_docs_site.py). Otherwise those tests are skipped.
 system-deps:
 	@missing=""; command -v dot >/dev/null 2>&1 || missing="$$missing graphviz"; \
 	  [ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
+	  command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	  if [ -n "$$missing" ]; then \
 	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then SUDO=; \
 	  elif command -v apt-get >/dev/null 2>&1 && sudo -n true 2>/dev/null; then SUDO=sudo; \
@@ -63,12 +72,13 @@ dist: $(STAMP)
 	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
 	@ls dist/*.whl
 
-# The API reference, generated from the docstrings by pdoc into docs/api (git-ignored); any pdoc
-# warning (a module that does not import, an unresolved export) fails the build.
+# The documentation site in docs/site (git-ignored): the README as its index, the guide (docs/*.md) and the
+# API reference generated from the docstrings by pdoc (docs/site/api), cross-linked; a broken local link or
+# anchor, or any pdoc warning (a module that does not import, an unresolved export), fails the build.
 docs: $(STAMP)
-	rm -rf docs/api
-	$(PY) docs/build_api.py --output docs/api
-	$(PY) docs/build_gradient_list.py
+	rm -rf docs/api docs/site
+	$(PY) docs/build_gradient_list.py --readme docs/onnx.md
+	$(PY) docs/build_site.py --output docs/site
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all
@@ -80,4 +90,4 @@ gpu-check: $(STAMP)
 	$(PY) -m benchmarks.gpu_check
 
 clean:
-	rm -rf $(VENV) build dist docs/api *.egg-info .pytest_cache
+	rm -rf $(VENV) build dist docs/api docs/site *.egg-info .pytest_cache

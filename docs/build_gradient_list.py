@@ -1,10 +1,10 @@
-"""Writes the README's list of ops with gradient rules from graphdist's registry (``make docs`` runs it).
+"""Writes the ONNX guide's list of ops with gradient rules (docs/onnx.md) from the registry (``make docs``).
 
 The list sits between the markers ``<!-- gradient-ops:begin -->`` and ``<!-- gradient-ops:end -->`` in
-README.md; ``tests/test_gradient_list.py`` fails when it differs from the registry
+docs/onnx.md; ``tests/test_gradient_list.py`` fails when it differs from the registry
 (:func:`graphdist.ir.gradients.ops_with_gradients`).
 
-Usage: ``python docs/build_gradient_list.py [--check]`` (``--check``: exit status 1 when the README is stale).
+Usage: ``python docs/build_gradient_list.py [--check]`` (``--check``: exit status 1 when the list is stale).
 """
 
 from __future__ import annotations
@@ -29,19 +29,19 @@ def gradient_list() -> str:
 
 
 def updated_readme(text: str) -> str:
-    """``text`` (README.md) with the list between the markers replaced by the registry's."""
+    """``text`` (docs/onnx.md) with the list between the markers replaced by the registry's."""
     start, end = text.find(BEGIN), text.find(END)
     if start < 0 or end < start:
-        raise ValueError(f"README.md has no {BEGIN!r} ... {END!r} block")
+        raise ValueError(f"the page has no {BEGIN!r} ... {END!r} block")
     indent = text[text.rfind("\n", 0, start) + 1: start]  # the block sits inside a list item
     return text[: start + len(BEGIN)] + f"\n{indent}{gradient_list()}\n{indent}" + text[end:]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Rewrites (or, with ``--check``, checks) the README's list; returns the exit status."""
+    """Rewrites (or, with ``--check``, checks) the guide's list; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="only check that README.md is up to date")
-    parser.add_argument("--readme", type=Path, default=REPO / "README.md")
+    parser.add_argument("--check", action="store_true", help="only check that the list is up to date")
+    parser.add_argument("--readme", type=Path, default=REPO / "docs" / "onnx.md")
     args = parser.parse_args(argv)
     text = args.readme.read_text()
     new = updated_readme(text)

@@ -47,7 +47,7 @@ from graphdist.fsutil import read_npz, replace_file
 from graphdist.runtime.numerics import warn_non_finite
 from graphdist.trace.variables import Variable
 
-__all__ = ["Checkpoint", "FORMAT_VERSION", "is_checkpoint_file"]
+__all__ = ["Checkpoint", "CheckpointLoadStatus", "FORMAT_VERSION", "is_checkpoint_file"]
 
 logger = logging.getLogger(__name__)
 
@@ -210,8 +210,16 @@ class Checkpoint:
         return str(path)
 
     # -------------------------------------------------------------- restore
-    def restore(self, path: str | os.PathLike[str]) -> Checkpoint:
+    def restore(self, path: str | os.PathLike[str]) -> CheckpointLoadStatus:
         """Reads ``path`` and assigns every saved value to its variable.
+
+        Every variable this checkpoint tracks must have a value in the file (else nothing is assigned and
+        :class:`~graphdist.errors.CheckpointError` is raised): unlike TensorFlow, graphdist does not defer
+        the restore of variables created later (optimizer slots excepted).
+
+        Returns:
+            A :class:`CheckpointLoadStatus` (TF's ``restore(...).assert_consumed()`` idiom): its
+            ``assert_consumed()`` raises when the file holds values no tracked object used.
 
         Raises:
             CheckpointError: The file is missing, truncated, corrupt, edited, of
@@ -219,14 +227,16 @@ class Checkpoint:
                 (missing key, shape or dtype; an optimizer slot whose variable
                 this checkpoint does not track). Nothing is assigned then.
         """
-        self._restore(path)
-        return self
+        unused: list[str] = []
+        self._restore(path, unused=unused)
+        return CheckpointLoadStatus(str(path), unused)
 
     def _restore(self, path: str | os.PathLike[str], require: str | None = None,
-                 data: bytes | None = None) -> dict[str, Any]:
+                 data: bytes | None = None, unused: list[str] | None = None) -> dict[str, Any]:
         """:meth:`restore`; returns the metadata saved with the checkpoint (which must hold ``require``).
 
         ``data``: the file's bytes, already read and verified by the caller (``path`` then only names it).
+        ``unused``: filled with the keys of saved values that no tracked object took.
         """
         path = Path(path)
         manifest, saved = _read_checkpoint(path, data)
@@ -242,7 +252,56 @@ class Checkpoint:
             optimizer._restore_slot(owner, kind, value)
         for prefix, extra in legacy.items():
             pending[prefix]._restore_pending(extra)
+        if unused is not None:
+            unused.extend(key for key in manifest["variables"]
+                          if key not in variables and _owner_prefix(key, pending) is None)
         return manifest.get("metadata") or {}
+
+
+class CheckpointLoadStatus:
+    """What :meth:`Checkpoint.restore` returns (like TF's ``CheckpointLoadStatus``).
+
+    By the time it exists every tracked variable has its value (a restore that cannot give one raises),
+    so :meth:`assert_existing_objects_matched` always passes; :meth:`assert_consumed` also checks that
+    every value in the file was used.
+    """
+
+    def __init__(self, path: str, unused: list[str]) -> None:
+        self.path = path
+        #: Keys of saved values no tracked object took (objects this Checkpoint was not given).
+        self.unused_keys = tuple(unused)
+
+    def assert_consumed(self) -> CheckpointLoadStatus:
+        """Raises :class:`~graphdist.errors.CheckpointError` if the file holds values nothing used.
+
+        Returns:
+            ``self``.
+        """
+        if self.unused_keys:
+            shown = ", ".join(self.unused_keys[:5]) + (" ..." if len(self.unused_keys) > 5 else "")
+            raise CheckpointError(
+                f"checkpoint {self.path} holds {len(self.unused_keys)} value(s) that no object of this Checkpoint "
+                f"took: {shown}; pass those objects to Checkpoint(...) under the names they were saved with, or "
+                "call expect_partial() if a partial restore is intended")
+        return self
+
+    def assert_existing_objects_matched(self) -> CheckpointLoadStatus:
+        """Passes: every tracked variable was restored (else ``restore`` raised). Returns ``self``."""
+        return self
+
+    def assert_nontrivial_match(self) -> CheckpointLoadStatus:
+        """Passes: at least the tracked variables were restored. Returns ``self``."""
+        return self
+
+    def expect_partial(self) -> CheckpointLoadStatus:
+        """Marks a partial restore as intended (graphdist warns about none). Returns ``self``."""
+        return self
+
+    def run_restore_ops(self, session: Any = None) -> None:
+        """Nothing to run: values are assigned by ``restore`` itself (TF1 graph-mode compatibility)."""
+
+    def __repr__(self) -> str:
+        return f"<CheckpointLoadStatus {self.path} unused={len(self.unused_keys)}>"
 
 
 def _check_matching(path: Path, variables: dict[str, Variable], saved: dict[str, np.ndarray]) -> None:

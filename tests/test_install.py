@@ -131,3 +131,18 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_from_anywhere(tmp_path: Path)
         cwd=elsewhere, env=clean_env, capture_output=True, text=True, timeout=120)
     assert layout.returncode == 0, layout.stderr
     assert layout.stdout.split() == ["None", "None"]
+
+
+def test_the_demo_needs_only_the_data_extra(tmp_path: Path) -> None:
+    # `make demo` installs graphdist with [data] only; every other extra and the test tools are absent here.
+    # (cloudpickle stays: scikit-learn's joblib needs it, so [data] installs it too.)
+    result = _run_without({"tvm", "tvm_ffi", "mpi4py", "mpich", "xgboost", "psutil", "pytest",
+                           "xdist", "ruff", "importlinter", "pdoc"}, """
+        import sys
+        from graphdist.models import demo
+        sys.exit(demo.main(["--save", "model", "--no-compare"]))
+        """, tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "OK: accuracy >= 0.95" in result.stdout
+    demo_recipe = (REPO / "Makefile").read_text().split("$(DEMO_STAMP): $(PY) pyproject.toml\n", 1)[1].split("\n\n")[0]
+    assert "-e '.[data]'" in demo_recipe and "[test" not in demo_recipe

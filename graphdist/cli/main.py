@@ -8,11 +8,15 @@ Subcommands:
   ``.onnx`` file (as a data-parallel inference step), under ``--strategy``
   and ``--devices``, and show a stage: a graph (``traced``, ``rewritten``,
   ``partitioned``) as tables, DOT, SVG/PNG or ONNX, the ``plan`` (segments
-  per device, communication), or the ``diff`` of each pass.
+  per device, communication), or the ``diff`` of each pass; TARGET may also
+  be an exported plan directory (its plan, or one of the graphs it holds).
 * ``graphdist export TARGET -o DIR``: write the compiled plan directory
   (``ConcreteFunction.export``).
 * ``graphdist run DIR --inputs FILE.npz [--steps N]``: load a plan directory
-  (``gd.load_plan``) and run it.
+  (``gd.load_plan``) and run it (arrays named ``arg0, ...`` or by an ONNX
+  model's input names; other names are refused).
+* ``graphdist replan``, ``graphdist launch``, ``graphdist bench``: see
+  ``graphdist --synopsis`` (one usage line per command) and ``--help``.
 
 Run ``graphdist --help`` or ``graphdist COMMAND --help`` for details. Also
 runnable as ``python -m graphdist.cli.main``.
@@ -37,7 +41,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-__all__ = ["main", "build_parser", "UsageError"]
+__all__ = ["main", "build_parser", "synopsis", "UsageError"]
 
 logger = logging.getLogger(__name__)
 
@@ -218,7 +222,12 @@ def _build_target(args: argparse.Namespace) -> _Built:
             step = gd.function(step, backend=args.backend, name=attr_path)
         elif args.backend is not None:
             step = step._with_backend(args.backend)  # --backend wins over the factory's choice
-        return _Built(_concrete(step, example, target), strategy, example, f"{target} under {strategy!r}")
+        from graphdist.distribute.run_args import quiet_global_array_warning
+
+        # The factory's plain arrays were pointed out above (_warn_whole_batch_examples): once is enough.
+        with quiet_global_array_warning(_plain_examples(example, strategy) != []):
+            concrete = _concrete(step, example, target)
+        return _Built(concrete, strategy, example, f"{target} under {strategy!r}")
     inputs = _example_inputs(module, module_name, fn, attr_path, args.batch)
     if strategy is None:
         if isinstance(fn, gd.Function):
@@ -279,6 +288,15 @@ def _call_factory(fn: Any, target: str, strategy: Any, batch: int | None) -> tup
     return step, example
 
 
+def _plain_examples(example: tuple[Any, ...], strategy: Any) -> list[int]:
+    """Indices of the plain (undistributed) array arguments given to a multi-replica strategy."""
+    import numpy as np
+
+    if strategy.num_replicas_in_sync < 2:
+        return []
+    return [i for i, value in enumerate(example) if isinstance(value, np.ndarray) and value.ndim >= 1]
+
+
 def _warn_whole_batch_examples(example: tuple[Any, ...], target: str, strategy: Any) -> None:
     """Warns when a factory hands plain arrays to a multi-replica strategy.
 
@@ -287,11 +305,9 @@ def _warn_whole_batch_examples(example: tuple[Any, ...], target: str, strategy: 
     each replica on all of it (a summed loss N times too large); the factory
     should return distributed values instead.
     """
-    import numpy as np
-
     replicas = strategy.num_replicas_in_sync
-    plain = [i for i, value in enumerate(example) if isinstance(value, np.ndarray) and value.ndim >= 1]
-    if replicas > 1 and plain:
+    plain = _plain_examples(example, strategy)
+    if plain:
         logger.warning(
             "%s(strategy) returned plain array(s) as example argument(s) %s: strategy.run gives each of the %d "
             "replicas the whole array (as tf.distribute does), not a share of the batch; to split a global batch "
@@ -431,9 +447,10 @@ def _output_format(args: argparse.Namespace) -> str:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    """Prints (or writes) a stage of a target's compilation."""
+    """Prints (or writes) a stage of a target's compilation (or of an exported plan directory)."""
     fmt = _output_format(args)
-    stage = args.stage or "traced"
+    plan_dir = Path(args.target).is_dir()
+    stage = args.stage or ("plan" if plan_dir else "traced")
     if fmt in ("onnx", "svg", "png") and not args.output:
         example = {"onnx": "graph.onnx", "svg": "graph.svg", "png": "graph.png"}[fmt]
         raise UsageError(f"--format {fmt} writes a file: give its path with -o PATH, e.g. -o {example}")
@@ -450,14 +467,17 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
             raise UsageError(f"--format {fmt} needs Graphviz's 'dot' program, which was not found: "
                              f"{DOT_INSTALL_HINT} (or use --format dot)")
-    built = _build_target(args)
-    concrete = built.concrete
+    if plan_dir:
+        subject, strategy_name = _inspect_plan_directory(args, stage)
+    else:
+        built = _build_target(args)
+        concrete = built.concrete
+        if stage == "diff":
+            from graphdist.compile.diff import strategy_pass_diffs
 
-    if stage == "diff":
-        from graphdist.compile.diff import strategy_pass_diffs
-
-        return _emit_text(args.output, strategy_pass_diffs(concrete).format())
-    subject = concrete.plan if stage == "plan" else concrete.graph(stage)
+            return _emit_text(args.output, strategy_pass_diffs(concrete).format())
+        subject = concrete.plan if stage == "plan" else concrete.graph(stage)
+        strategy_name = type(built.strategy).__name__
     if fmt == "text":
         return _emit_text(args.output, subject.summary())
     if fmt == "dot":
@@ -470,7 +490,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     model = subject.to_onnx()
     for key, value in (("graphdist.stage", stage), ("graphdist.target", args.target),
-                       ("graphdist.strategy", type(built.strategy).__name__)):
+                       ("graphdist.strategy", strategy_name)):
         entry = model.metadata_props.add()
         entry.key, entry.value = key, value
     onnx.checker.check_model(model)
@@ -479,6 +499,29 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(f"wrote {args.output} ({len(subject.nodes)} nodes, stage {stage}, ONNX IR version {model.ir_version}, "
           f"opsets {domains})")
     return EXIT_OK
+
+
+def _inspect_plan_directory(args: argparse.Namespace, stage: str) -> tuple[Any, str]:
+    """The plan (or a stage's graph) of the exported plan directory TARGET, and its strategy's name."""
+    import graphdist as gd
+
+    options = [f"--{name}" for name in ("strategy", "devices", "batch", "backend") if getattr(args, name, None)]
+    if options or getattr(args, "input_shape", None):
+        raise UsageError(f"{args.target!r} is an exported plan directory, already planned: drop "
+                         f"{', '.join(options) or '--input-shape'} (re-plan it with 'graphdist replan "
+                         f"{args.target} --strategy NAME -o DIR')")
+    if stage == "diff":
+        raise UsageError("--stage diff compares the passes of a step being compiled; a plan directory holds the "
+                         "traced, rewritten and partitioned graphs: inspect one with --stage")
+    try:
+        loaded = gd.load_plan(args.target)
+    except gd.PlanError as err:
+        raise UsageError(f"cannot load plan {args.target!r}: {err}") from err
+    try:
+        subject = loaded.plan if stage == "plan" else loaded.graph(stage)
+    except gd.PlanError as err:
+        raise UsageError(str(err)) from err
+    return subject, str(loaded.metadata.get("strategy") or "")
 
 
 def _describe_subject(subject: Any) -> str:
@@ -591,23 +634,29 @@ def cmd_run(args: argparse.Namespace) -> int:
                 raise UsageError(f"the inputs in {args.inputs!r} do not fit the plan: {err}") from err
             raise
         leaves, _ = nest.flatten(result, is_leaf=lambda v: isinstance(v, gd.DistributedValues))
-        flat = [(f"out{i}", leaf) for i, leaf in enumerate(leaves)]
+        flat = list(zip(_output_names(loaded, len(leaves)), leaves))
         print(f"step {step}: " + "; ".join(f"{name} = {_describe_value(value)}" for name, value in flat))
     if args.output:
         leaves, _ = nest.flatten(result, is_leaf=lambda v: isinstance(v, gd.DistributedValues))
         out = {}
-        for index, leaf in enumerate(leaves):
+        for name, leaf in zip(_output_names(loaded, len(leaves)), leaves):
             if isinstance(leaf, gd.DistributedValues):
                 for replica, value in enumerate(leaf.values):
-                    out[f"out{index}_r{replica}"] = np.asarray(value)
+                    out[f"{name}_r{replica}"] = np.asarray(value)
             else:
-                out[f"out{index}"] = np.asarray(leaf)
+                out[name] = np.asarray(leaf)
         _write(args.output, lambda p: _save_npz(np, p, out))
         print(f"wrote the last step's outputs to {args.output} ({', '.join(out)})")
     if args.save:
         loaded.save()
         print(f"saved the updated variables into {directory}")
     return EXIT_OK
+
+
+def _output_names(loaded: Any, count: int) -> list[str]:
+    """The names of a plan's results: an ONNX model's own output names, else ``out0, out1, ...``."""
+    names = list((loaded.metadata.get("io_names") or {}).get("outputs") or [])
+    return names if len(names) == count and len(set(names)) == count else [f"out{i}" for i in range(count)]
 
 
 def _describe_value(value: Any) -> str:
@@ -645,17 +694,28 @@ def _read_inputs(path: str) -> dict[str, Any]:
                          "numpy.savez(path, arg0=..., arg1=...)") from err
 
 
-def _ordered_arrays(arrays: dict[str, Any]) -> list[tuple[str, Any]]:
-    """``arg0, arg1, ...`` (or numpy's ``arr_0, arr_1``) in index order, else the file's order."""
+def _ordered_arrays(arrays: dict[str, Any], input_names: list[str | None], path: str,
+                   listing: str) -> list[tuple[str, Any]]:
+    """The arrays in argument order: named ``arg0, arg1, ...`` (or numpy's ``arr_0, arr_1``), or by the
+    plan's input names (``input_names``, one per array argument); any other key is refused.
+    """
     import re
 
-    numbered = {}
+    numbered: dict[int, str] = {}
     for name in arrays:
         match = re.fullmatch(r"(?:arg|arr_)(\d+)", name)
-        if match is None:
-            return list(arrays.items())
-        numbered[int(match.group(1))] = name
-    return [(numbered[i], arrays[numbered[i]]) for i in sorted(numbered)]
+        if match is not None:
+            numbered[int(match.group(1))] = name
+    if len(numbered) == len(arrays):
+        return [(numbered[i], arrays[numbered[i]]) for i in sorted(numbered)]
+    by_name = {name: index for index, name in enumerate(input_names) if name}
+    unknown = [name for name in arrays if name not in by_name]
+    if unknown:
+        accepted = ", ".join(f"arg{i}" + (f" or {n}" if n else "") for i, n in enumerate(input_names)) or "none"
+        raise UsageError(f"{path!r} holds array(s) named {', '.join(repr(n) for n in unknown)}, which match no input "
+                         f"of the plan (it takes {listing}); name the arrays {accepted} "
+                         "(numpy.savez(path, arg0=x, ...))")
+    return sorted(arrays.items(), key=lambda item: by_name[item[0]])
 
 
 def _plan_arguments(loaded: Any, arrays: dict[str, Any], path: str) -> tuple[tuple, dict]:
@@ -676,9 +736,12 @@ def _plan_arguments(loaded: Any, arrays: dict[str, Any], path: str) -> tuple[tup
             total = sum(int(s[0]) for s in shapes) if all(len(s) for s in shapes) else "?"
             expected.append(f"{dtype.name}[{total}{''.join(f',{d}' for d in shapes[0][1:])}] (global batch, split "
                             f"across {len(shapes)} replicas)")
-    given = _ordered_arrays(arrays)
+    listing = "; ".join(f"arg{i}: {e}" for i, e in enumerate(expected)) or "none"
+    input_names = list((loaded.metadata.get("io_names") or {}).get("inputs") or [])
+    if len(input_names) != len(expected):
+        input_names = [spec.get("input") for spec in leaves_spec if spec["kind"] in ("tensor", "per_replica")]
+    given = _ordered_arrays(arrays, input_names, path, listing)
     if len(given) != len(expected):
-        listing = "; ".join(f"arg{i}: {e}" for i, e in enumerate(expected)) or "none"
         raise UsageError(f"{path!r} holds {len(given)} array(s) ({', '.join(n for n, _ in given) or 'none'}) but the "
                          f"plan takes {len(expected)}: {listing}")
     feed = iter(value for _, value in given)
@@ -788,7 +851,9 @@ examples:
 
 
 def _add_target_options(command: argparse.ArgumentParser) -> None:
-    command.add_argument("target", metavar="TARGET", help="module:function, module:make_step or path/to/model.onnx")
+    command.add_argument("target", metavar="TARGET",
+                         help="module:function, module:make_step, path/to/model.onnx (inspect: or a plan "
+                              "directory)")
     command.add_argument("--strategy", metavar="NAME", default=None,
                          help=f"distribution strategy: {', '.join(STRATEGIES)} (default: none for plain "
                               "functions, one_device otherwise)")
@@ -818,6 +883,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=formatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--synopsis", action="store_true",
+                        help="print one usage line per command (the synopsis in the docs) and exit")
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log progress (-vv: debug log and tracebacks on errors)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -897,6 +964,30 @@ def _fail(message: str, status: int, verbose: bool) -> int:
     return status
 
 
+#: Width of the synopsis lines (fixed, so the text does not depend on the terminal).
+SYNOPSIS_WIDTH = 110
+
+
+def subcommands(parser: argparse.ArgumentParser | None = None) -> dict[str, argparse.ArgumentParser]:
+    """Every subcommand's parser, by name, in the order ``graphdist --help`` lists them."""
+    parser = parser or build_parser()
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+def synopsis() -> str:
+    """One usage line (wrapped) per subcommand, generated from the parser (the docs show this text;
+    ``graphdist --synopsis`` prints it).
+    """
+    blocks = []
+    for command in subcommands().values():
+        formatter = argparse.HelpFormatter(command.prog, width=SYNOPSIS_WIDTH)
+        usable = [a for a in command._actions if not isinstance(a, argparse._HelpAction)]
+        formatter.add_usage(command.usage, usable, command._mutually_exclusive_groups, prefix="")
+        blocks.append(formatter.format_help().strip())
+    return "\n".join(blocks) + "\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the ``graphdist`` command line.
 
@@ -907,6 +998,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit status: 0 ok, 1 graphdist failed, 2 usage error.
     """
     parser = build_parser()
+    if list(argv if argv is not None else sys.argv[1:]) == ["--synopsis"]:
+        sys.stdout.write(synopsis())
+        return EXIT_OK
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # --help, --version and argument errors

@@ -222,7 +222,7 @@ def _plan_files(plan: Plan, name: str, interface: _Interface, graphs: dict[str, 
 
 
 def step_files(plan: Plan, graphs: dict[str, Any], record: StepRecord, resolved: Resolved,
-               config: PipelineConfig) -> dict[str, bytes]:
+               config: PipelineConfig, io_names: dict[str, list[str]] | None = None) -> dict[str, bytes]:
     """Every file of the plan directory of a compiled step (``plan.json`` with its ``traced`` section).
 
     Raises:
@@ -235,6 +235,8 @@ def step_files(plan: Plan, graphs: dict[str, Any], record: StepRecord, resolved:
     extra = {"replicas": {"local": config.replicas, "in_sync": config.total_replicas,
                           "offset": config.replica_offset},
              "traced": record.to_json()}
+    if io_names:  # an ONNX model's input and output names (make_inference_step)
+        extra["io_names"] = io_names
     return _plan_files(plan, record.name, interface, data, config.strategy, extra)
 
 
@@ -247,13 +249,14 @@ def concrete_files(concrete: Any) -> dict[str, bytes]:
     from graphdist.compile.step import record_of_concrete
 
     record = record_of_concrete(concrete)
+    io_names = getattr(getattr(concrete, "_function", None), "io_names", None)
     if concrete._part_feeds:
         # ZeRO-1 slots stored in per-replica parts: a plan directory holds each variable as one array, so the
         # exported plan is the same step built with its slots stored whole (sliced and joined in the plan).
         graphs, plan, resolved = concrete._whole_storage_build()
-        return step_files(plan, graphs, record, resolved, concrete.config)
+        return step_files(plan, graphs, record, resolved, concrete.config, io_names)
     graphs = {stage: concrete.graph(stage) for stage in STAGES}
-    return step_files(concrete.plan, graphs, record, concrete.resolved, concrete.config)
+    return step_files(concrete.plan, graphs, record, concrete.resolved, concrete.config, io_names)
 
 
 def export_concrete(concrete: Any, directory: str | os.PathLike[str], *, overwrite: bool = False) -> str:

@@ -93,21 +93,25 @@ def _leaf_signature(leaf: Any, arrays: list[Any]) -> Any:
 _ARRAY_ARGS_TREEDEFS: dict[int, Any] = {}
 
 
+def _describe_leaf(leaf: Any) -> str:
+    if isinstance(leaf, tuple) and len(leaf) == 2 and isinstance(leaf[1], str):
+        return f"{np.dtype(leaf[1]).name}{list(leaf[0])}"
+    if isinstance(leaf, tuple) and leaf and leaf[0] == "const":
+        return repr(leaf[2])
+    if isinstance(leaf, tuple) and len(leaf) == 2 and leaf[0] == "per_replica":
+        return "PerReplica(" + ", ".join(_describe_leaf(part) for part in leaf[1]) + ")"
+    return str(leaf[0])
+
+
 def _describe(key: Any) -> str:
-    """Readable form of a signature key: the array leaves' shapes and dtypes (and specialised values)."""
+    """Readable form of a signature key: the array leaves' shapes and dtypes (per replica for
+    distributed values), constants by value, and the values of specialised arguments.
+    """
     if is_guarded(key):
         values = ", ".join(f"argument {v[0]} = {short_value(np.frombuffer(v[3], v[1]).reshape(v[2]))}"
                            for v in key[2] if len(v) == 4)
         return f"{_describe(key[0])} with {values}"
-    parts = []
-    for leaf in key[1]:
-        if isinstance(leaf, tuple) and len(leaf) == 2 and isinstance(leaf[1], str):
-            parts.append(f"{np.dtype(leaf[1]).name}{list(leaf[0])}")
-        elif isinstance(leaf, tuple) and leaf and leaf[0] == "const":
-            parts.append(repr(leaf[2]))
-        else:
-            parts.append(str(leaf[0]))
-    return "(" + ", ".join(parts) + ")"
+    return "(" + ", ".join(_describe_leaf(leaf) for leaf in key[1]) + ")"
 
 
 def signature_of(args: tuple, kwargs: dict) -> tuple[Any, list[Any]]:
@@ -558,7 +562,7 @@ class Function:
         ctx.replicated = True  # the strategy's pipeline makes the replicas
         with ctx.activate():
             proxy_args, proxy_kwargs, feeds = make_inputs(ctx, args, kwargs, batch_args)
-            with _strategy_scope(self._strategy):
+            with _strategy_scope(self._strategy), _NumpyRandomWatch(self._name):
                 result = call_user_function(self._fn, proxy_args, proxy_kwargs)
             result = nest.map_structure(lambda v: read_variable(v) if isinstance(v, Variable) else v, result)
             leaves, treedef = nest.flatten(result, is_leaf=is_distributed)
@@ -574,6 +578,32 @@ class Function:
 
     def __repr__(self) -> str:
         return f"<graphdist.Function {self._name} signatures={self.cached_signatures()}>"
+
+
+class _NumpyRandomWatch:
+    """Warns when numpy's global random state moved while a step was traced: its draws were made once, in
+    Python, and are frozen into the graph as constants (every call replays the same "noise").
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __enter__(self) -> _NumpyRandomWatch:
+        self._before = np.random.get_state(legacy=False)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        after, before = np.random.get_state(legacy=False), self._before
+        moved = (after["state"]["pos"] != before["state"]["pos"] or after["has_gauss"] != before["has_gauss"]
+                 or not np.array_equal(after["state"]["key"], before["state"]["key"]))
+        if moved and exc[0] is None:
+            logger.warning(
+                "np.random was called while gd.function %s was traced: its draws were made once, at trace time, "
+                "and those the step computes with are constants of the compiled step, the same at every call "
+                "(initial values of variables created there are fine). Draw random "
+                "numbers in the step with gd.random.Generator (g = gd.random.Generator.from_seed(1) outside the "
+                "step, g.normal(shape) inside it), or draw them in Python and pass them as an argument",
+                self._name)
 
 
 def _strategy_of_remote_variables(name: str, strategy: Any, variables: dict[str, Variable]) -> Any:

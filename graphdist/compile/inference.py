@@ -74,4 +74,7 @@ def make_inference_step(graph: Graph, strategy: Any, batch: int | None = None, *
         return strategy.gather(result, axis=0)
 
     name = f"{model.__name__}_inference"
-    return function(inference_step, backend=backend, name=name), example
+    step = function(inference_step, backend=backend, name=name)
+    # The model's own input and output names, kept in an exported plan (graphdist run reads and writes them).
+    step.io_names = {"inputs": [v.name for v in graph.inputs], "outputs": [v.name for v in graph.outputs]}
+    return step, example

@@ -1,5 +1,6 @@
 """Distribution strategies, distributed values and replica contexts."""
 
+from graphdist.distribute import coordinator
 from graphdist.distribute.central_storage import CentralStorageStrategy
 from graphdist.distribute.cross_device_ops import (
     CrossDeviceOps,
@@ -40,4 +41,5 @@ __all__ = [
     "experimental_set_strategy",
     "get_replica_context",
     "in_cross_replica_context",
+    "coordinator",
 ]

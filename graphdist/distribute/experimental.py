@@ -4,9 +4,12 @@
 seeds use both spellings (``tf.distribute.experimental.MultiWorkerMirroredStrategy``).
 ``CommunicationOptions`` (``tf.distribute.experimental.CommunicationOptions``)
 configures ``MultiWorkerMirroredStrategy``'s collectives. ``gd.experimental``
-(the spelling of API.md) holds the same names.
+(the spelling of API.md) holds the same names. ``coordinator`` is
+:mod:`graphdist.distribute.coordinator` (TF2's ``ClusterCoordinator``, not implemented: it says what to
+write instead).
 """
 
+from graphdist.distribute import coordinator
 from graphdist.distribute.central_storage import CentralStorageStrategy
 from graphdist.distribute.multi_worker import (
     CollectiveCommunication,
@@ -25,4 +28,5 @@ __all__ = [
     "MultiWorkerMirroredStrategy",
     "ParameterServerStrategy",
     "TPUStrategy",
+    "coordinator",
 ]

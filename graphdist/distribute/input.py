@@ -44,7 +44,8 @@ from graphdist import nest
 from graphdist.data.dataset import Dataset, as_dataset, prefetch_iterator
 from graphdist.data.split import split_global_batch
 from graphdist.errors import InvalidArgumentError
-from graphdist.trace.values import PerReplica
+from graphdist.trace.tracer import TensorSpec
+from graphdist.trace.values import DistributedValues, PerReplica
 
 __all__ = [
     "InputContext",
@@ -191,6 +192,31 @@ class DistributedDataset:
             return DistributedIterator(prefetch_iterator(self._make_steps, self._buffer_size))
         return DistributedIterator(self._make_steps())
 
+    @property
+    def element_spec(self) -> Any:
+        """The structure of one step's inputs, with a ``gd.TensorSpec`` per array (like TF's).
+
+        A leaf split across several local replicas is a ``PerReplica`` of the replicas' specs (TF's
+        ``PerReplicaSpec``). The batch dimension is ``None``, as in TF for a dataset batched without
+        ``drop_remainder`` (the last batch may be smaller). Read from the first element of a fresh pass
+        over the data.
+
+        Raises:
+            InvalidArgumentError: The dataset is empty (there is no element to describe).
+        """
+        steps = self._make_steps()
+        try:
+            first = next(steps)
+        except StopIteration:
+            raise InvalidArgumentError(f"element_spec: the distributed dataset {self._description} has no "
+                                       "elements to describe") from None
+        finally:
+            close = getattr(steps, "close", None)
+            if close is not None:
+                close()
+        leaves, treedef = nest.flatten(first, is_leaf=lambda v: isinstance(v, DistributedValues))
+        return nest.unflatten(treedef, [_spec_of(leaf) for leaf in leaves])
+
     def __getattr__(self, name: str) -> Any:
         if name in _DATASET_METHODS:
             raise _NoTransformationsError(
@@ -200,6 +226,14 @@ class DistributedDataset:
 
     def __repr__(self) -> str:
         return f"<DistributedDataset {self._description} on {self._strategy!r}>"
+
+
+def _spec_of(leaf: Any) -> Any:
+    if isinstance(leaf, DistributedValues):
+        return PerReplica([_spec_of(value) for value in leaf.values])
+    array = np.asarray(leaf)
+    shape = (None, *array.shape[1:]) if array.ndim else ()
+    return TensorSpec(shape, array.dtype)
 
 
 class DistributedIterator:

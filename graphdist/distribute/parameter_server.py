@@ -29,7 +29,7 @@ server (:class:`graphdist.runtime.ps_server.Server`, started by
 
 Not implemented: TF2's ``ClusterCoordinator`` (``schedule`` / ``join``,
 where one coordinator dispatches functions to workers) raises
-``NotImplementedError``; reading a variable eagerly pulls it from its ps.
+``NotImplementedError`` (:mod:`graphdist.distribute.coordinator`); reading a variable eagerly pulls it from its ps.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ import numpy as np
 
 from graphdist.compile.pipeline import PipelineConfig
 from graphdist.distribute.cluster import ClusterResolver
+from graphdist.distribute.coordinator import ClusterCoordinator  # noqa: F401  (its former home)
 from graphdist.distribute.cross_device_ops import NcclAllReduce
 from graphdist.distribute.strategy import Strategy, StrategyExtended
 from graphdist.errors import ClusterConfigError, InvalidArgumentError
@@ -315,21 +316,6 @@ class ParameterServerStrategy(Strategy):
     def __repr__(self) -> str:
         return (f"ParameterServerStrategy({self._resolver.task_type} {self._resolver.task_id}, "
                 f"ps={len(self._ps_tasks)}, devices={list(self.extended.worker_devices)})")
-
-
-class ClusterCoordinator:
-    """TF2's ``tf.distribute.coordinator.ClusterCoordinator`` (not implemented).
-
-    Raises:
-        NotImplementedError: Always; run the same program on every worker
-            instead (``graphdist launch --workers N --ps M``), as the seed's
-            parameter server strategy does.
-    """
-
-    def __init__(self, strategy: Any) -> None:
-        raise NotImplementedError(
-            "ClusterCoordinator (schedule/join from one coordinator) is not implemented; run the training program on "
-            "every worker with graphdist launch --workers N --ps M, as tf.compat.v1 ParameterServerStrategy does")
 
 
 def _run_ps_task(op: str, attrs: dict[str, Any], buffers: list[np.ndarray]) -> list[np.ndarray]:

@@ -28,6 +28,7 @@ from graphdist.compile.pipeline import Pipeline, PipelineConfig, build_pipeline
 from graphdist.compile.step_io import new_variant
 from graphdist.distribute.reduce_op import ReduceOp
 from graphdist.distribute.replica_context import ReplicaContext, emit_cross_replica, new_group_key, replica_region
+from graphdist.distribute.run_args import gradient_count, lists_as_arrays, warn_global_arrays
 from graphdist.errors import AxisError, InvalidArgumentError
 from graphdist.ir.placement import VariablePlacement, VariableSpec
 from graphdist.runtime.devices import Device, parse_device, place_softly
@@ -213,7 +214,7 @@ class Strategy:
         if kwargs is not None and not isinstance(kwargs, dict):
             raise InvalidArgumentError(f"run: kwargs must be a dict of keyword arguments, got "
                                        f"{type(kwargs).__name__}; e.g. kwargs={{'training': True}}")
-        kwargs = dict(kwargs) if kwargs else {}
+        args, kwargs = lists_as_arrays(tuple(args), dict(kwargs) if kwargs else {})
         if current_trace() is None:
             # The Function enters this strategy's scope while it traces; running needs no scope.
             return self._function_for(fn)(*args, **kwargs)
@@ -257,6 +258,7 @@ class Strategy:
         groups = _replica_groups((args, kwargs), count)
         keys: list[str] = []  # the n-th collective call of every variant joins group n
         results: dict[int, Any] = {}
+        gradients_before = gradient_count(ctx.graph)
         for replicas, (replica_args, replica_kwargs) in groups:
             variant = None if len(groups) == 1 else new_variant(ctx, replicas)
             replica_ctx = ReplicaContext(self, replicas, keys, variant)
@@ -264,6 +266,8 @@ class Strategy:
             with ctx.region(**region), context.replica_scope(replica_ctx):
                 result = call_user_function(fn, replica_args, replica_kwargs)
             results.update(dict.fromkeys(replicas, result))
+        if count > 1 and gradient_count(ctx.graph) > gradients_before:
+            warn_global_arrays(fn, args, kwargs, count)
         if count == 1:
             return results[0]
         try:

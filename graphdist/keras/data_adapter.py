@@ -33,6 +33,7 @@ import numpy as np
 from graphdist import nest
 from graphdist.data.dataset import Dataset, as_dataset
 from graphdist.distribute.input import DistributedDataset, DistributedIterator
+from graphdist.distribute.run_args import convert_lists
 from graphdist.errors import InvalidArgumentError
 from graphdist.keras import sample_weights as weights_lib
 
@@ -120,6 +121,9 @@ def make_source(x: Any, y: Any, batch_size: int | None, shuffle: bool, seed: int
             raise InvalidArgumentError(f"{what}: sample_weight must not be given when x is a dataset; make its "
                                        "elements (x, y, sample_weight) batches instead")
         return _dataset_source(x, y, batch_size, dtype, what, need_targets, steps, table)
+    # As Keras: a list of numbers (rows given as lists) is one array, not a nest of scalar inputs.
+    x, y = convert_lists(x, f"{what}: x"), convert_lists(y, f"{what}: y")
+    sample_weight = convert_lists(sample_weight, f"{what}: sample_weight")
     return _array_source(x, y, batch_size, shuffle, seed, dtype, what, need_targets, sample_weight, table)
 
 

@@ -12,6 +12,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from graphdist import nest
 from graphdist.errors import TracingError
 from graphdist.ir.graph import GRAPHDIST_DOMAIN
@@ -59,6 +61,20 @@ def _reaches(target: Any, sources: list[Any]) -> list[bool]:
     return [id(v) in found for v in sources]
 
 
+def _check_target(target: Any) -> None:
+    """Refuses a target that is not a value (``None``: a loss function that returns nothing)."""
+    from graphdist.trace.tensor import Tensor
+    from graphdist.trace.variables import Variable
+
+    if isinstance(target, (Tensor, Variable, int, float, np.ndarray, np.generic)) and not isinstance(target, bool):
+        return
+    kind = "None" if target is None else f"a {type(target).__name__}"
+    hint = (" (did the loss function forget to return its value?)" if target is None else
+            "; give a traced value (or a list of them)")
+    raise TracingError(f"tape.gradient(target, sources): target is {kind}{hint}; the target must be the traced "
+                       "loss, a floating-point value computed from the sources")
+
+
 def gradients(target: Any, sources: Any, unconnected_gradients: str = "zero") -> Any:
     """d(sum(target))/d(source) for every source in the nest ``sources``.
 
@@ -73,6 +89,11 @@ def gradients(target: Any, sources: Any, unconnected_gradients: str = "zero") ->
     ctx = current_trace()
     if ctx is None:
         raise TracingError(_EAGER_HINT)
+    if isinstance(target, (list, tuple)) and target:  # TF: the gradient of the targets' sum
+        for item in target:
+            _check_target(item)
+        target = functools.reduce(lambda a, b: a + b, [np.sum(_as_traced(ctx, t)) for t in target])
+    _check_target(target)
     target = _as_traced(ctx, target)
     if target.dtype.kind != "f":
         raise TracingError(f"gradient target must be floating point, got {target.dtype}")

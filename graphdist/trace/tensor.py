@@ -9,6 +9,7 @@ the error says how to rewrite the code.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,22 @@ def _concrete_error(tensor: Tensor, what: str, fix: str) -> TracingError:
         f"{what} needs the value of traced tensor %{tensor.value.name} ({tensor.value.type_str()}), which "
         f"does not exist while the function is traced into a graph. {fix}"
     )
+
+
+def _numpy_caller() -> str | None:
+    """The name of the numpy function the user called that asks for a concrete array (``full`` for
+    ``np.full``, whose ``copyto`` would otherwise be blamed), or ``None`` for a direct ``np.asarray``.
+    """
+    frame = sys._getframe(2)
+    name = None
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if not (module == "numpy" or module.startswith("numpy.")):
+            break
+        if not frame.f_code.co_name.startswith("_"):
+            name = frame.f_code.co_name
+        frame = frame.f_back
+    return name
 
 
 class Tensor:
@@ -111,8 +128,17 @@ class Tensor:
         return npa.apply_function(func, args, kwargs)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        caller = _numpy_caller()
+        if caller == "full":
+            raise _concrete_error(
+                self, "np.full(shape, fill_value) with a traced fill_value",
+                "np.full makes a concrete array, so its fill value must be a number; write "
+                "np.broadcast_to(fill_value, shape) (or np.zeros(shape, dtype) + fill_value), which is traced.",
+            )
+        what = f"np.{caller}() on a traced tensor (numpy converts it to a concrete array)" if caller else \
+            "np.asarray()/np.array() on a traced tensor"
         raise _concrete_error(
-            self, "np.asarray()/np.array() on a traced tensor",
+            self, what,
             "Use numpy functions on the tensor directly (they are recorded into the graph); to get "
             "data, return the tensor from the function and read the result.",
         )

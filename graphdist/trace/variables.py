@@ -38,6 +38,18 @@ _ids = itertools.count()
 _ids_lock = threading.Lock()
 
 
+def _plain_list(value: Any) -> bool:
+    """A (nested) list or tuple of Python/numpy scalars and strings (nothing traced inside)."""
+    if not isinstance(value, (list, tuple)):
+        return False
+    return all(_plain_list(v) or isinstance(v, (str, bytes, int, float, complex, np.generic)) for v in value)
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _next_id() -> int:
     with _ids_lock:
         return next(_ids)
@@ -278,6 +290,12 @@ class Variable:
 
     # -------------------------------------------------------------- update
     def _checked(self, value: Any, what: str) -> Any:
+        if isinstance(value, (str, bytes, np.ndarray)) or _plain_list(value):
+            if np.asarray(value).dtype.kind in "USOV":
+                raise InvalidArgumentError(
+                    f"{self._name}.{what}({_short(value)}): variable {self.name} holds {self.dtype} numbers, and "
+                    f"the new value is not numeric (numpy reads it as {np.asarray(value).dtype}); assign numbers of "
+                    f"shape {self.shape}, e.g. np.asarray(...).astype({self.dtype.name!r}) of parsed values")
         shape = tuple(np.shape(value))
         if shape != self.shape:
             raise InvalidArgumentError(

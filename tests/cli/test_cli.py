@@ -421,9 +421,9 @@ def test_export_onnx_inference_and_run(tmp_path: Path) -> None:
     outputs = tmp_path / "y.npz"
     run = graphdist("run", str(plan_dir), "--inputs", str(inputs), "-o", str(outputs))
     assert run.returncode == 0, run.stderr
-    assert "step 1: out0 = float32[8,10]" in run.stdout
+    assert "step 1: add_5 = float32[8,10]" in run.stdout  # the model's own output name
     with np.load(outputs) as data:
-        np.testing.assert_allclose(data["out0"], reference_forward(x), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(data["add_5"], reference_forward(x), rtol=1e-5, atol=1e-5)
 
 
 def test_export_failures(tmp_path: Path) -> None:
@@ -482,12 +482,12 @@ def test_run_rejects_a_tampered_plan(exported: tuple[Path, Path], tmp_path: Path
 
 
 def test_readme_shows_the_real_output() -> None:
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "plans-and-cli.md").read_text()  # the README's "Inspecting plans", moved
     plan = graphdist("inspect", MLP_STEP, *MIRRORED, "--stage", "plan")
     assert plan.returncode == 0, plan.stderr
     assert plan.stdout in readme
     rewritten = graphdist("inspect", MLP_STEP, *MIRRORED, "--stage", "rewritten")
     assert rewritten.stdout.split("\ninputs:")[0] in readme
     for picture in ("docs/mlp_mirrored.svg", "docs/mlp_mirrored_plan.svg"):
-        assert f"]({picture})" in readme
+        assert f"]({picture.removeprefix('docs/')})" in readme
         assert ET.parse(REPO / picture).getroot().tag.endswith("svg")
