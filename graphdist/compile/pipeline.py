@@ -14,8 +14,11 @@ Slots, in order (the passes each slot holds when filled):
 slot                   passes                                               filled when
 =====================  ==================================================  ============================
 ``accumulate``         ``AccumulateGradientsPass``                          ``accumulate_steps`` > 1
-                       or ``SplitBatchChunksPass``                          ``deterministic_chunks``
+                       or ``SplitBatchChunksPass``                          ``deterministic_chunks`` with
+                                                                            ``accumulate_steps`` asked for
 ``differentiate``      ``AutodiffPass``, ``LowerStopGradientsPass``         always
+``chunk_reductions``   ``ChunkBatchReductionsPass``                         ``deterministic_chunks``, no
+                                                                            ``accumulate_steps`` asked for
 ``replicate``          ``ReplicatePass``                                    always (one replica too)
 ``variable_updates``   ``LowerVariableUpdatesPass``                         always
 ``parameter_servers``  ``PlacePSVariablesPass``                             ``parameter_servers``
@@ -49,6 +52,7 @@ from graphdist.passes.autodiff import AutodiffPass
 from graphdist.passes.balance_variable_updates import BalanceVariableUpdatesPass
 from graphdist.passes.base import PassBase, check_order
 from graphdist.passes.bucket_collectives import BucketCollectivesPass
+from graphdist.passes.chunk_batch_reductions import ChunkBatchReductionsPass
 from graphdist.passes.eliminate_dead_nodes import EliminateDeadNodesPass
 from graphdist.passes.fold_constants import FoldConstantsPass
 from graphdist.passes.insert_collectives import InsertCollectivesPass
@@ -68,7 +72,7 @@ from graphdist.passes.split_batch_chunks import SplitBatchChunksPass, chunks_per
 
 __all__ = ["SLOTS", "PipelineConfig", "Pipeline", "build_pipeline", "deterministic_config"]
 
-SLOTS = ("accumulate", "differentiate", "replicate", "variable_updates", "parameter_servers", "collectives",
+SLOTS = ("accumulate", "differentiate", "chunk_reductions", "replicate", "variable_updates", "parameter_servers", "collectives",
          "shard_optimizer", "balance_updates", "single_readers", "central_storage", "cross_worker", "lower_collectives",
          "bucketing", "deterministic", "logical_devices", "cleanup", "devices")
 
@@ -101,6 +105,10 @@ class PipelineConfig:
         deterministic_chunks: Op determinism: the global batch is cut into this many chunks summed in one
             fixed tree (``SplitBatchChunksPass``, ``LowerDeterministicReductionsPass``); ``None``: off.
             Made by :func:`deterministic_config`, which also sets ``accumulate_steps`` to the chunks per replica.
+        deterministic_whole_rows: Op determinism computes row-wise ops on each replica's whole batch and only
+            what mixes examples per chunk (``ChunkBatchReductionsPass``, after differentiation); ``False``:
+            everything per chunk (``SplitBatchChunksPass``, what ``accumulate_steps`` asks for: one chunk's
+            activations alive at a time). The same bits either way.
     """
 
     devices: tuple[str, ...] = ("cpu:0",)
@@ -118,6 +126,7 @@ class PipelineConfig:
     backend: str | None = None
     strategy: str = "OneDeviceStrategy"
     deterministic_chunks: int | None = None
+    deterministic_whole_rows: bool = False
 
     @property
     def replicas(self) -> int:
@@ -190,7 +199,10 @@ def build_pipeline(config: PipelineConfig) -> Pipeline:
         "cleanup": [FoldConstantsPass(), EliminateDeadNodesPass()],
         "devices": [AssignDevicesPass()],
     }
-    if config.deterministic_chunks:
+    if config.deterministic_chunks and config.deterministic_whole_rows:
+        slots["chunk_reductions"] = [ChunkBatchReductionsPass(config.deterministic_chunks, config.total_replicas)]
+        slots["deterministic"] = [LowerDeterministicReductionsPass()]
+    elif config.deterministic_chunks:
         slots["accumulate"] = [SplitBatchChunksPass(config.deterministic_chunks, config.total_replicas)]
         slots["deterministic"] = [LowerDeterministicReductionsPass()]
     elif config.accumulate_steps > 1:
@@ -255,4 +267,5 @@ def deterministic_config(config: PipelineConfig, chunks: int, accumulate_steps: 
                          f"{config.total_replicas} replica(s) computes under op determinism ({chunks} chunks of "
                          "the global batch, computed one after the other: they are the micro-batches); use an "
                          f"accumulate_steps dividing {per_replica}, or enable_op_determinism(chunks=N) with more")
-    return config.replace(deterministic_chunks=chunks, accumulate_steps=per_replica)
+    return config.replace(deterministic_chunks=chunks, accumulate_steps=per_replica,
+                          deterministic_whole_rows=accumulate_steps == 1)

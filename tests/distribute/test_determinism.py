@@ -288,7 +288,7 @@ def test_pass_diffs_show_the_determinism_passes(deterministic) -> None:
     concrete = step.get_concrete_function(per_replica(strategy, x), per_replica(strategy, y))
     diffs = strategy_pass_diffs(concrete)
     modified = {p.name for p in diffs.passes if p.modified}
-    assert {"SplitBatchChunksPass", "LowerDeterministicReductionsPass"} <= modified
+    assert {"ChunkBatchReductionsPass", "LowerDeterministicReductionsPass"} <= modified
     assert_structural_equal(diffs.final, concrete.graph("partitioned"))
 
 
