@@ -86,13 +86,14 @@ def _examples_fit(value: Value, axis: int, batch: int) -> bool:
 def _elementwise(node: Node, axes: list[int | None], batch: int) -> int | None:
     rank = len(node.outputs[0].shape)
     out_axis = None
+    out = node.outputs[0].shape
     for value, axis in zip(node.inputs, axes):
         if value is None:
             continue
         shift = rank - len(value.shape)
         if axis is not None:
-            if out_axis not in (None, axis + shift) or int(value.shape[axis]) != int(node.outputs[0].shape[axis + shift]):
-                return None
+            if out_axis not in (None, axis + shift) or int(value.shape[axis]) != int(out[axis + shift]):
+                return None  # two batch operands on different axes, or one broadcast along the batch
             out_axis = axis + shift
     for value, axis in zip(node.inputs, axes):
         if value is None or axis is not None:
@@ -178,7 +179,8 @@ def _transpose(node: Node, axes: list[int | None], batch: int) -> int | None:
 
 def _reshape(node: Node, axes: list[int | None], batch: int) -> int | None:
     """The examples stay contiguous: the entries before the batch axis stay before the new one, and each example's
-    entries fill whole entries of the new axis."""
+    entries fill whole entries of the new axis.
+    """
     if axes[0] is None or axes[1] is not None:
         return None
     src, dst = [int(d) for d in node.inputs[0].shape], [int(d) for d in node.outputs[0].shape]

@@ -72,9 +72,9 @@ from graphdist.passes.split_batch_chunks import SplitBatchChunksPass, chunks_per
 
 __all__ = ["SLOTS", "PipelineConfig", "Pipeline", "build_pipeline", "deterministic_config"]
 
-SLOTS = ("accumulate", "differentiate", "chunk_reductions", "replicate", "variable_updates", "parameter_servers", "collectives",
-         "shard_optimizer", "balance_updates", "single_readers", "central_storage", "cross_worker", "lower_collectives",
-         "bucketing", "deterministic", "logical_devices", "cleanup", "devices")
+SLOTS = ("accumulate", "differentiate", "chunk_reductions", "replicate", "variable_updates", "parameter_servers",
+         "collectives", "shard_optimizer", "balance_updates", "single_readers", "central_storage", "cross_worker",
+         "lower_collectives", "bucketing", "deterministic", "logical_devices", "cleanup", "devices")
 
 
 @dataclass(frozen=True)

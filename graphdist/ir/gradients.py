@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from graphdist.errors import GraphError
-from graphdist.ir.batch import record
 from graphdist.ir import state_ops  # noqa: F401 - AssignVariable must be registered before its rule
+from graphdist.ir.batch import record
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Node, Value
 from graphdist.ir.ops import OPSET, get_opdef, has_opdef, node_opdef, onnx_dtype, registered_ops
 
@@ -116,7 +116,8 @@ class GradBuilder:
 
     def filled(self, shape: Sequence[Any], fill: float, dtype: Any) -> Value:
         """A constant of ``shape`` filled with ``fill``; a shape holding the batch size is remembered in
-        ``meta["batch_fill"]`` (its elements do not depend on the batch, only its extent does)."""
+        ``meta["batch_fill"]`` (its elements do not depend on the batch, only its extent does).
+        """
         made = self.const(np.full(tuple(int(d) for d in shape), fill, dtype), dtype)
         provenance = record(tuple(shape))
         if provenance is not None:
