@@ -43,6 +43,8 @@ Cases:
 
 from __future__ import annotations
 
+import numpy as np
+
 from graphdist.errors import PostconditionError, PreconditionError
 from graphdist.ir.batch import BatchDim, elements
 from graphdist.ir.graph import Graph, Node, Value
@@ -104,14 +106,11 @@ class ChunkBatchReductionsPass(PassBase):
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
         if graph.meta.get("batch") is None or "accumulate_steps" in graph.meta:
             return PassResult(graph, modified=False)
-        modified = graph.meta.get("deterministic_chunks") != self.chunks
         graph.meta["deterministic_chunks"] = self.chunks
-        if self.per_replica > 1:
-            ReductionChunker(graph, self.per_replica,
-                             label=f"op determinism ({self.chunks} chunks, per replica)").run()
-            graph.meta["accumulate_steps"] = self.per_replica
-            modified = True
-        return PassResult(graph, modified=modified)
+        # one chunk per replica too: its sums over the batch take the chunked form, the same bits as on k chunks
+        ReductionChunker(graph, self.per_replica, label=f"op determinism ({self.chunks} chunks, per replica)").run()
+        graph.meta["accumulate_steps"] = self.per_replica
+        return PassResult(graph, modified=True)
 
 
 class ReductionChunker(MicroBatchRewriter):
@@ -167,6 +166,41 @@ class ReductionChunker(MicroBatchRewriter):
                     node.replace_input(index, self._once(value, "micro", lambda v=value: self._micro_constant(v)))
         super().run()
 
+    def _copy(self, node: Node, m: int) -> Node:
+        summed = self._chunk_sums(node)
+        if summed is None:
+            return super()._copy(node, m)
+        part = self._once(summed, ("chunk", m), lambda: self._add(
+            "Slice", [summed, self._constant("micro_start", _ints(m)), self._constant("micro_stop", _ints(m + 1)),
+                      self._constant("micro_axis", _ints(0))], node.meta))
+        shape = self._constant("chunk_sum_shape", np.array([int(d) for d in node.outputs[0].shape], np.int64))
+        return self._twin(node, m, "Reshape", [part, shape], {})
+
+    def _chunk_sums(self, node: Node) -> Value | None:
+        """For a ``ReduceSum`` over the leading axes of a whole value (the batch's first), every chunk's sum at
+        once: ``MatMul(ones(1, n), X.reshape(k, n, rest))``, shape ``(k, 1, rest)``: each chunk's product is the
+        GEMM of one ``(1, n) @ (n, rest)`` matrix pair whatever ``k`` is; ``None`` for another node.
+        """
+        x = node.inputs[0] if node.op_type == "ReduceSum" and node.domain == "" and node.inputs else None
+        if x is None or self.layout.get(id(x)) != 0 or x.dtype.kind != "f" or len(node.inputs) < 2:
+            return None
+        axes = node.inputs[1].const_value if node.inputs[1] is not None else None
+        if axes is None or node.attrs.get("noop_with_empty_axes", 0):
+            return None
+        axes = sorted(int(a) % len(x.shape) for a in np.atleast_1d(axes))
+        if axes != list(range(len(axes))):
+            return None
+
+        def make() -> Value:
+            dims = [int(d) for d in x.shape]
+            rows = int(np.prod(dims[:len(axes)], dtype=np.int64)) // self.k
+            rest = int(np.prod(dims[len(axes):], dtype=np.int64))
+            stacked = self._add("Reshape", [x, self._constant("chunk_rows", np.array([self.k, rows, rest], np.int64))],
+                                node.meta)
+            ones = self._constant("chunk_ones", np.ones((1, rows), x.dtype))
+            return self._add("MatMul", [ones, stacked], node.meta)
+        return self._once(x, ("chunk_sums", tuple(axes)), make)
+
     def _micro_input(self, value: Value | None, m: int) -> Value | None:
         if value is not None and id(value) not in self.copies and id(value) in self.layout:
             return self._slice(value, m)
@@ -174,6 +208,9 @@ class ReductionChunker(MicroBatchRewriter):
 
     def _slice(self, value: Value, m: int) -> Value:
         axis = self.layout.get(id(value), 0)
+
+        if self.k == 1:
+            return value
 
         def make() -> Value:
             size = int(value.shape[axis]) // self.k
@@ -193,7 +230,5 @@ def _batch_axis(provenance: list | None) -> int | None:
     return axes[0] if len(axes) == 1 else None
 
 
-def _ints(number: int):  # -> np.ndarray
-    import numpy as np
-
+def _ints(number: int) -> np.ndarray:
     return np.array([number], np.int64)

@@ -267,5 +267,6 @@ def deterministic_config(config: PipelineConfig, chunks: int, accumulate_steps: 
                          f"{config.total_replicas} replica(s) computes under op determinism ({chunks} chunks of "
                          "the global batch, computed one after the other: they are the micro-batches); use an "
                          f"accumulate_steps dividing {per_replica}, or enable_op_determinism(chunks=N) with more")
-    return config.replace(deterministic_chunks=chunks, accumulate_steps=per_replica,
-                          deterministic_whole_rows=accumulate_steps == 1)
+    # Whole rows with accumulate_steps too: the chunked sums then take one form on every replica count (the
+    # per-chunk SplitBatchChunksPass sums with ReduceSum, whose bits change with the shape it is batched at).
+    return config.replace(deterministic_chunks=chunks, accumulate_steps=per_replica, deterministic_whole_rows=True)
