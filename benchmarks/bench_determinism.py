@@ -111,9 +111,9 @@ def markdown(results: dict[str, Any]) -> str:
         f"Adam training steps on a global batch of {results['batch']} rows, ONNX Runtime; both steps built in one "
         f"process and timed interleaved ({results['rounds']} rounds of {results['calls']} calls, median per "
         "call) (`python -m benchmarks.bench_determinism`). Deterministic: "
-        "`gd.config.experimental.enable_op_determinism(chunks)`: the global batch in `chunks` chunks, each "
-        "computed at its own shape one after the other, summed in one fixed tree (8 serves up to 8 replicas, 2 "
-        "up to 2).", "",
+        "`gd.config.experimental.enable_op_determinism(chunks)`: the global batch in `chunks` chunks; row-wise "
+        "ops on each replica's whole batch, the sums over examples per chunk, the chunks summed in one fixed tree "
+        "(8 serves up to 8 replicas, 2 up to 2).", "",
         table(results), "",
         f"Worst ratio with the default 8 chunks {worst:.2f}x (goal: within {GOAL}x: "
         f"{'met' if results['goal_met'] else 'missed'}).", ""])

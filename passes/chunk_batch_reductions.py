@@ -100,7 +100,7 @@ class ChunkBatchReductionsPass(PassBase):
         Raises:
             PostconditionError: It does not.
         """
-        if graph.meta.get("deterministic_chunks") != self.chunks:
+        if graph.meta.get("batch") is not None and graph.meta.get("deterministic_chunks") != self.chunks:
             raise PostconditionError(f"graph {graph.name!r} lost graph.meta['deterministic_chunks']")
 
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
