@@ -171,6 +171,44 @@ def _expand(node: Node, axes: list[int | None], batch: int) -> int | None:
     return axis if int(node.inputs[0].shape[axes[0]]) == int(node.outputs[0].shape[axis]) else None
 
 
+def _concat(node: Node, axes: list[int | None], batch: int) -> int | None:
+    """Along another axis than the batch's, of operands all laid out on it (or batch-sized on it)."""
+    laid = {a for a in axes if a is not None}
+    if len(laid) != 1:
+        return None
+    axis = laid.pop()
+    rank = len(node.outputs[0].shape)
+    size = int(node.outputs[0].shape[axis])
+    if int(node.attrs.get("axis", 0)) % rank == axis:
+        return None
+    if any(a is None and int(v.shape[axis]) != size for v, a in zip(node.inputs, axes) if v is not None):
+        return None
+    return axis
+
+
+def _pad(node: Node, axes: list[int | None], batch: int) -> int | None:
+    """Padding of other axes than the batch's (constant pads)."""
+    if axes[0] is None or any(a is not None for a in axes[1:]) or node.attrs.get("mode", "constant") != "constant":
+        return None
+    if len(node.inputs) > 3 and node.inputs[3] is not None:
+        return None  # pads of some axes only
+    pads = _constant_ints(node, "pads", 1)
+    rank = len(node.inputs[0].shape)
+    if pads is None or len(pads) != 2 * rank or pads[axes[0]] or pads[axes[0] + rank]:
+        return None
+    return axes[0]
+
+
+def _slice(node: Node, axes: list[int | None], batch: int) -> int | None:
+    """A Slice of other axes than the batch's."""
+    if axes[0] is None or any(a is not None for a in axes[1:]):
+        return None
+    rank = len(node.inputs[0].shape)
+    sliced = _constant_ints(node, "axes", 3)
+    sliced = list(range(len(_constant_ints(node, "starts", 1) or []))) if sliced is None else sliced
+    return None if axes[0] in [int(a) % rank for a in sliced] else axes[0]
+
+
 def _transpose(node: Node, axes: list[int | None], batch: int) -> int | None:
     rank = len(node.inputs[0].shape)
     perm = [int(p) for p in node.attrs.get("perm", list(range(rank))[::-1])]
@@ -244,5 +282,5 @@ _RULES = {
     "MatMul": _matmul, "Gemm": _gemm, "Conv": _per_image, "ConvTranspose": _per_image,
     **{op: _per_image for op in _POOLS}, **{op: _row_norm for op in _ROW_NORMS}, **{op: _reduce for op in _REDUCES},
     "Transpose": _transpose, "Reshape": _reshape, "Unsqueeze": _unsqueeze, "Squeeze": _squeeze, "Gather": _gather,
-    "Expand": _expand,
+    "Expand": _expand, "Concat": _concat, "Pad": _pad, "Slice": _slice,
 }

@@ -150,6 +150,9 @@ def test_a_graph_without_batch_inputs_is_unchanged_and_the_batch_is_checked() ->
     ("Softmax", (8, 4, 6), {"axis": -1}, [0], (8, 4, 6), 0),
     ("Softmax", (8, 6), {"axis": 0}, [0], (8, 6), None),      # normalizes over the batch
     ("ReduceSum", (8, 4, 6), {"keepdims": 0}, [0, None], (8, 6), 0),
+    ("Pad", (8, 4, 6), {}, [0, None], (8, 6, 6), 0),           # pads axis 1 only
+    ("Slice", (8, 4, 6), {}, [0, None, None, None], (8, 2, 6), 0),
+    ("Slice", (4, 8, 6), {}, [1, None, None, None], (4, 2, 6), None),  # cuts the axis the examples lie on
 ])
 def test_row_layouts(op, shape, attrs, axes, out, expected) -> None:
     graph = Graph("g")
@@ -159,6 +162,10 @@ def test_row_layouts(op, shape, attrs, axes, out, expected) -> None:
         inputs.append(graph.add_initializer("shape", np.array(out, np.int64)))
     if op == "ReduceSum":
         inputs.append(graph.add_initializer("axes", np.array([1], np.int64)))
+    if op == "Pad":
+        inputs.append(graph.add_initializer("pads", np.array([0, 1, 0, 0, 1, 0], np.int64)))
+    if op == "Slice":
+        inputs += [graph.add_initializer(n, np.array([v], np.int64)) for n, v in (("s", 1), ("e", 3), ("a", 1))]
     node = graph.add_node(op, inputs, attrs)
     assert node.outputs[0].shape == out
     layouts = row_layouts(node, {id(x): axes[0]}, 8)
