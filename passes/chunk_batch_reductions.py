@@ -50,7 +50,7 @@ from graphdist.ir.batch import BatchDim, elements
 from graphdist.ir.graph import Graph, Node, Value
 from graphdist.passes.accumulate_gradients import MicroBatchRewriter, _is_boundary
 from graphdist.passes.base import PassBase, PassContext, PassResult
-from graphdist.passes.row_layout import row_layouts
+from graphdist.passes.row_layout import ELEMENTWISE, row_layouts
 from graphdist.passes.split_batch_chunks import chunks_per_replica
 
 __all__ = ["ChunkBatchReductionsPass"]
@@ -147,8 +147,10 @@ class ReductionChunker(MicroBatchRewriter):
         """The layouts of ``node``'s outputs if it runs on the whole batch, else ``None``."""
         if not any(v is not None and id(v) in self.layout for v in node.inputs):
             # only batch-size numbers: a shape operand made whole-batch (Expand of a gradient seed) or a number
+            if node.op_type in ELEMENTWISE and all(not out.shape for out in node.outputs):
+                return [None] * len(node.outputs)  # a number (the loss's divisor)
             if node.op_type not in ("Expand", "ConstantOfShape"):
-                return [None] * len(node.outputs)
+                return None  # Range(batch)...: per chunk, from the chunk's size
             axis = self._sized_axis(node)
             return None if axis is None else [axis]
         return row_layouts(node, self.layout, self.batch)
@@ -162,7 +164,7 @@ class ReductionChunker(MicroBatchRewriter):
         for node in self.whole:
             for index, value in enumerate(list(node.inputs)):
                 if value is not None and value.const_value is not None and elements(value.meta.get("batch")) \
-                        and (node.op_type, index) not in _SHAPE_OPERANDS:
+                        and (node.op_type, index) not in _SHAPE_OPERANDS and _numeric(node, value):
                     node.replace_input(index, self._once(value, "micro", lambda v=value: self._micro_constant(v)))
         super().run()
 
@@ -222,6 +224,11 @@ class ReductionChunker(MicroBatchRewriter):
                 rows.shape = (BatchDim(size), *rows.shape[1:])
             return rows
         return self._once(value, ("slice", m), make)
+
+
+def _numeric(node: Node, constant: Value) -> bool:
+    """A batch-size constant read as a number, not as a shape: it is a float, or ``node`` makes floats."""
+    return constant.dtype.kind == "f" or any(out.dtype.kind == "f" for out in node.outputs)
 
 
 def _batch_axis(provenance: list | None) -> int | None:

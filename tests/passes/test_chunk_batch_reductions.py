@@ -170,3 +170,23 @@ def test_row_layouts(op, shape, attrs, axes, out, expected) -> None:
     assert node.outputs[0].shape == out
     layouts = row_layouts(node, {id(x): axes[0]}, 8)
     assert (layouts[0] if layouts else None) == expected
+
+
+def test_numbers_made_from_the_batch_size_are_the_chunks() -> None:
+    # The loss's divisor (a float batch size) reads the chunk's size, as the chunks count as replicas; an
+    # arange over the batch is made per chunk, from the chunk's size.
+    graph = _before()
+    batch = graph.add_initializer("batch", np.float32(8))
+    batch.meta["batch"] = [(1, 0)]
+    rows = graph.add_initializer("rows", np.int64(8))
+    rows.meta["batch"] = [(1, 0)]
+    divisor = _op(graph, "Mul", [batch, graph.add_initializer("two", np.float32(2))])
+    scaled = _op(graph, "Div", [graph.outputs[2], divisor])
+    index = _op(graph, "Cast", [_op(graph, "Range", [graph.add_initializer("zero", np.int64(0)), rows,
+                                                     graph.add_initializer("one", np.int64(1))])], {"to": 1})
+    graph.outputs += [scaled, index]
+    graph = _chunk(graph)
+    assert graph.outputs[3].producer.op_type == "Div"  # whole
+    assert graph.outputs[3].producer.inputs[1].producer.inputs[0].const_value == np.float32(2)
+    assert sum(n.op_type == "Range" for n in graph.nodes) == 4
+    assert [int(n.inputs[1].const_value) for n in graph.nodes if n.op_type == "Range"] == [2] * 4
