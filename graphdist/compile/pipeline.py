@@ -14,11 +14,11 @@ Slots, in order (the passes each slot holds when filled):
 slot                   passes                                               filled when
 =====================  ==================================================  ============================
 ``accumulate``         ``AccumulateGradientsPass``                          ``accumulate_steps`` > 1
-                       or ``SplitBatchChunksPass``                          ``deterministic_chunks`` with
-                                                                            ``accumulate_steps`` asked for
+                       or ``SplitBatchChunksPass``                          ``deterministic_chunks``, not
+                                                                            ``deterministic_whole_rows``
 ``differentiate``      ``AutodiffPass``, ``LowerStopGradientsPass``         always
-``chunk_reductions``   ``ChunkBatchReductionsPass``                         ``deterministic_chunks``, no
-                                                                            ``accumulate_steps`` asked for
+``chunk_reductions``   ``ChunkBatchReductionsPass``                         ``deterministic_whole_rows``
+                                                                            (``deterministic_config``)
 ``replicate``          ``ReplicatePass``                                    always (one replica too)
 ``variable_updates``   ``LowerVariableUpdatesPass``                         always
 ``parameter_servers``  ``PlacePSVariablesPass``                             ``parameter_servers``
@@ -107,8 +107,9 @@ class PipelineConfig:
             Made by :func:`deterministic_config`, which also sets ``accumulate_steps`` to the chunks per replica.
         deterministic_whole_rows: Op determinism computes row-wise ops on each replica's whole batch and only
             what mixes examples per chunk (``ChunkBatchReductionsPass``, after differentiation); ``False``:
-            everything per chunk (``SplitBatchChunksPass``, what ``accumulate_steps`` asks for: one chunk's
-            activations alive at a time). The same bits either way.
+            everything per chunk (``SplitBatchChunksPass``: one chunk's activations alive at a time; its sums
+            are ``ReduceSum`` per chunk, not the same bits as the whole-rows form, so the two do not mix).
+            :func:`deterministic_config` sets it.
     """
 
     devices: tuple[str, ...] = ("cpu:0",)
