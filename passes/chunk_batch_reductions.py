@@ -53,7 +53,11 @@ from graphdist.passes.base import PassBase, PassContext, PassResult
 from graphdist.passes.row_layout import ELEMENTWISE, row_layouts
 from graphdist.passes.split_batch_chunks import chunks_per_replica
 
-__all__ = ["ChunkBatchReductionsPass"]
+__all__ = ["ChunkBatchReductionsPass", "FUSED_ROWS"]
+
+#: Largest contraction (rows of a chunk) whose product is fused with the tree's addition (ONNX Runtime's
+#: GEMM sums up to 256 rows in one block before adding ``C``; half of that for margin).
+FUSED_ROWS = 128
 
 #: (op, input index) operands that are shapes: a batch-size constant there keeps the whole batch's size.
 _SHAPE_OPERANDS = frozenset({("Reshape", 1), ("Expand", 1), ("Tile", 1), ("ConstantOfShape", 0), ("Slice", 1),
@@ -167,6 +171,32 @@ class ReductionChunker(MicroBatchRewriter):
                         and (node.op_type, index) not in _SHAPE_OPERANDS and _numeric(node, value):
                     node.replace_input(index, self._once(value, "micro", lambda v=value: self._micro_constant(v)))
         super().run()
+        for node in list(self.graph.nodes):
+            self._fuse_leaf_product(node)
+
+    def _fuse_leaf_product(self, node: Node) -> None:
+        """``Add(left, MatMul(a, b))`` of the chunks' tree as ``Gemm(a, b, left)``: one pass over the weight-sized
+        sum instead of two. ONNX Runtime's GEMM adds ``C`` to each finished dot product (for contractions of
+        up to 256 rows, one block: here at most :data:`FUSED_ROWS`), so it is the same bits as the ``Add``,
+        which the summing of the same chunks by another replica count does.
+        """
+        if node.op_type != "Add" or node.domain or not node.name.startswith("micro_add") or len(node.inputs) != 2:
+            return
+        left, right = node.inputs
+        product = right.producer if right is not None else None
+        if product is None or product.op_type != "MatMul" or product.domain or "micro" not in product.meta:
+            return
+        a, b = product.inputs
+        if len(right.uses) != 1 or right in self.graph.outputs or len(a.shape) != 2 or len(b.shape) != 2 \
+                or a.dtype != np.float32 or int(a.shape[1]) > FUSED_ROWS or tuple(left.shape) != tuple(right.shape):
+            return
+        node.detach_inputs()
+        node.op_type, node.attrs = "Gemm", {}
+        for value in (a, b, left):
+            node._append_input(value)
+        product.detach_inputs()
+        self.graph.nodes.remove(product)
+        product.graph = None
 
     def _copy(self, node: Node, m: int) -> Node:
         summed = self._chunk_sums(node)

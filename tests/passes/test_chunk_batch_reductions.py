@@ -53,8 +53,8 @@ def _before(rows: int = 8) -> Graph:
 
 def _expected() -> Graph:
     """``_before`` for 8 chunks over 2 replicas: 4 chunks of 2 rows; ``relu(x @ w)`` and ``x^T`` stay whole; the
-    weight gradient per chunk on Slices; the bias gradient of every chunk at once, ``ones(1, 2) @ r.reshape(4, 2,
-    2)``; each summed ((0+1)+(2+3))."""
+    weight gradient per chunk on Slices, an odd chunk's product and its addition one ``Gemm``; the bias gradient
+    of every chunk at once, ``ones(1, 2) @ r.reshape(4, 2, 2)``; each summed ((0+1)+(2+3))."""
     graph = Graph("expected")
     x = graph.add_input("x", np.float32, (8, 3))
     w = graph.add_input("w", np.float32, (3, 2))
@@ -63,17 +63,20 @@ def _expected() -> Graph:
     gs, ss = [], []
     for m in range(4):
         rows = (_ints(graph, 2 * m), _ints(graph, 2 * m + 2))
-        columns = _op(graph, "Slice", [xt, *rows, _ints(graph, 1)])
-        gs.append(_op(graph, "MatMul", [columns, _op(graph, "Slice", [r, *rows, _ints(graph, 0)])], micro=m))
+        pair = (_op(graph, "Slice", [xt, *rows, _ints(graph, 1)]), _op(graph, "Slice", [r, *rows, _ints(graph, 0)]))
+        if m % 2 == 0:
+            gs.append(_op(graph, "MatMul", list(pair), micro=m))
+        else:  # the tree's first additions take the odd chunk's product in the GEMM
+            odd = pair
         if m == 0:
             stacked = _op(graph, "Reshape", [r, _ints(graph, 4, 2, 2)])
             sums = _op(graph, "MatMul", [graph.add_initializer("ones", np.ones((1, 2), np.float32)), stacked])
         part = _op(graph, "Slice", [sums, _ints(graph, m), _ints(graph, m + 1), _ints(graph, 0)])
         ss.append(_op(graph, "Reshape", [part, _ints(graph, 2)], micro=m))
         if m == 1:
-            g01, s01 = _op(graph, "Add", [gs[0], gs[1]]), _op(graph, "Add", [ss[0], ss[1]])
+            g01, s01 = _op(graph, "Gemm", [*odd, gs[0]]), _op(graph, "Add", [ss[0], ss[1]])
         if m == 3:
-            g23 = _op(graph, "Add", [gs[2], gs[3]])
+            g23 = _op(graph, "Gemm", [*odd, gs[1]])
             g = _op(graph, "Add", [g01, g23])
             s23 = _op(graph, "Add", [ss[2], ss[3]])
             s = _op(graph, "Add", [s01, s23])
