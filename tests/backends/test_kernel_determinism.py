@@ -105,3 +105,30 @@ def test_rows_are_the_same_bits_whatever_the_number_of_rows(node, feeds, initial
     part = _run(_model(node, chunk, initializers), chunk, threads)
     expected = whole[8:16] if whole.shape[0] == 64 else whole[1:2]
     assert part.tobytes() == np.ascontiguousarray(expected).tobytes()
+
+
+@pytest.mark.parametrize(("m", "k", "n"), [(784, 32, 512), (512, 4, 10), (33, 128, 7)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_gemm_with_c_is_the_product_then_the_addition(m, k, n, threads) -> None:
+    # ChunkBatchReductionsPass fuses the chunks' first additions into the weight gradient's GEMM,
+    # Gemm(a, b, left) for Add(left, a @ b): the same bits for contractions of up to FUSED_ROWS rows.
+    from graphdist.passes.chunk_batch_reductions import FUSED_ROWS
+
+    assert k <= FUSED_ROWS
+    feeds = {"a": _normal(m, k), "b": _normal(k, n), "c": _normal(m, n)}
+    inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, list(a.shape)) for name, a in feeds.items()]
+    output = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # no MatMul + Add fusion
+
+    def run(nodes: list) -> np.ndarray:
+        model = helper.make_model(helper.make_graph(nodes, "fused", inputs, output),
+                                  opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        return ort.InferenceSession(model.SerializeToString(), options,
+                                    providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+    fused = run([helper.make_node("Gemm", ["a", "b", "c"], ["y"])])
+    apart = run([helper.make_node("MatMul", ["a", "b"], ["p"]), helper.make_node("Add", ["c", "p"], ["y"])])
+    assert fused.tobytes() == apart.tobytes()
