@@ -26,7 +26,10 @@ it; the graph differentiated and not yet cut into micro-batches.
 Invariant established (ensures): the same as ``SplitBatchChunksPass``'s for the
 chunk region (each chunk copy reads rows ``[c * rows / k, (c + 1) * rows / k)``
 of the whole values along their batch axis; sums over chunks are ``Add``
-trees in chunk order); numbers computed from the batch size that are not
+trees in chunk order, a tree's ``Add`` of a chunk's 2-D ``MatMul`` over at most
+:data:`FUSED_ROWS` rows being ``Gemm(a, b, left)``; a sum over the leading
+axes of a whole value being ``MatMul(ones, X.reshape(k, n, rest))`` sliced
+per chunk); numbers computed from the batch size that are not
 shapes read the chunk's size (the chunks count as replicas, so
 ``NumReplicas`` reads ``replicas * chunks / replicas``);
 ``graph.meta["deterministic_chunks"] = chunks``, ``graph.meta["accumulate_steps"]
