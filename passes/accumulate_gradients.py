@@ -231,8 +231,11 @@ class MicroBatchRewriter:
                 "whose result meets the batch again); such a step cannot be cut into micro-batches yet")
 
     def _copy(self, node: Node, m: int) -> Node:
-        twin = Node(node.op_type, [self._micro_input(v, m) for v in node.inputs], dict(node.attrs),
-                    domain=node.domain)
+        return self._twin(node, m, node.op_type, [self._micro_input(v, m) for v in node.inputs], dict(node.attrs))
+
+    def _twin(self, node: Node, m: int, op_type: str, inputs: list[Value | None], attrs: dict[str, Any]) -> Node:
+        """Micro-batch ``m``'s copy of ``node``, computed by ``op_type(inputs)`` (its outputs are ``node``'s)."""
+        twin = Node(op_type, inputs, attrs, domain=node.domain if op_type == node.op_type else "")
         twin.name = self.graph.unique_name(f"{node.name}_m{m}", node=True)
         twin.device, twin.graph = node.device, self.graph
         twin.meta = {**node.meta, "micro": m}

@@ -14,6 +14,10 @@ rest of the same tree. So the sums, and the weights updated from them, are
 the same bits for one device, 2, 4 or 8 replicas, one or several processes,
 and gradient accumulation.
 
+Compiled steps use :class:`~graphdist.passes.chunk_batch_reductions.ChunkBatchReductionsPass`
+instead (after differentiation; only what mixes examples per chunk, faster, and its sums are not this
+pass's bits); this pass is the per-chunk form, for a ``PipelineConfig`` without ``deterministic_whole_rows``.
+
 The rewrite is :class:`~graphdist.passes.accumulate_gradients.AccumulateGradientsPass`'s
 (``C / N`` micro-batches per replica; the micro-batches count as replicas,
 so ``compute_average_loss`` divides by the global batch), with the

@@ -19,8 +19,11 @@ slot                   passes                                               fill
 =====================  ==================================================  ============================
 ``rebatch``            ``RebatchPass``                                      ``rebatch`` (re-planning)
 ``accumulate``         ``AccumulateGradientsPass``                          ``accumulate_steps`` > 1
-                       or ``SplitBatchChunksPass``                          ``deterministic_chunks``
+                       or ``SplitBatchChunksPass``                          ``deterministic_chunks``, not
+                                                                            ``deterministic_whole_rows``
 ``differentiate``      ``AutodiffPass``, ``LowerStopGradientsPass``         always
+``chunk_reductions``   ``ChunkBatchReductionsPass``                         ``deterministic_whole_rows``
+                                                                            (``deterministic_config``)
 ``replicate``          ``ReplicatePass``                                    always (one replica too)
 ``variable_updates``   ``LowerVariableUpdatesPass``                         always
 ``parameter_servers``  ``PlacePSVariablesPass``                             ``parameter_servers``
@@ -56,6 +59,7 @@ from graphdist.passes.autodiff import AutodiffPass
 from graphdist.passes.balance_variable_updates import BalanceVariableUpdatesPass
 from graphdist.passes.base import PassBase, check_order
 from graphdist.passes.bucket_collectives import BucketCollectivesPass
+from graphdist.passes.chunk_batch_reductions import ChunkBatchReductionsPass
 from graphdist.passes.eliminate_dead_nodes import EliminateDeadNodesPass
 from graphdist.passes.fold_constants import FoldConstantsPass
 from graphdist.passes.insert_collectives import InsertCollectivesPass
@@ -81,9 +85,9 @@ __all__ = ["SLOTS", "STAGES", "PipelineConfig", "Pipeline", "build_pipeline", "d
 #: Stage name -> its slots, in order; each stage ends with a graph compilation keeps.
 STAGES: dict[str, tuple[str, ...]] = {
     "rebatched": ("rebatch",),
-    "rewritten": ("accumulate", "differentiate", "replicate", "variable_updates", "parameter_servers", "collectives",
-                  "shard_optimizer", "balance_updates", "single_readers", "central_storage", "cross_worker",
-                  "lower_collectives", "bucketing", "deterministic", "logical_devices", "cleanup", "devices",
+    "rewritten": ("accumulate", "differentiate", "chunk_reductions", "replicate", "variable_updates",
+                  "parameter_servers", "collectives", "shard_optimizer", "balance_updates", "single_readers",
+                  "central_storage", "cross_worker", "lower_collectives", "bucketing", "deterministic", "logical_devices", "cleanup", "devices",
                   "index_checks"),
     "partitioned": ("partition",),
 }
@@ -121,6 +125,11 @@ class PipelineConfig:
         rebatch: ``RebatchPass`` options (``{"batch": per-replica batch or None, "replicas": replicas in sync}``)
             when a stored traced step is re-planned for another replica count (``graphdist.compile.replan``),
             or ``None``.
+        deterministic_whole_rows: Op determinism computes row-wise ops on each replica's whole batch and only
+            what mixes examples per chunk (``ChunkBatchReductionsPass``, after differentiation); ``False``:
+            everything per chunk (``SplitBatchChunksPass``: one chunk's activations alive at a time; its sums
+            are ``ReduceSum`` per chunk, not the same bits as the whole-rows form, so the two do not mix).
+            :func:`deterministic_config` sets it.
     """
 
     devices: tuple[str, ...] = ("cpu:0",)
@@ -139,6 +148,7 @@ class PipelineConfig:
     strategy: str = "OneDeviceStrategy"
     deterministic_chunks: int | None = None
     rebatch: Mapping[str, Any] | None = None
+    deterministic_whole_rows: bool = False
 
     @property
     def replicas(self) -> int:
@@ -222,7 +232,10 @@ def build_pipeline(config: PipelineConfig) -> Pipeline:
     }
     if config.rebatch is not None:
         slots["rebatch"] = [RebatchPass(config.rebatch.get("batch"), config.rebatch.get("replicas"))]
-    if config.deterministic_chunks:
+    if config.deterministic_chunks and config.deterministic_whole_rows:
+        slots["chunk_reductions"] = [ChunkBatchReductionsPass(config.deterministic_chunks, config.total_replicas)]
+        slots["deterministic"] = [LowerDeterministicReductionsPass()]
+    elif config.deterministic_chunks:
         slots["accumulate"] = [SplitBatchChunksPass(config.deterministic_chunks, config.total_replicas)]
         slots["deterministic"] = [LowerDeterministicReductionsPass()]
     elif config.accumulate_steps > 1:
@@ -287,4 +300,6 @@ def deterministic_config(config: PipelineConfig, chunks: int, accumulate_steps: 
                          f"{config.total_replicas} replica(s) computes under op determinism ({chunks} chunks of "
                          "the global batch, computed one after the other: they are the micro-batches); use an "
                          f"accumulate_steps dividing {per_replica}, or enable_op_determinism(chunks=N) with more")
-    return config.replace(deterministic_chunks=chunks, accumulate_steps=per_replica)
+    # Whole rows with accumulate_steps too: the chunked sums then take one form on every replica count (the
+    # per-chunk SplitBatchChunksPass sums with ReduceSum, whose bits change with the shape it is batched at).
+    return config.replace(deterministic_chunks=chunks, accumulate_steps=per_replica, deterministic_whole_rows=True)

@@ -20,6 +20,7 @@ import numpy as np
 
 from graphdist.errors import GraphError
 from graphdist.ir import state_ops  # noqa: F401 - AssignVariable must be registered before its rule
+from graphdist.ir.batch import record
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Node, Value
 from graphdist.ir.ops import OPSET, get_opdef, has_opdef, node_opdef, onnx_dtype, registered_ops
 
@@ -105,12 +106,27 @@ class GradBuilder:
         return self.graph.add_initializer("grad_const", np.asarray(value, dtype=dtype))
 
     def int64s(self, values: Sequence[int]) -> Value:
-        """An int64 1-D constant."""
-        return self.graph.add_initializer("grad_axes", np.asarray(list(values), dtype=np.int64).reshape(-1))
+        """An int64 1-D constant (a shape made from the batch size remembers it, as traced constants do)."""
+        values = list(values)
+        made = self.graph.add_initializer("grad_axes", np.asarray(values, dtype=np.int64).reshape(-1))
+        provenance = record(values)
+        if provenance is not None:
+            made.meta["batch"] = provenance
+        return made
+
+    def filled(self, shape: Sequence[Any], fill: float, dtype: Any) -> Value:
+        """A constant of ``shape`` filled with ``fill``; a shape holding the batch size is remembered in
+        ``meta["batch_fill"]`` (its elements do not depend on the batch, only its extent does).
+        """
+        made = self.const(np.full(tuple(int(d) for d in shape), fill, dtype), dtype)
+        provenance = record(tuple(shape))
+        if provenance is not None:
+            made.meta["batch_fill"] = provenance
+        return made
 
     def zeros_like(self, value: Value) -> Value:
         """A constant of zeros with ``value``'s shape and dtype."""
-        return self.const(np.zeros(value.shape, value.dtype), value.dtype)
+        return self.filled(value.shape, 0, value.dtype)
 
     # ----------------------------------------------------------- helpers
     def add(self, a: Value, b: Value) -> Value:
@@ -150,7 +166,7 @@ class GradBuilder:
         axes = list(range(lead)) + [lead + i for i, d in enumerate(shape) if d == 1 and grad.shape[lead + i] != 1]
         if axes == [0] and grad.rank == 2 and grad.dtype.kind == "f" and isinstance(grad.shape[0], int):
             # A bias gradient: ones(1, N) @ grad runs as a GEMM, several times faster than ReduceSum(axis=0).
-            ones = self.const(np.ones((1, grad.shape[0]), grad.dtype), grad.dtype)
+            ones = self.filled((1, grad.shape[0]), 1, grad.dtype)
             return self.reshape(self.op1("MatMul", [ones, grad]), shape)
         summed = self.reduce_sum(grad, axes, keepdims=True)
         return self.reshape(summed, shape)

@@ -1,7 +1,7 @@
 """The process-wide op-determinism switch (``gd.config.experimental.enable_op_determinism``).
 
 Steps compiled while it is on cut the global batch into :func:`chunks` fixed
-chunks and sum them in one fixed tree (``SplitBatchChunksPass``,
+chunks and sum them in one fixed tree (``ChunkBatchReductionsPass``,
 ``LowerDeterministicReductionsPass``), so their results are the same bits
 under any supported strategy and replica count. The switch is read when a
 step is compiled: a step compiled before keeps what it was compiled with,

@@ -7,6 +7,12 @@ training steps at their chunk shapes (4 rows: a global batch of 32 in 8 chunks) 
 forward ``MatMul``, the weight gradient (``Gemm`` with ``transA``), ``ReduceSum`` over the batch axis and
 over everything, and ``Conv``. None splits its sums by thread count at these shapes (ONNX Runtime 1.2x's
 MLAS partitions the output, not the reduction).
+
+``ChunkBatchReductionsPass`` runs the row-wise ops on a replica's whole batch, so those also have to give a
+chunk's rows the same bits whatever the number of rows around them: checked for ``MatMul`` over rows and
+batched, ``Conv``, ``Softmax``, ``Exp`` and the chunk sums' batched ``MatMul`` of ones. (``ReduceSum`` does
+not: summing axis 1 of ``(chunks, rows, n)`` is not bitwise the sum of each chunk's ``(rows, n)`` over axis 0
+in ONNX Runtime 1.2x, which is why the pass sums chunks with the ``MatMul``.)
 """
 
 from __future__ import annotations
@@ -65,3 +71,64 @@ def test_same_bits_for_any_intra_op_thread_count(node, feeds, initializers) -> N
     one = _run(model, feeds, 1)
     for threads in (2, 4):
         assert _run(model, feeds, threads).tobytes() == one.tobytes(), f"{threads} threads"
+
+
+def _rows_cases() -> list:
+    """(node, feeds, the input whose examples lie along axis 0, initializers) for ``ChunkBatchReductionsPass``'s
+    row-wise ops: each is run on 64 examples and on one chunk of 8."""
+    ones = helper.make_tensor("ones", TensorProto.FLOAT, [1, 8], np.ones(8, np.float32))
+    return [
+        pytest.param(helper.make_node("MatMul", ["x", "w"], ["y"]), {"x": _normal(64, 784), "w": _normal(784, 512)},
+                     [], id="matmul-rows"),
+        pytest.param(helper.make_node("MatMul", ["x", "w"], ["y"]),
+                     {"x": _normal(64, 2, 8, 16), "w": _normal(64, 2, 16, 8)}, [], id="batched-matmul"),
+        pytest.param(helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1]),
+                     {"x": _normal(64, 8, 8, 8), "w": _normal(16, 8, 3, 3)}, [], id="conv-per-image"),
+        pytest.param(helper.make_node("Softmax", ["x"], ["y"], axis=-1), {"x": _normal(64, 8, 33)}, [],
+                     id="softmax"),
+        pytest.param(helper.make_node("Exp", ["x"], ["y"]), {"x": _normal(64, 37)}, [], id="exp"),
+        # the chunk sums over the batch: ones(1, 8) @ x.reshape(chunks, 8, rest), one GEMM per chunk
+        pytest.param(helper.make_node("MatMul", ["ones", "x"], ["y"]), {"x": _normal(8, 8, 2048)}, [ones],
+                     id="ones-matmul-chunk-sums"),
+    ]
+
+
+@pytest.mark.parametrize(("node", "feeds", "initializers"), _rows_cases())
+@pytest.mark.parametrize("threads", [1, 2])
+def test_rows_are_the_same_bits_whatever_the_number_of_rows(node, feeds, initializers, threads) -> None:
+    # ChunkBatchReductionsPass runs these on a replica's whole batch: one chunk's rows must come out as they
+    # do when the chunk is computed alone (the chunks' rows, 8 of 64, on any replica count).
+    model = _model(node, feeds, initializers)
+    whole = _run(model, feeds, threads)
+    chunk = {n: np.ascontiguousarray(a[8:16] if a.shape[0] == 64 else a[1:2]) if n == "x" or a.shape[0] == 64
+             else a for n, a in feeds.items()}
+    part = _run(_model(node, chunk, initializers), chunk, threads)
+    expected = whole[8:16] if whole.shape[0] == 64 else whole[1:2]
+    assert part.tobytes() == np.ascontiguousarray(expected).tobytes()
+
+
+@pytest.mark.parametrize(("m", "k", "n"), [(784, 32, 512), (512, 4, 10), (33, 128, 7)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_gemm_with_c_is_the_product_then_the_addition(m, k, n, threads) -> None:
+    # ChunkBatchReductionsPass fuses the chunks' first additions into the weight gradient's GEMM,
+    # Gemm(a, b, left) for Add(left, a @ b): the same bits for contractions of up to FUSED_ROWS rows.
+    from graphdist.passes.chunk_batch_reductions import FUSED_ROWS
+
+    assert k <= FUSED_ROWS
+    feeds = {"a": _normal(m, k), "b": _normal(k, n), "c": _normal(m, n)}
+    inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, list(a.shape)) for name, a in feeds.items()]
+    output = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # no MatMul + Add fusion
+
+    def run(nodes: list) -> np.ndarray:
+        model = helper.make_model(helper.make_graph(nodes, "fused", inputs, output),
+                                  opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        return ort.InferenceSession(model.SerializeToString(), options,
+                                    providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+    fused = run([helper.make_node("Gemm", ["a", "b", "c"], ["y"])])
+    apart = run([helper.make_node("MatMul", ["a", "b"], ["p"]), helper.make_node("Add", ["c", "p"], ["y"])])
+    assert fused.tobytes() == apart.tobytes()

@@ -70,6 +70,14 @@ def test_same_bits_under_every_in_process_strategy(deterministic, one_device_ref
         _assert_same_bits(train(make(), model), one_device_reference[model], f"{model} {label}")
 
 
+@pytest.mark.parametrize("model", MODELS)
+def test_one_chunk_per_replica_gives_the_same_bits(deterministic, one_device_reference, model: str) -> None:
+    # Mirrored(8) on the 8 chunks: each replica's batch is one chunk, nothing is sliced, and its sums over the
+    # batch must still take the form each chunk's sum has on one device (ChunkBatchReductionsPass).
+    strategy = gd.MirroredStrategy([f"cpu:{i}" for i in range(8)])
+    _assert_same_bits(train(strategy, model), one_device_reference[model], f"{model} mirrored8")
+
+
 @pytest.mark.parametrize("cross_device_ops", [
     lambda: gd.NcclAllReduce(), lambda: gd.NcclAllReduce(num_packs=2), lambda: gd.HierarchicalCopyAllReduce(),
     lambda: gd.ReductionToOneDevice(reduce_to_device="cpu:3")], ids=["ring", "ring_packs", "hierarchical", "to_one"])
@@ -288,7 +296,7 @@ def test_pass_diffs_show_the_determinism_passes(deterministic) -> None:
     concrete = step.get_concrete_function(per_replica(strategy, x), per_replica(strategy, y))
     diffs = strategy_pass_diffs(concrete)
     modified = {p.name for p in diffs.passes if p.modified}
-    assert {"SplitBatchChunksPass", "LowerDeterministicReductionsPass"} <= modified
+    assert {"ChunkBatchReductionsPass", "LowerDeterministicReductionsPass"} <= modified
     assert_structural_equal(diffs.final, concrete.graph("partitioned"))
 
 
