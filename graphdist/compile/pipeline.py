@@ -87,8 +87,8 @@ STAGES: dict[str, tuple[str, ...]] = {
     "rebatched": ("rebatch",),
     "rewritten": ("accumulate", "differentiate", "chunk_reductions", "replicate", "variable_updates",
                   "parameter_servers", "collectives", "shard_optimizer", "balance_updates", "single_readers",
-                  "central_storage", "cross_worker", "lower_collectives", "bucketing", "deterministic", "logical_devices", "cleanup", "devices",
-                  "index_checks"),
+                  "central_storage", "cross_worker", "lower_collectives", "bucketing", "deterministic",
+                  "logical_devices", "cleanup", "devices", "index_checks"),
     "partitioned": ("partition",),
 }
 SLOTS = tuple(slot for slots in STAGES.values() for slot in slots)
