@@ -83,6 +83,8 @@ __all__ = [
     "REUSE_MIN_BYTES",
     "all_reduce",
     "all_gather",
+    "run_all_reduce_task",
+    "run_all_gather_task",
     "configure",
     "settings",
     "clear_pool",
@@ -519,6 +521,17 @@ def all_gather(buffers: Sequence[np.ndarray], axis: int = 0) -> list[np.ndarray]
     out.flags.writeable = False
     return [out] * len(arrays)
 
+
+
+# ------------------------------------------------------- scheduler handlers
+def run_all_reduce_task(op: str, attrs: dict[str, Any], buffers: list[np.ndarray]) -> list[np.ndarray]:
+    """Runs a plan's ``AllReduce`` task (the scheduler's handler, ``graphdist.runtime.comm.handlers``)."""
+    return all_reduce(buffers, attrs.get("reduce_op", "SUM"), attrs.get("algorithm", "ring"), int(attrs.get("root", 0)))
+
+
+def run_all_gather_task(op: str, attrs: dict[str, Any], buffers: list[np.ndarray]) -> list[np.ndarray]:
+    """Runs a plan's ``AllGather`` task (the scheduler's handler, ``graphdist.runtime.comm.handlers``)."""
+    return all_gather(buffers, int(attrs.get("axis", 0)))
 
 _settings["threads"] = max(1, _env_int("GRAPHDIST_COMM_THREADS", _settings["threads"]))
 _settings["pool_bytes"] = max(0, _env_int("GRAPHDIST_COMM_POOL_BYTES", _settings["pool_bytes"]))
