@@ -37,6 +37,7 @@ from graphdist.ir.comm_ops import CROSS_WORKER_OPS
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
 from graphdist.ir.ops import get_opdef
 from graphdist.passes.base import PassBase, PassContext, PassResult
+from graphdist.runtime.comm.algorithms import check_algorithm
 
 __all__ = ["InsertCrossWorkerCollectivesPass", "number_cross_worker_groups"]
 
@@ -51,7 +52,12 @@ class InsertCrossWorkerCollectivesPass(PassBase):
         num_workers: Number of workers (processes) in sync.
         comm_group: Name of the communicator the runtime uses for them
             (see :func:`graphdist.runtime.comm.mpi.register_group`).
-        algorithm: ``"auto"`` or ``"ring"`` (see ``MPICommunicator.all_reduce``).
+        algorithm: One of the registry's MPI algorithms (``graphdist.runtime.comm.algorithms``:
+            ``"auto"``, ``"ring"``, ``"tree"``).
+
+    Raises:
+        InvalidArgumentError: ``algorithm`` does not run between worker processes (the message lists
+            the ones that do); raised when the pass, hence the pipeline, is built.
     """
 
     runs_after = ("InsertCollectivesPass",)
@@ -59,7 +65,7 @@ class InsertCrossWorkerCollectivesPass(PassBase):
     def __init__(self, num_workers: int, comm_group: str = "", algorithm: str = "auto") -> None:
         self.num_workers = int(num_workers)
         self.comm_group = comm_group
-        self.algorithm = algorithm
+        self.algorithm = check_algorithm(algorithm, "mpi", "InsertCrossWorkerCollectivesPass").name
 
     def __repr__(self) -> str:
         return (f"{self.name}(num_workers={self.num_workers}, comm_group={self.comm_group!r}, "

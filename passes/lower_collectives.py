@@ -9,8 +9,12 @@ Cases:
 * group of one participant: the identity (SUM, MEAN, MAX or MIN of one value
   is the value; gathering one value is the value): output rewired to the
   input, node removed;
-* group of several participants: annotated with ``algorithm`` (``ring``,
-  ``hierarchical_copy`` or ``reduce_to_one``); the local communicator runs it;
+* group of several participants: annotated with ``algorithm``, one of the
+  registry's local algorithms (``graphdist.runtime.comm.algorithms``: ``ring``,
+  ``hierarchical_copy``, ``reduce_to_one``), and ``root`` where the algorithm
+  accumulates on one device; the local communicator runs it. An algorithm
+  that does not run between logical devices is refused when the pass (so the
+  pipeline) is built, with the choices;
 * already annotated nodes: unchanged (the pass is idempotent).
 """
 
@@ -21,6 +25,7 @@ from typing import Any
 from graphdist.errors import GraphError
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node
 from graphdist.passes.base import PassBase, PassContext, PassResult
+from graphdist.runtime.comm.algorithms import check_algorithm
 
 __all__ = ["LowerCollectivesPass", "COLLECTIVE_OPS"]
 
@@ -38,19 +43,24 @@ class LowerCollectivesPass(PassBase):
         collective_attrs: Attributes for multi-participant collectives, e.g.
             ``{"algorithm": "ring"}`` or ``{"algorithm": "reduce_to_one",
             "reduce_to_device": "cpu:1"}``.
+
+    Raises:
+        InvalidArgumentError: The algorithm is not one the local communicator runs (the message lists them).
     """
 
     runs_after = ("InsertCollectivesPass", "InsertCrossWorkerCollectivesPass")
 
     def __init__(self, collective_attrs: dict[str, Any] | None = None) -> None:
         self.collective_attrs = dict(collective_attrs or {"algorithm": "ring"})
+        self._algorithm = check_algorithm(self.collective_attrs.get("algorithm", "ring"), "local",
+                                          "LowerCollectivesPass (the strategy's cross-device ops)")
 
     def __repr__(self) -> str:
         return f"{self.name}({self.collective_attrs})"
 
     def _attrs_for(self, ctx: PassContext) -> dict[str, Any]:
-        attrs = {"algorithm": self.collective_attrs.get("algorithm", "ring")}
-        if attrs["algorithm"] == "reduce_to_one":
+        attrs: dict[str, Any] = {"algorithm": self._algorithm.name}
+        if self._algorithm.uses_root:
             device = self.collective_attrs.get("reduce_to_device")
             attrs["root"] = ctx.devices.index(device) if device in ctx.devices else 0
         return attrs

@@ -48,13 +48,14 @@ from graphdist.errors import PostconditionError
 from graphdist.ir.comm_ops import SUMMED_GROUP
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
 from graphdist.passes.base import PassBase, PassContext, PassResult
+from graphdist.runtime.comm.algorithms import check_algorithm
 
 __all__ = ["LowerDeterministicReductionsPass", "LOCAL_TREE", "CROSS_WORKER_TREE"]
 
 #: The local communicator's algorithm that sums in the pairwise tree (``graphdist.runtime.comm.local``).
-LOCAL_TREE = "hierarchical_copy"
+LOCAL_TREE = check_algorithm("hierarchical_copy", "local").name
 #: The MPI communicator's algorithm that gathers and sums in the pairwise tree (``graphdist.runtime.comm.mpi``).
-CROSS_WORKER_TREE = "tree"
+CROSS_WORKER_TREE = check_algorithm("tree", "mpi").name
 
 _WANTED = {"AllReduce": LOCAL_TREE, "CrossWorkerAllReduce": CROSS_WORKER_TREE}
 _SCATTERS = ("ReduceScatter", "CrossWorkerReduceScatter")

@@ -82,7 +82,6 @@ from typing import Any
 
 import numpy as np
 
-import graphdist.runtime.comm.reduce_scatter  # noqa: F401 - registers the local ReduceScatter handler
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Node, Value
 from graphdist.ir.liveness import live_nodes
 from graphdist.ir.placement import PlacementSpec, VariablePlacement, variable_specs

@@ -181,10 +181,16 @@ def register_backend(backend: Backend) -> None:
         _registry[backend.name] = backend
 
 
-def available_backends() -> list[str]:
-    """Returns the names of the registered backends, sorted."""
+def available_backends(device_kind: str | None = None) -> list[str]:
+    """Returns the names of the registered backends, sorted.
+
+    Args:
+        device_kind: Only the backends whose ``device_kinds`` include this kind
+            (``"cuda"``...); a backend without ``device_kinds`` counts as ``("cpu",)``.
+    """
     with _registry_lock:
-        return sorted(_registry)
+        return sorted(name for name, backend in _registry.items()
+                      if device_kind is None or device_kind in getattr(backend, "device_kinds", ("cpu",)))
 
 
 def get_backend(name: str | None = None) -> Backend:

@@ -203,9 +203,11 @@ class OrtBackend:
 
     Attributes:
         name: ``"ort"``.
+        device_kinds: The device kinds it compiles for.
     """
 
     name = "ort"
+    device_kinds = ("cpu", "cuda")
 
     def __repr__(self) -> str:
         return "OrtBackend()"

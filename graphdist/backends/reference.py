@@ -125,9 +125,12 @@ class ReferenceBackend:
 
     Attributes:
         name: ``"reference"``.
+        device_kinds: The device kinds it runs segments of: ``cpu``, and the
+            simulated ``tpu`` cores (evaluated on the host); never a GPU.
     """
 
     name = "reference"
+    device_kinds = ("cpu", "tpu")
 
     def __init__(self, custom_ops: list[type[OpRun]] | None = None) -> None:
         self.custom_ops: list[type[OpRun]] = list(custom_ops or [])

@@ -598,9 +598,11 @@ class TvmBackend:
 
     Attributes:
         name: ``"tvm"``.
+        device_kinds: The device kinds it compiles for.
     """
 
     name = "tvm"
+    device_kinds = ("cpu", "cuda", "tpu")
 
     def __repr__(self) -> str:
         return "TvmBackend()"

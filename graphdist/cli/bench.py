@@ -94,16 +94,18 @@ def _percentile(values: Sequence[float], q: float) -> float:
 
 
 def _backends(args: argparse.Namespace) -> list[str]:
-    from graphdist.cli.main import BACKENDS, UsageError
+    from graphdist.cli.main import UsageError, backend_choices
+
+    choices = backend_choices()
 
     if args.compare:
         if args.backend is not None:
             raise UsageError("give --backend or --compare, not both (--compare ort,tvm times both)")
         names = [name.strip() for name in args.compare.split(",") if name.strip()]
-        unknown = [name for name in names if name not in BACKENDS]
+        unknown = [name for name in names if name not in choices]
         if unknown or not names:
             raise UsageError(f"--compare: unknown backend(s) {unknown or [args.compare]}; choose among "
-                             f"{', '.join(BACKENDS)}, comma-separated, the baseline first")
+                             f"{', '.join(choices)}, comma-separated, the baseline first")
         if len(set(names)) != len(names):
             raise UsageError(f"--compare: {args.compare!r} names a backend twice")
         return names

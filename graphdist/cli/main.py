@@ -48,8 +48,6 @@ logger = logging.getLogger(__name__)
 PROG = "graphdist"
 STAGES = ("traced", "rewritten", "partitioned", "plan", "diff")
 FORMATS = ("text", "dot", "svg", "png", "onnx")
-STRATEGIES = ("one_device", "mirrored", "central_storage", "tpu", "default")
-BACKENDS = ("ort", "tvm", "reference")
 
 #: ``--trust`` of the commands that load plan directories (``gd.load_plan(..., trust=True)``).
 TRUST_HELP = ("load the plan even from a folder other users can write, or signed by someone else (its checksums "
@@ -101,6 +99,21 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# ---------------------------------------------------------------- choices
+def backend_choices() -> list[str]:
+    """The --backend choices: the registered backends (``graphdist.backends``)."""
+    from graphdist.backends import available_backends
+
+    return available_backends()
+
+
+def _strategy_choices() -> tuple[str, ...]:
+    """The --strategy choices of one process (``graphdist.distribute.registry``)."""
+    from graphdist.distribute.registry import strategy_names
+
+    return strategy_names(multi_process=False)
+
+
 # ------------------------------------------------------------- strategies
 def _parse_devices(text: str | None) -> list[str] | None:
     if text is None:
@@ -111,63 +124,30 @@ def _parse_devices(text: str | None) -> list[str] | None:
     return devices
 
 
-def _normalise_strategy(name: str) -> str:
-    key = name.strip().lower().replace("-", "_")
-    key = key[: -len("strategy")] if key.endswith("strategy") else key
-    key = key.rstrip("_")
-    return {"onedevice": "one_device", "centralstorage": "central_storage"}.get(key, key)
-
-
 def _make_strategy(name: str | None, devices_text: str | None) -> Any:
     """The strategy named on the command line (``None`` when neither --strategy nor --devices is given)."""
     import graphdist as gd
+    from graphdist.distribute.registry import normalise_strategy_name, strategy_entry, strategy_names
 
     devices = _parse_devices(devices_text)
     if name is None:
         if devices is None:
             return None
         name = "one_device" if len(devices) == 1 else "mirrored"
-    key = _normalise_strategy(name)
-    if key not in STRATEGIES:
-        later = {"multi_worker_mirrored", "parameter_server"}
+    key = normalise_strategy_name(name)
+    if key not in strategy_names(multi_process=False):
+        later = set(strategy_names(multi_process=True))
         why = " (a multi-process strategy: run the script with `graphdist launch`)" if key in later else ""
-        raise UsageError(f"unknown strategy {name!r}{why}; choose one of {', '.join(STRATEGIES)}")
+        raise UsageError(f"unknown strategy {name!r}{why}; choose one of {', '.join(strategy_names(False))}")
     from graphdist.runtime.devices import soft_device_placement
 
     # Strict placement: a plan exported or inspected for the devices named here must be for those devices.
     with soft_device_placement(False):
-        return _strategy_for(gd, key, devices, devices_text)
-
-
-def _strategy_for(gd: Any, key: str, devices: list[str] | None, devices_text: str | None) -> Any:
-    try:
-        if key == "one_device":
-            if devices is not None and len(devices) > 1:
-                raise UsageError(f"--strategy one_device runs on one device, got --devices {devices_text}; give one "
-                                 "device or use --strategy mirrored")
-            return gd.OneDeviceStrategy((devices or ["cpu:0"])[0])
-        if key == "mirrored":
-            return gd.MirroredStrategy(devices)
-        if key == "central_storage":
-            return gd.CentralStorageStrategy(compute_devices=devices)
-        if key == "tpu":
-            return _tpu_strategy(gd, devices, devices_text)
-        if devices is not None:
-            raise UsageError("--strategy default runs on the default device; drop --devices")
-        return gd.get_strategy()
-    except gd.GraphdistError as err:
-        raise UsageError(f"cannot create {key} strategy on {devices_text or 'its default devices'}: {err}") from err
-
-
-def _tpu_strategy(gd: Any, devices: list[str] | None, devices_text: str | None) -> Any:
-    """TPUStrategy on simulated cores ``tpu:0..N-1`` (one replica per core); --devices must name them in order."""
-    if devices is None:
-        return gd.TPUStrategy(gd.cluster_resolver.TPUClusterResolver("local[2]"))
-    expected = [f"tpu:{i}" for i in range(len(devices))]
-    if [d.strip().lower() for d in devices] != expected:
-        raise UsageError(f"--strategy tpu runs one replica per TPU-like core: --devices must be {','.join(expected)}, "
-                         f"got {devices_text}")
-    return gd.TPUStrategy(gd.cluster_resolver.TPUClusterResolver(f"local[{len(devices)}]"))
+        try:
+            return strategy_entry(key).make(devices)
+        except gd.GraphdistError as err:
+            raise UsageError(f"cannot create {key} strategy on {devices_text or 'its default devices'}: {err}") \
+                from err
 
 
 # ----------------------------------------------------------------- targets
@@ -855,14 +835,14 @@ def _add_target_options(command: argparse.ArgumentParser) -> None:
                          help="module:function, module:make_step, path/to/model.onnx (inspect: or a plan "
                               "directory)")
     command.add_argument("--strategy", metavar="NAME", default=None,
-                         help=f"distribution strategy: {', '.join(STRATEGIES)} (default: none for plain "
+                         help=f"distribution strategy: {', '.join(_strategy_choices())} (default: none for plain "
                               "functions, one_device otherwise)")
     command.add_argument("--devices", metavar="LIST", default=None,
                          help="comma-separated devices, e.g. cpu:0,cpu:1 (default: the strategy's default)")
     command.add_argument("--batch", type=int, metavar="N", default=None,
                          help="global batch size of the example inputs (.onnx targets, factories and "
                               "example_inputs() taking 'batch')")
-    command.add_argument("--backend", choices=BACKENDS, default=None,
+    command.add_argument("--backend", choices=backend_choices(), default=None,
                          help="backend that compiles the plan (default: $GRAPHDIST_BACKEND or ort)")
     from graphdist.cli.onnx_target import add_input_shape_option
 
@@ -935,7 +915,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_cmd.add_argument("--steps", type=int, default=1, metavar="N", help="number of steps to run (default 1)")
     run_cmd.add_argument("-o", "--output", metavar="OUT.npz", help="write the last step's outputs to OUT.npz")
     run_cmd.add_argument("--save", action="store_true", help="write the updated variables back into DIR")
-    run_cmd.add_argument("--backend", choices=BACKENDS, default=None,
+    run_cmd.add_argument("--backend", choices=backend_choices(), default=None,
                          help="backend to compile with (default: the one recorded at export)")
     run_cmd.add_argument("--trust", action="store_true", help=TRUST_HELP)
     run_cmd.set_defaults(handler=cmd_run)

@@ -16,9 +16,6 @@ from typing import Any
 
 __all__ = ["add_replan_parser", "cmd_replan"]
 
-#: Strategies ``graphdist replan`` can target: the in-process ones and the two made inside ``graphdist launch``.
-MULTI_PROCESS = ("multi_worker_mirrored", "parameter_server")
-
 _EPILOG = """\
 The plan keeps its variables' values and its global batch: a plan exported for 2
 replicas of 8 rows, re-planned for 4 replicas, runs 4 replicas of 4 rows. The replica
@@ -35,7 +32,8 @@ examples:
 
 def add_replan_parser(commands: Any, formatter: type) -> None:
     """Adds ``graphdist replan`` to the command parsers."""
-    from graphdist.cli.main import BACKENDS, TRUST_HELP
+    from graphdist.cli.main import TRUST_HELP, backend_choices
+    from graphdist.distribute.registry import strategy_names
 
     command = commands.add_parser(
         "replan", help="re-plan an exported plan directory for another strategy or device count",
@@ -44,11 +42,11 @@ def add_replan_parser(commands: Any, formatter: type) -> None:
         epilog=_EPILOG, formatter_class=formatter)
     command.add_argument("plan", metavar="DIR", help="plan directory to re-plan")
     command.add_argument("--strategy", required=True, metavar="S",
-                         help="one_device, mirrored, central_storage, tpu, multi_worker_mirrored, parameter_server")
+                         help=", ".join(name for name in strategy_names() if name != "default"))
     command.add_argument("--devices", metavar="D0,D1,...", help="the strategy's devices (this worker's, under launch)")
     command.add_argument("-o", "--output", metavar="OUT", required=True, help="plan directory to write")
     command.add_argument("--overwrite", action="store_true", help="replace an existing plan directory at OUT")
-    command.add_argument("--backend", choices=BACKENDS, default=None,
+    command.add_argument("--backend", choices=backend_choices(), default=None,
                          help="backend to compile with (default: the strategy's, tvm for tpu; else the plan's)")
     command.add_argument("--trust", action="store_true", help=TRUST_HELP)
     command.set_defaults(handler=cmd_replan)
@@ -78,19 +76,18 @@ def cmd_replan(args: argparse.Namespace) -> int:
 
 def _strategy(name: str, devices_text: str | None) -> Any:
     import graphdist as gd
-    from graphdist.cli.main import UsageError, _make_strategy, _normalise_strategy, _parse_devices
+    from graphdist.cli.main import UsageError, _make_strategy, _parse_devices
+    from graphdist.distribute.registry import normalise_strategy_name, strategy_entry, strategy_names
 
-    key = _normalise_strategy(name)
-    if key not in MULTI_PROCESS:
+    key = normalise_strategy_name(name)
+    if key not in strategy_names(multi_process=True):
         if key == "default":
             raise UsageError("--strategy default is the no-op strategy of one process; name the strategy to re-plan "
                              "for (one_device, mirrored, central_storage, tpu, ...)")
         return _make_strategy(name, devices_text)
     devices = _parse_devices(devices_text)
     try:
-        if key == "multi_worker_mirrored":
-            return gd.MultiWorkerMirroredStrategy(devices=devices)
-        return gd.ParameterServerStrategy(devices=devices)
+        return strategy_entry(key).make(devices)
     except gd.GraphdistError as err:
         raise UsageError(f"cannot create {key} strategy: {err} (multi-process strategies are made inside "
                          "'graphdist launch --workers N [--ps M] -- graphdist replan ...')") from err

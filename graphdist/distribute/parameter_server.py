@@ -49,6 +49,7 @@ from graphdist.distribute.strategy import Strategy, StrategyExtended
 from graphdist.errors import ClusterConfigError, InvalidArgumentError
 from graphdist.ir.placement import Shard, VariablePlacement, VariableSpec
 from graphdist.runtime.devices import num_gpus
+from graphdist.runtime.ps_server import shared_client
 from graphdist.trace.variables import Variable
 
 __all__ = [
@@ -215,7 +216,7 @@ class ParameterServerStrategy(Strategy):
         self._ps_tasks = spec.task_indices("ps")
         self._next_ps = itertools.count()
         self._keys: dict[str, int] = {}
-        self._client = _shared_client(spec, resolver.task_type, resolver.task_id)
+        self._client = shared_client(spec, resolver.task_type, resolver.task_id)
         workers = [(job, i) for job in ("chief", "worker") if job in spec.jobs for i in spec.task_indices(job)]
         self._num_workers = len(workers)
         self._worker_index = workers.index((resolver.task_type, resolver.task_id))
@@ -318,42 +319,3 @@ class ParameterServerStrategy(Strategy):
                 f"ps={len(self._ps_tasks)}, devices={list(self.extended.worker_devices)})")
 
 
-def _run_ps_task(op: str, attrs: dict[str, Any], buffers: list[np.ndarray]) -> list[np.ndarray]:
-    if not _clients:
-        raise ClusterConfigError("this plan pulls and pushes variables on parameter servers, but no "
-                                 "ParameterServerStrategy was created in this process; create it first")
-    client = _clients[-1]
-    part = buffers[0]
-    start, stop = attrs.get("row_start"), attrs.get("row_stop")
-    if start is not None:
-        part = part[int(start): int(stop)]
-    if op == "PSPull":
-        return [client.request("pull", int(attrs["ps"]), attrs["key"], part)]
-    return [client.request("push", int(attrs["ps"]), attrs["key"], part, part)]
-
-
-_clients: list[Any] = []
-
-
-def _shared_client(spec: Any, task_type: str | None = None, task_id: int | None = None) -> Any:
-    """One client per process and cluster (it tells the ps tasks once that this worker stopped)."""
-    from graphdist.runtime.ps_server import PSClient
-
-    for client in _clients:
-        if client._spec == spec:
-            _clients.remove(client)
-            _clients.append(client)
-            return client
-    client = PSClient(spec, task=(task_type, task_id) if task_type is not None and task_id is not None else None)
-    _clients.append(client)
-    return client
-
-
-def _register() -> None:
-    from graphdist.runtime.scheduler import register_comm_handler
-
-    for op in ("PSPull", "PSPush"):
-        register_comm_handler(op, _run_ps_task)
-
-
-_register()

@@ -39,6 +39,7 @@ import numpy as np
 import onnx
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
 
+from graphdist.backends import available_backends
 from graphdist.compile.graph_runner import GraphRunner
 from graphdist.distribute import OneDeviceStrategy
 from graphdist.errors import BackendError, DeviceError, GraphdistError, GraphError, InvalidArgumentError
@@ -46,7 +47,6 @@ from graphdist.onnx.files import read_model
 from graphdist.runtime.devices import num_gpus
 
 __all__ = [
-    "BACKENDS",
     "GraphdistBackend",
     "GraphdistBackendRep",
     "prepare",
@@ -56,11 +56,6 @@ __all__ = [
     "is_compatible",
 ]
 
-#: graphdist backends a model can be compiled with (``backend=`` of :func:`prepare`).
-BACKENDS = ("ort", "tvm", "reference")
-
-#: Backends that can run on a CUDA device.
-_CUDA_BACKENDS = ("ort", "tvm")
 
 #: Keyword arguments ``onnx.backend.test.BackendTest`` may pass along with a test's own settings
 #: (``test_kwargs``); the comparison uses them, graphdist does not.
@@ -129,6 +124,13 @@ def _check_input(name: str, array: np.ndarray, value_info: onnx.ValueInfoProto |
             raise InvalidArgumentError(f"input {name!r} of {label}: expected shape {declared}, "
                                        f"got {list(array.shape)}")
 
+
+
+def _check_backend(backend: str) -> None:
+    """Raises unless ``backend`` is a registered graphdist backend (``graphdist.backends``)."""
+    choices = tuple(available_backends())
+    if backend not in choices:
+        raise InvalidArgumentError(f"backend {backend!r} is not a graphdist backend; use one of {choices}")
 
 class GraphdistBackendRep(BackendRep):
     """A model prepared by :meth:`GraphdistBackend.prepare`: ``rep.run(inputs) -> outputs``.
@@ -264,8 +266,7 @@ class GraphdistBackend(Backend):
         Raises:
             InvalidArgumentError: ``backend`` is not a graphdist backend.
         """
-        if backend not in BACKENDS:
-            raise InvalidArgumentError(f"backend {backend!r} is not a graphdist backend; use one of {BACKENDS}")
+        _check_backend(backend)
         return type(f"GraphdistBackend_{backend}", (cls,), {"default_backend": backend, "__module__": __name__})
 
     @classmethod
@@ -319,14 +320,14 @@ class GraphdistBackend(Backend):
         unknown = sorted(set(kwargs) - _IGNORED_KWARGS)
         if unknown:
             raise InvalidArgumentError(f"prepare() got unknown keyword(s) {', '.join(unknown)}; "
-                                       f"it takes backend= ({', '.join(BACKENDS)}) and base_dir=")
-        if backend not in BACKENDS:
-            raise InvalidArgumentError(f"backend {backend!r} is not a graphdist backend; use one of {BACKENDS}")
+                                       f"it takes backend= ({', '.join(available_backends())}) and base_dir=")
+        _check_backend(backend)
         parsed = _parse_device(device)
         if parsed.type == DeviceType.CUDA:
-            if backend not in _CUDA_BACKENDS:
+            gpu_backends = tuple(available_backends("cuda"))
+            if backend not in gpu_backends:
                 raise InvalidArgumentError(f"backend {backend!r} runs on the host only; use 'CPU' or one of "
-                                           f"{_CUDA_BACKENDS} for {device!r}")
+                                           f"{gpu_backends} for {device!r}")
             if not cls.supports_device(device):
                 count = num_gpus()
                 raise DeviceError(f"device {device!r} is not available: this machine has {count} GPU(s); "

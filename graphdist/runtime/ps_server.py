@@ -58,7 +58,8 @@ from graphdist.errors import ClusterConfigError, CollectiveTimeoutError, Graphdi
 from graphdist.runtime import launch_status, rendezvous
 from graphdist.runtime.cluster_spec import ClusterSpec, environment_config, rank_task, task_rank
 
-__all__ = ["Server", "PSClient", "TAG_REQUEST", "TAG_PAYLOAD", "TAG_REPLY", "TAG_REFUSAL", "main"]
+__all__ = ["Server", "PSClient", "TAG_REQUEST", "TAG_PAYLOAD", "TAG_REPLY", "TAG_REFUSAL", "main", "run_ps_task",
+           "shared_client"]
 
 logger = logging.getLogger(__name__)
 
@@ -490,6 +491,45 @@ def _byte() -> Any:
     from mpi4py import MPI
 
     return MPI.BYTE
+
+
+# ------------------------------------------------- the workers' side: plan tasks
+_clients: list[PSClient] = []
+
+
+def shared_client(spec: ClusterSpec, task_type: str | None = None, task_id: int | None = None) -> PSClient:
+    """One client per process and cluster (it tells the ps tasks once that this worker stopped).
+
+    The latest one asked for serves the plans' ``PSPull`` / ``PSPush`` tasks (:func:`run_ps_task`).
+    """
+    for client in _clients:
+        if client._spec == spec:
+            _clients.remove(client)
+            _clients.append(client)
+            return client
+    client = PSClient(spec, task=(task_type, task_id) if task_type is not None and task_id is not None else None)
+    _clients.append(client)
+    return client
+
+
+def run_ps_task(op: str, attrs: dict[str, Any], buffers: list[np.ndarray]) -> list[np.ndarray]:
+    """Runs a plan's ``PSPull`` / ``PSPush`` task through this process's parameter-server client.
+
+    Raises:
+        ClusterConfigError: No ParameterServerStrategy (hence no client) was created in this process.
+    """
+    if not _clients:
+        raise ClusterConfigError("this plan pulls and pushes variables on parameter servers, but no "
+                                 "ParameterServerStrategy was created in this process; create it first")
+    client = _clients[-1]
+    part = buffers[0]
+    start, stop = attrs.get("row_start"), attrs.get("row_stop")
+    if start is not None:
+        part = part[int(start): int(stop)]
+    if op == "PSPull":
+        return [client.request("pull", int(attrs["ps"]), attrs["key"], part)]
+    return [client.request("push", int(attrs["ps"]), attrs["key"], part, part)]
+
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -38,7 +38,7 @@ check); with the checks off the switch is read once per step.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
@@ -47,34 +47,11 @@ import numpy as np
 from graphdist import stats
 from graphdist.errors import PlanError
 from graphdist.ir.check_ops import in_range, range_error
-from graphdist.ir.comm_ops import CROSS_WORKER_OPS
 from graphdist.runtime import numerics, timeline
-from graphdist.runtime.comm import local
+from graphdist.runtime.comm.handlers import comm_handler, register_comm_handler
 from graphdist.runtime.tasks import CommTask, Segment, overlapping_segments
 
 __all__ = ["Scheduler", "register_comm_handler"]
-
-# Communication ops executed by other modules (between processes: MPI collectives, parameter servers):
-# op -> handler(op, attrs, buffers) -> one output per participant.
-CommHandler = Callable[[str, dict[str, Any], list[np.ndarray]], list[np.ndarray]]
-_COMM_HANDLERS: dict[str, CommHandler] = {}
-
-
-def register_comm_handler(op: str, handler: CommHandler) -> None:
-    """Makes plan communication tasks of ``op`` run through ``handler``."""
-    _COMM_HANDLERS[op] = handler
-
-
-def _builtin_handler(op: str) -> CommHandler | None:
-    """The runtime's own communicator for ``op`` (MPI between workers), imported on first use."""
-    if op in CROSS_WORKER_OPS:
-        from graphdist.runtime.comm.mpi import run_comm_task
-
-        for name in CROSS_WORKER_OPS:
-            register_comm_handler(name, run_comm_task)
-        return run_comm_task
-    return None
-
 
 class _Task:
     __slots__ = ("kind", "index", "inputs", "outputs", "name")
@@ -236,12 +213,7 @@ class Scheduler:
         if task.op == _ASSERT:  # raised after the other tasks (see the module docstring)
             failures.extend(_range_failure(buffer, task.attrs) for buffer in buffers)
             return buffers
-        if task.op == "AllReduce":
-            return local.all_reduce(buffers, task.attrs.get("reduce_op", "SUM"), task.attrs.get("algorithm", "ring"),
-                                    int(task.attrs.get("root", 0)))
-        if task.op == "AllGather":
-            return local.all_gather(buffers, int(task.attrs.get("axis", 0)))
-        handler = _COMM_HANDLERS.get(task.op) or _builtin_handler(task.op)
+        handler = comm_handler(task.op)
         if handler is not None:
             return handler(task.op, task.attrs, buffers)
         raise PlanError(f"communication op {task.op!r} ({task.name}) is not supported by the local communicator")

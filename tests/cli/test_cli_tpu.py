@@ -44,8 +44,8 @@ def test_inspect_with_the_tvm_backend_on_cpu() -> None:
     assert "backend=tvm" in result.stdout
 
 
-@pytest.mark.parametrize(("devices", "phrase"), [("tpu:1,tpu:2", "--devices must be tpu:0,tpu:1"),
-                                                  ("cpu:0,cpu:1", "--devices must be tpu:0,tpu:1")])
+@pytest.mark.parametrize(("devices", "phrase"), [("tpu:1,tpu:2", "the devices must be tpu:0,tpu:1"),
+                                                  ("cpu:0,cpu:1", "the devices must be tpu:0,tpu:1")])
 def test_tpu_strategy_needs_tpu_cores_in_order(devices: str, phrase: str) -> None:
     result = graphdist("inspect", MLP_STEP, "--strategy", "tpu", "--devices", devices)
     assert result.returncode == 2 and phrase in result.stderr

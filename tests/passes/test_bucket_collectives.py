@@ -345,13 +345,13 @@ def _expected_one_pack(local: int) -> Graph:
 
 def _simulated_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     """Cross-worker all-reduces run as if the other worker held the same values (no MPI in unit tests)."""
-    from graphdist.runtime import scheduler
+    from graphdist.runtime.comm import handlers
 
     def handler(op: str, attrs: dict, buffers: list[np.ndarray]) -> list[np.ndarray]:
         assert attrs["reduce_op"] == "SUM"
         return [buffers[0] * np.asarray(attrs["num_workers"], buffers[0].dtype)] * len(buffers)
 
-    monkeypatch.setitem(scheduler._COMM_HANDLERS, "CrossWorkerAllReduce", handler)
+    monkeypatch.setitem(handlers._handlers, "CrossWorkerAllReduce", handler)
 
 
 @pytest.mark.parametrize("local", [1, 2], ids=["one_device_per_worker", "two_devices_per_worker"])

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from graphdist.errors import GraphError
+from graphdist.compile.pipeline import PipelineConfig, build_pipeline
+from graphdist.errors import GraphError, InvalidArgumentError
 from graphdist.ir import GRAPHDIST_DOMAIN, Graph
 from graphdist.passes.base import PassContext
 from graphdist.passes.lower_collectives import LowerCollectivesPass
@@ -66,3 +67,21 @@ def test_annotated_groups_are_unchanged() -> None:
 def test_group_of_different_shapes_is_refused() -> None:
     with pytest.raises(GraphError, match=r"all-reduce k gets values of different shapes.*replica 1: float32\[3\]"):
         LowerCollectivesPass()(_wide(None, shapes=((2,), (3,))), TWO)
+
+
+def test_the_algorithm_comes_from_the_registry_and_is_checked_when_built() -> None:
+    with pytest.raises(InvalidArgumentError, match="unknown algorithm 'nccl'; use one of ring, hierarchical_copy, "
+                                                   "reduce_to_one"):
+        LowerCollectivesPass({"algorithm": "nccl"})
+    with pytest.raises(InvalidArgumentError, match="'auto' does not run between logical devices"):
+        LowerCollectivesPass({"algorithm": "auto"})
+
+
+def test_a_pipeline_with_an_unknown_algorithm_fails_when_it_is_built() -> None:
+    config = PipelineConfig(devices=("cpu:0", "cpu:1"), collective_attrs={"algorithm": "butterfly"})
+    with pytest.raises(InvalidArgumentError, match="unknown algorithm 'butterfly'"):
+        build_pipeline(config)
+    config = PipelineConfig(devices=("cpu:0",), multi_worker={"num_workers": 2, "algorithm": "hierarchical_copy"})
+    with pytest.raises(InvalidArgumentError, match="InsertCrossWorkerCollectivesPass: algorithm 'hierarchical_copy' "
+                                                   "does not run between worker processes"):
+        build_pipeline(config)

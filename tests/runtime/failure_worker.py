@@ -96,9 +96,9 @@ def asynchronous(rank: int, steps: int, mismatch: bool, out: Path) -> int:
 
 def send_mismatches(strategy: gd.ParameterServerStrategy, out: Path) -> int:
     """Waits for worker 0's ``w``, then sends requests the ps refuses; prints each refusal."""
-    from graphdist.distribute.parameter_server import _shared_client
+    from graphdist.runtime.ps_server import shared_client
 
-    client = _shared_client(strategy.cluster_resolver.cluster_spec())
+    client = shared_client(strategy.cluster_resolver.cluster_spec())
     like = np.zeros(4, np.float32)
     for _ in range(400):  # worker 0 creates w
         try:

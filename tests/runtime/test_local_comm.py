@@ -10,7 +10,7 @@ import pytest
 
 import graphdist as gd
 from graphdist.errors import InvalidArgumentError
-from graphdist.runtime.comm import local
+from graphdist.runtime.comm import algorithms, local
 from graphdist.trace.variables import Variable
 
 ALGORITHMS = local.ALGORITHMS
@@ -421,7 +421,7 @@ def test_configure_validates_and_restores() -> None:
 # ------------------------------------------------------------ schedules
 @pytest.mark.parametrize("count", range(2, 12))
 def test_pairwise_tree_uses_few_scratch_slots(count) -> None:
-    steps = local._pairwise(count)
+    steps = algorithms._pairwise(count)
     assert len(steps) == count - 1
     depth = (count - 1).bit_length()  # levels of the pairwise tree
     assert max(dest for dest, _, _ in steps) <= max(0, depth - 1)

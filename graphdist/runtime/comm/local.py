@@ -74,6 +74,8 @@ from typing import Any
 import numpy as np
 
 from graphdist.errors import InvalidArgumentError
+from graphdist.runtime.comm import algorithms
+from graphdist.runtime.comm.algorithms import Piece
 
 __all__ = [
     "ALGORITHMS",
@@ -83,12 +85,15 @@ __all__ = [
     "REUSE_MIN_BYTES",
     "all_reduce",
     "all_gather",
+    "run_all_reduce_task",
+    "run_all_gather_task",
     "configure",
     "settings",
     "clear_pool",
 ]
 
-ALGORITHMS = ("ring", "hierarchical_copy", "reduce_to_one")
+#: The algorithms that run between logical devices (the registry, graphdist.runtime.comm.algorithms).
+ALGORITHMS = algorithms.algorithm_names("local")
 REDUCE_OPS = ("SUM", "MEAN", "MAX", "MIN")
 _COMBINE = {"SUM": np.add, "MEAN": np.add, "MAX": np.maximum, "MIN": np.minimum}
 
@@ -269,59 +274,14 @@ def _executor(workers: int) -> ThreadPoolExecutor:
 
 
 # ---------------------------------------------------------------- schedules
-# A schedule says in which order one range's contributions are combined:
-# (order, None) is the chain ((b[order[0]] + b[order[1]]) + b[order[2]]) + ...;
-# (order, steps) is a tree: steps (dest, a, b) compute slot[dest] =
-# combine(a, b), where an operand i >= 0 is input i and ~k (< 0) is slot k.
-# Slot 0 is the output; slots 1.. are scratch blocks.
-Step = tuple[int, int, int]
-Schedule = tuple[tuple[int, ...], "tuple[Step, ...] | None"]
-Piece = tuple[int, int, Schedule]
-
-
-def _pairwise(count: int) -> tuple[Step, ...]:
-    """Pairwise tree over inputs 0..count-1: ((b0 + b1) + (b2 + b3)) + ...; the total lands in slot 0.
-
-    The tree pairs neighbours level by level (an odd one out moves up a
-    level unchanged). It is evaluated depth first, so it needs one scratch
-    slot per level (about log2(count)) rather than one per pair.
-    """
-    level: list[Any] = list(range(count))
-    while len(level) > 1:
-        nxt = [(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
-        if len(level) % 2:
-            nxt.append(level[-1])
-        level = nxt
-    steps: list[Step] = []
-
-    def emit(node: Any, dest: int, free: int) -> int:
-        """Computes ``node`` into slot ``dest``, using slots from ``free`` up as scratch."""
-        left, right = node
-        # The right subtree first (into the first free slot), so the left one is hot in cache for the
-        # final combine; the left subtree must then keep off that slot.
-        b = emit(right, free, free + 1) if isinstance(right, tuple) else right
-        a = emit(left, dest, free + 1 if b < 0 else free) if isinstance(left, tuple) else left
-        steps.append((dest, a, b))
-        return ~dest
-
-    emit(level[0], 0, 1)
-    return tuple(steps)
-
-
+# The algorithms' schedules (which contributions each range of the flat buffer combines, in which order)
+# live in graphdist.runtime.comm.algorithms, the registry; cached here per call shape.
 @lru_cache(maxsize=256)
 def _plan(algorithm: str, count: int, root: int, size: int) -> tuple[Piece, ...]:
     """(lo, hi, schedule) ranges of the flat buffer for ``algorithm``."""
-    if algorithm == "ring":
-        ranges = []
-        for chunk in range(count):
-            lo, hi = chunk * size // count, (chunk + 1) * size // count
-            if hi > lo:
-                ranges.append((lo, hi, (tuple((chunk + k) % count for k in range(1, count + 1)), None)))
-        return tuple(ranges)
-    if algorithm == "hierarchical_copy":
-        steps = _pairwise(count)
-        return ((0, size, (tuple(range(count)), steps if max(d for d, _, _ in steps) else None)),)
-    return ((0, size, ((root, *(i for i in range(count) if i != root)), None)),)
+    schedule = algorithms.check_algorithm(algorithm, "local").local
+    assert schedule is not None  # (check_algorithm returned a local one)
+    return schedule(count, root, size)
 
 
 # ------------------------------------------------------------------ kernels
@@ -441,8 +401,8 @@ def all_reduce(buffers: Sequence[np.ndarray], reduce_op: Any = "SUM", algorithm:
         buffers: One array per replica, all of one shape and dtype.
         reduce_op: ``"SUM"``, ``"MEAN"``, ``"MAX"`` or ``"MIN"`` (any case,
             or a ``gd.ReduceOp``).
-        algorithm: ``"ring"``, ``"hierarchical_copy"`` or ``"reduce_to_one"``
-            (the summation order; see the module docstring).
+        algorithm: One of :data:`ALGORITHMS`: ``"ring"``, ``"hierarchical_copy"``
+            or ``"reduce_to_one"`` (the summation order; see the module docstring).
         root: The replica ``reduce_to_one`` accumulates into.
 
     Returns:
@@ -456,8 +416,7 @@ def all_reduce(buffers: Sequence[np.ndarray], reduce_op: Any = "SUM", algorithm:
     """
     arrays = _arrays(buffers, "all-reduce")
     op = reduce_op if type(reduce_op) is str and reduce_op in _COMBINE else _reduce_op(reduce_op)
-    if algorithm not in ALGORITHMS:
-        raise InvalidArgumentError(f"all-reduce: unknown algorithm {algorithm!r}; use one of {', '.join(ALGORITHMS)}")
+    uses_root = algorithms.check_algorithm(algorithm, "local", "all-reduce").uses_root
     first = arrays[0]
     shape, dtype = first.shape, first.dtype
     for array in arrays:
@@ -467,7 +426,7 @@ def all_reduce(buffers: Sequence[np.ndarray], reduce_op: Any = "SUM", algorithm:
                 "per-replica values must have matching structures")
     _check_numeric(first, "all-reduce")
     count = len(arrays)
-    if algorithm == "reduce_to_one" and not 0 <= root < count:
+    if uses_root and not 0 <= root < count:
         raise InvalidArgumentError(f"all-reduce: root={root} is not a replica index (0..{count - 1})")
     if op == "MEAN" and dtype.kind == "b":
         raise InvalidArgumentError("all-reduce: MEAN of bool buffers is undefined; cast to a number first")
@@ -519,6 +478,17 @@ def all_gather(buffers: Sequence[np.ndarray], axis: int = 0) -> list[np.ndarray]
     out.flags.writeable = False
     return [out] * len(arrays)
 
+
+
+# ------------------------------------------------------- scheduler handlers
+def run_all_reduce_task(op: str, attrs: dict[str, Any], buffers: list[np.ndarray]) -> list[np.ndarray]:
+    """Runs a plan's ``AllReduce`` task (the scheduler's handler, ``graphdist.runtime.comm.handlers``)."""
+    return all_reduce(buffers, attrs.get("reduce_op", "SUM"), attrs.get("algorithm", "ring"), int(attrs.get("root", 0)))
+
+
+def run_all_gather_task(op: str, attrs: dict[str, Any], buffers: list[np.ndarray]) -> list[np.ndarray]:
+    """Runs a plan's ``AllGather`` task (the scheduler's handler, ``graphdist.runtime.comm.handlers``)."""
+    return all_gather(buffers, int(attrs.get("axis", 0)))
 
 _settings["threads"] = max(1, _env_int("GRAPHDIST_COMM_THREADS", _settings["threads"]))
 _settings["pool_bytes"] = max(0, _env_int("GRAPHDIST_COMM_POOL_BYTES", _settings["pool_bytes"]))

@@ -54,6 +54,7 @@ import numpy as np
 from graphdist.errors import CollectiveTimeoutError, GraphdistError, InvalidArgumentError
 from graphdist.ir import comm_ops
 from graphdist.runtime import rendezvous, timeline
+from graphdist.runtime.comm import algorithms
 
 __all__ = [
     "MPICommunicator",
@@ -232,13 +233,13 @@ class MPICommunicator:
         ``"tree"`` (an all-gather of every rank's buffer, then the pairwise
         tree ``((b0 + b1) + (b2 + b3)) + ...`` in rank order on every rank:
         the same bits whatever MPI does, for op determinism; ``size`` times
-        the buffer crosses the network instead of about twice).
+        the buffer crosses the network instead of about twice). The names
+        and implementations are registered in ``graphdist.runtime.comm.algorithms``.
         """
         op = str(reduce_op).upper()
         if op not in ("SUM", "MEAN", "MAX", "MIN"):
             raise InvalidArgumentError(f"all_reduce: reduce_op must be SUM, MEAN, MAX or MIN, got {reduce_op!r}")
-        if algorithm not in ("auto", "ring", "tree"):
-            raise InvalidArgumentError(f"all_reduce: algorithm must be 'auto', 'ring' or 'tree', got {algorithm!r}")
+        method = algorithms.check_algorithm(algorithm, "mpi", "all_reduce").mpi
         send = _contiguous(buffer)
         _check_mean(op, send.dtype, "all_reduce")
         result = out if out is not None else _output(send.shape, send.dtype)
@@ -249,21 +250,8 @@ class MPICommunicator:
         if self.size == 1:
             self._confirm(pending)
             np.copyto(result, send)
-        elif algorithm == "ring":
-            self._confirm(pending)
-            self._ring_all_reduce(send, result, op, name)
-        elif algorithm == "tree":
-            self._confirm(pending)
-            self._tree_all_reduce(send, result, op, name)
         else:
-            # The payload starts with the fingerprints, not after them: one round trip between hosts instead of
-            # two. Its result is used only once the fingerprints agree; when they differ the payload's request
-            # (perhaps of other sizes on other ranks: MPI refuses it, or it never completes) is abandoned with
-            # the communicator, whose mismatch report goes over the control communicator.
-            mpi_op = self._mpi_op(op, send.dtype)
-            payload = self._comm.Iallreduce(_mpi_buffer(send), _mpi_buffer(result), mpi_op)
-            self._confirm(pending)
-            self._wait(payload, "all_reduce", name)
+            getattr(self, str(method))(send, result, op, name, pending)
         if op == "MEAN":
             if result.dtype.kind in "iu":
                 np.floor_divide(result, self.size, out=result)
@@ -271,7 +259,19 @@ class MPICommunicator:
                 np.divide(result, np.asarray(self.size, result.dtype), out=result)
         return result
 
-    def _ring_all_reduce(self, send: np.ndarray, result: np.ndarray, op: str, name: str) -> None:
+    # The algorithms' MPI implementations (named by graphdist.runtime.comm.algorithms): each confirms the
+    # announced fingerprints (``pending``) before its result is used.
+    def _auto_all_reduce(self, send: np.ndarray, result: np.ndarray, op: str, name: str, pending: Any) -> None:
+        # The payload starts with the fingerprints, not after them: one round trip between hosts instead of
+        # two. Its result is used only once the fingerprints agree; when they differ the payload's request
+        # (perhaps of other sizes on other ranks: MPI refuses it, or it never completes) is abandoned with
+        # the communicator, whose mismatch report goes over the control communicator.
+        payload = self._comm.Iallreduce(_mpi_buffer(send), _mpi_buffer(result), self._mpi_op(op, send.dtype))
+        self._confirm(pending)
+        self._wait(payload, "all_reduce", name)
+
+    def _ring_all_reduce(self, send: np.ndarray, result: np.ndarray, op: str, name: str, pending: Any) -> None:
+        self._confirm(pending)
         flat_in, flat_out = send.reshape(-1), result.reshape(-1)
         n = flat_in.size
         starts = [r * n // self.size for r in range(self.size + 1)]
@@ -282,7 +282,8 @@ class MPICommunicator:
         request = self._comm.Iallgatherv(self._MPI.IN_PLACE, [flat_out, (counts, starts[:-1])])
         self._wait(request, "all_reduce (ring: all-gather)", name)
 
-    def _tree_all_reduce(self, send: np.ndarray, result: np.ndarray, op: str, name: str) -> None:
+    def _tree_all_reduce(self, send: np.ndarray, result: np.ndarray, op: str, name: str, pending: Any) -> None:
+        self._confirm(pending)
         gathered = np.empty((self.size, *send.shape), send.dtype)
         self._wait(self._comm.Iallgather(_mpi_buffer(send), _mpi_buffer(gathered)), "all_reduce (tree: all-gather)",
                    name)

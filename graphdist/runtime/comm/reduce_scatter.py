@@ -6,7 +6,6 @@ viewed flat, not copied). Devices of one process share host memory, so
 the reduction is computed once, by the local communicator's all-reduce (each
 element is combined once, as a ring reduce-scatter would), and every
 participant receives a read-only view of its own shard: no shard is copied.
-Importing this module registers the handler with the scheduler.
 """
 
 from __future__ import annotations
@@ -18,9 +17,8 @@ import numpy as np
 
 from graphdist.errors import InvalidArgumentError
 from graphdist.runtime.comm import local
-from graphdist.runtime.scheduler import register_comm_handler
 
-__all__ = ["reduce_scatter"]
+__all__ = ["reduce_scatter", "run_reduce_scatter_task"]
 
 
 def reduce_scatter(buffers: Sequence[np.ndarray], reduce_op: Any = "SUM", algorithm: str = "ring") -> list[np.ndarray]:
@@ -49,8 +47,7 @@ def reduce_scatter(buffers: Sequence[np.ndarray], reduce_op: Any = "SUM", algori
     return [total[i * shard:(i + 1) * shard] for i in range(count)]
 
 
-def _run_task(op: str, attrs: dict[str, Any], buffers: list[np.ndarray]) -> list[np.ndarray]:
+def run_reduce_scatter_task(op: str, attrs: dict[str, Any], buffers: list[np.ndarray]) -> list[np.ndarray]:
+    """Runs a plan's ``ReduceScatter`` task (the scheduler's handler, ``graphdist.runtime.comm.handlers``)."""
     return reduce_scatter(buffers, attrs.get("reduce_op", "SUM"), str(attrs.get("algorithm", "ring")))
 
-
-register_comm_handler("ReduceScatter", _run_task)
