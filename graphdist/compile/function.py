@@ -297,7 +297,7 @@ class ConcreteFunction:
 
         return export_concrete(self, directory, overwrite=overwrite)
 
-    def replan(self, strategy: Any, *, backend: str | None = None) -> Any:
+    def replan(self, strategy: CompileTarget, *, backend: str | None = None) -> Any:
         """A plan of this step for ``strategy`` (another strategy or device count), made by the strategy's
         passes from the traced graph, with the variables' current values and no tracing.
 
