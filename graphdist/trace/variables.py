@@ -147,6 +147,11 @@ class Variable:
             each variable also has a unique ``uid``).
         trainable: Whether optimizers and ``model.trainable_variables`` see it.
         dtype: numpy dtype; Python floats default to float32 as in TF.
+
+    Compiled steps (``graphdist.compile``) reach the storage only through the public methods
+    :meth:`whole_value`, :meth:`stored_value`, :attr:`worker_shard`, :meth:`store_in_parts`,
+    :meth:`write_back`, :meth:`write_back_parts`, :attr:`distribute_strategy` and :attr:`lives_remotely`
+    (holding the variable's lock, :class:`VariableLocks`, while they read and write back).
     """
 
     __array_priority__ = 1000
