@@ -148,7 +148,7 @@ class Checkpoint:
         when a weight holds NaN or Inf.
         """
         variables, _, slots = self._variables()
-        arrays = {key: np.array(var._eager_value(), order="C", copy=True) for key, var in variables.items()}
+        arrays = {key: np.array(var.whole_value(), order="C", copy=True) for key, var in variables.items()}
         warn_non_finite(arrays, what)
         entries = {key: f"v{index}" for index, key in enumerate(arrays)}
         manifest = {
@@ -181,8 +181,8 @@ class Checkpoint:
         checkpoint calls this while the chief saves.
         """
         for variable in self._variables()[0].values():
-            if variable._worker_shard is not None:
-                variable._eager_value()
+            if variable.worker_shard is not None:
+                variable.whole_value()
 
     def save(self, path: str | os.PathLike[str]) -> str:
         """Writes every variable to ``path`` atomically; returns the path.
@@ -247,7 +247,7 @@ class Checkpoint:
         _check_matching(path, variables, saved)
         lazy, legacy = _unmatched_slots(path, manifest, variables, pending, saved)
         for key, variable in variables.items():
-            variable._write(saved[key])
+            variable.write_back(saved[key])
         for optimizer, owner, kind, value in lazy:
             optimizer._restore_slot(owner, kind, value)
         for prefix, extra in legacy.items():

@@ -44,7 +44,7 @@ per local replica): shard ``r * W + w``. The new weight shards go the other way
 (``CrossWorkerAllGather`` per local replica, then a local ``AllGather``). Each sharded slot is
 stored in parts (above): this worker's L shards, so the process stores only those
 (``sharded_state`` records ``workers``, ``worker`` and ``local``; the compiled function converts
-the variable's storage, see :meth:`graphdist.trace.variables.Variable._shard_storage`).
+the variable's storage, see :meth:`graphdist.trace.variables.Variable.store_in_parts`).
 
 Cases:
 

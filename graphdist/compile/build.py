@@ -12,12 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 from graphdist.compile.interface import Resolved, StepInterface
-from graphdist.compile.pipeline import Pipeline
+from graphdist.compile.pipeline import Pipeline, pass_context
 from graphdist.compile.plan import Plan
 from graphdist.errors import TracingError
 from graphdist.ir.graph import Graph
 from graphdist.ir.placement import PlacementSpec
-from graphdist.passes.base import PassContext, PassManager
+from graphdist.passes.base import PassManager
 
 __all__ = ["compile_traced"]
 
@@ -44,7 +44,7 @@ def compile_traced(traced: Graph, interface: StepInterface, pipeline: Pipeline,
     """
     from graphdist.backends import get_backend  # on first use: importing the backends takes ~25 ms
 
-    ctx = PassContext(devices=tuple(pipeline.config.devices), options=dict(options or {}))
+    ctx = pass_context(pipeline.config, options=dict(options or {}))
     rebatch = pipeline.stage("rebatched")
     if rebatch:
         traced = PassManager(rebatch).run(traced.copy(), ctx).graph

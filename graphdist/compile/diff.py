@@ -354,14 +354,12 @@ def strategy_pass_diffs(concrete: Any) -> PipelineDiff:
     re-run from the traced graph (the compiled function is not touched; the
     final graph equals ``concrete.graph("partitioned")``).
     """
-    from graphdist.compile.pipeline import build_pipeline
-    from graphdist.passes.base import PassContext
+    from graphdist.compile.pipeline import build_pipeline, pass_context
 
-    strategy = concrete.strategy
-    devices = tuple(strategy.extended.worker_devices)
-    ctx = PassContext(devices=devices, dump_dir=None)
+    config = concrete.config
+    ctx = pass_context(config, dump_dir=None)
     traced = concrete.graph("traced")
-    title = (f"passes of {type(strategy).__name__} on {', '.join(devices)} for {traced.name!r}: "
+    title = (f"passes of {config.strategy} on {', '.join(config.devices)} for {traced.name!r}: "
              f"traced ({len(traced.nodes)} nodes) -> partitioned")
     # The configuration it was compiled with: accumulate_steps and op determinism's chunks included.
     pipeline = build_pipeline(concrete.config)

@@ -8,7 +8,9 @@ runs the pass pipeline the strategy's configuration builds (which makes the
 replicas, collectives and placement), partitions the graph into a
 :class:`~graphdist.compile.plan.Plan` and compiles it. Later calls with the
 same signature only execute. This module knows strategies only through
-their :class:`~graphdist.compile.pipeline.PipelineConfig`.
+the :class:`~graphdist.compile.target.CompileTarget` protocol (their
+:class:`~graphdist.compile.pipeline.PipelineConfig`, variable placement and
+communicator), and variables through their public storage methods.
 
 Threads: concurrent first calls of one signature trace and compile it once
 (a lock per signature), and a step holds the locks of its variables while
@@ -20,12 +22,14 @@ least-recently-used cache of ``max_signatures`` entries per function
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
@@ -37,12 +41,12 @@ from graphdist.compile.guards import guarded_key, is_guarded, short_value
 from graphdist.compile.interface import Resolved, StepInterface, rebuild_results
 from graphdist.compile.pipeline import PipelineConfig, build_pipeline, deterministic_config
 from graphdist.compile.step_io import is_distributed, make_inputs, per_replica_batch, result_leaf, specs_of
+from graphdist.compile.target import Communicator, CompileTarget
 from graphdist.errors import InvalidArgumentError, TracingError
 from graphdist.ir.graph import Graph
 from graphdist.ir.placement import PlacementSpec, VariablePlacement
 from graphdist.passes.shard_optimizer_state import REPLICA_PARTS_OPTION
 from graphdist.runtime import determinism
-from graphdist.trace import context
 from graphdist.trace.tracer import TensorSpec, TraceContext, call_user_function, current_trace
 from graphdist.trace.values import DistributedValues
 from graphdist.trace.variables import Variable, VariableLocks, WorkerShard, read_variable
@@ -128,7 +132,8 @@ def signature_of(args: tuple, kwargs: dict) -> tuple[Any, list[Any]]:
     return key, arrays
 
 
-def _store_worker_shards(name: str, graph: Graph, by_uid: dict[str, Variable], strategy: Any) -> dict[str, WorkerShard]:
+def _store_worker_shards(name: str, graph: Graph, by_uid: dict[str, Variable],
+                         strategy: CompileTarget | None) -> dict[str, WorkerShard]:
     """Makes each variable the plan stores in per-replica parts (ZeRO-1 slots, see
     :mod:`graphdist.passes.shard_optimizer_state`) keep only those parts: across workers only this worker's.
 
@@ -140,7 +145,7 @@ def _store_worker_shards(name: str, graph: Graph, by_uid: dict[str, Variable], s
     """
     layouts = {uid: layout for uid, layout in graph.meta.get("sharded_state", {}).items() if "parts" in layout}
     for uid, variable in by_uid.items():
-        shard = variable._worker_shard
+        shard = variable.worker_shard
         if shard is not None and shard.workers > 1 and uid not in layouts:
             raise InvalidArgumentError(
                 f"{name}: variable {variable.name} is sharded across workers (ZeRO-1: each worker stores its chunk), "
@@ -148,10 +153,10 @@ def _store_worker_shards(name: str, graph: Graph, by_uid: dict[str, Variable], s
                 "compile the step under the strategy that shards it")
     if not layouts:
         return {}
-    communicator = getattr(strategy, "communicator", None)
+    communicator = strategy.communicator if strategy is not None else None
     if communicator is None and any(int(layout.get("workers", 1)) > 1 for layout in layouts.values()):
         raise InvalidArgumentError(f"{name}: the plan shards optimizer state across workers, but its strategy "
-                                   f"{type(strategy).__name__} has no communicator between them")
+                                   f"{_target_name(strategy)} has no communicator between them")
     stored: dict[str, WorkerShard] = {}
     for uid, layout in layouts.items():
         variable = by_uid[uid]
@@ -163,12 +168,12 @@ def _store_worker_shards(name: str, graph: Graph, by_uid: dict[str, Variable], s
                                 local)
         else:
             shard = WorkerShard(tuple(variable.shape), 1, 0, int(layout["shard"]), local=local)
-        variable._shard_storage(shard)
+        variable.store_in_parts(shard)
         stored[uid] = shard
     return stored
 
 
-def _gather_chunks(communicator: Any, label: str, chunk: np.ndarray) -> np.ndarray:
+def _gather_chunks(communicator: Communicator, label: str, chunk: np.ndarray) -> np.ndarray:
     return communicator.all_gather(chunk, 0, name=label)
 
 
@@ -182,7 +187,8 @@ class ConcreteFunction:
         interface: How the call's arguments and results map to the traced graph.
     """
 
-    def __init__(self, name: str, graphs: dict[str, Graph], plan: Any, strategy: Any, interface: StepInterface,
+    def __init__(self, name: str, graphs: dict[str, Graph], plan: Any, strategy: CompileTarget | None,
+                 interface: StepInterface,
                  resolved: Resolved, variables: dict[str, Variable], config: PipelineConfig,
                  output_treedef: Any) -> None:
         self.name = name
@@ -195,6 +201,7 @@ class ConcreteFunction:
         self._signature: Any = None  # set by Function once cached
         self._function: Any = None  # the Function that traced it, and the arguments' specs (set by Function)
         self._example: tuple[tuple, dict] | None = None
+        self._batch_args = False  # its plain array arguments are one replica's batch (set by Function)
         self._rebatch: dict[str, Any] | None = None
         rewritten = graphs["rewritten"]
         self._input_names = resolved.input_names
@@ -263,17 +270,17 @@ class ConcreteFunction:
         with self._locks:  # read, run and write back as one step for other threads
             for name, variable in self._whole_feeds:
                 # Stored in parts (by a ZeRO-1 step) and read whole here: joined (in one process only).
-                feeds[name] = variable._value if variable._worker_shard is None else variable._eager_value()
+                feeds[name] = variable.whole_value()
             for names, variable, shard in self._part_feeds:
-                if variable._worker_shard is not shard:  # another step split it another way (one process)
-                    variable._shard_storage(shard)
-                feeds.update(zip(names, variable._value))
+                if variable.worker_shard is not shard:  # another step split it another way (one process)
+                    variable.store_in_parts(shard)
+                feeds.update(zip(names, variable.stored_value()))
             outputs = self.plan.run(feeds)
             updates = outputs[self._num_results:]
             for index, variable in self._whole_updates:
-                variable._write(updates[index])
+                variable.write_back(updates[index])
             for variable, indices in self._part_updates:
-                variable._write_parts([updates[i] for i in indices])
+                variable.write_back_parts([updates[i] for i in indices])
         if self._updates:
             outputs = outputs[: self._num_results]
         outputs = [out[()] if out.ndim == 0 else out for out in outputs]
@@ -294,7 +301,7 @@ class ConcreteFunction:
 
         return export_concrete(self, directory, overwrite=overwrite)
 
-    def replan(self, strategy: Any, *, backend: str | None = None) -> Any:
+    def replan(self, strategy: CompileTarget, *, backend: str | None = None) -> Any:
         """A plan of this step for ``strategy`` (another strategy or device count), made by the strategy's
         passes from the traced graph, with the variables' current values and no tracing.
 
@@ -337,7 +344,8 @@ class Function:
     """A step function compiled per input signature (see :func:`function`)."""
 
     def __init__(self, fn: Callable[..., Any], *, name: str | None = None, backend: str | None = None,
-                 strategy: Any = None, max_signatures: int | None = None, accumulate_steps: int = 1) -> None:
+                 strategy: CompileTarget | None = None, max_signatures: int | None = None,
+                 accumulate_steps: int = 1) -> None:
         if not callable(fn):
             raise InvalidArgumentError(f"gd.function needs a callable, got {type(fn).__name__}")
         if name is not None and not isinstance(name, str):
@@ -463,7 +471,7 @@ class Function:
     def _build(self, key: Any, args: tuple, kwargs: dict) -> ConcreteFunction:
         traced, interface, variables, strategies, treedef = self._trace(args, kwargs)
         key = self._specialised_key(key, traced, args, kwargs)
-        strategy = _strategy_of_remote_variables(self._name, self._pick_strategy(strategies), variables)
+        strategy = _strategy_of_remote_variables(self._name, self._pick_strategy(*strategies), variables)
         config = strategy.pipeline_config() if strategy is not None else PipelineConfig()
         batch_args = False
         chunks = determinism.chunks()
@@ -545,19 +553,26 @@ class Function:
                                f"{int(batch) // steps} rows, and {check['reason']}; compute shapes from x.shape "
                                "(reshape(x.shape[0], -1)), not from Python numbers")
 
-    def _pick_strategy(self, strategies: list[Any]) -> Any:
-        if len(strategies) > 1:
-            names = ", ".join(type(s).__name__ for s in strategies)
+    def _pick_strategy(self, used: list[CompileTarget], scope: CompileTarget | None) -> CompileTarget | None:
+        """The strategy the step compiles under: the one whose ``run`` / ``reduce`` / ``gather`` it called
+        (``used``, as the trace recorded them), else this function's own, else the one whose scope the trace
+        ran in (``scope``), else none (one device, nothing distributed).
+        """
+        if len(used) > 1:
+            names = ", ".join(_target_name(s) for s in used)
             raise NotImplementedError(f"a step may use one strategy; {self._name} uses {names}")
-        if strategies:
-            return strategies[0]
+        if used:
+            return used[0]
         if self._strategy is not None:
             return self._strategy
-        current = context.current_strategy()
-        return current if current is not None and hasattr(current, "pipeline_config") else None
+        return scope if isinstance(scope, CompileTarget) else None
 
     def _trace(self, args: tuple, kwargs: dict, count: bool = True,
-               batch_args: bool = False) -> tuple[Graph, StepInterface, dict[str, Variable], list[Any], Any]:
+               batch_args: bool = False) -> tuple[Graph, StepInterface, dict[str, Variable],
+                                                  tuple[list[Any], Any], Any]:
+        """Traces the step once; returns ``(graph, interface, variables, (strategies used, scope's strategy),
+        result treedef)``.
+        """
         ctx = TraceContext(self._name)
         ctx.replicated = True  # the strategy's pipeline makes the replicas
         with ctx.activate():
@@ -574,7 +589,8 @@ class Function:
             ctx.graph.meta["specialised"] = dict(ctx.specialised)
         if count:
             stats.increment("traces")
-        return ctx.graph, StepInterface(feeds, results), dict(ctx.variables), list(ctx.strategies), treedef
+        strategies = (list(ctx.strategies), ctx.scope_strategy)
+        return ctx.graph, StepInterface(feeds, results), dict(ctx.variables), strategies, treedef
 
     def __repr__(self) -> str:
         return f"<graphdist.Function {self._name} signatures={self.cached_signatures()}>"
@@ -606,15 +622,16 @@ class _NumpyRandomWatch:
                 self._name)
 
 
-def _strategy_of_remote_variables(name: str, strategy: Any, variables: dict[str, Variable]) -> Any:
+def _strategy_of_remote_variables(name: str, strategy: CompileTarget | None,
+                                  variables: dict[str, Variable]) -> CompileTarget | None:
     """The strategy a step must compile under when it touches variables that live outside this process:
     theirs (only its passes pull and push them), where the step itself names none; a step that names another
     one, or mixes the remote variables of two strategies, is refused (its updates would be lost).
     """
-    owners = {id(v._strategy): v._strategy for v in variables.values() if v._lives_remotely}
+    owners = {id(v.distribute_strategy): v.distribute_strategy for v in variables.values() if v.lives_remotely}
     if not owners:
         return strategy
-    remote = ", ".join(sorted(v.name for v in variables.values() if v._lives_remotely)[:3])
+    remote = ", ".join(sorted(v.name for v in variables.values() if v.lives_remotely)[:3])
     if len(owners) > 1:
         raise InvalidArgumentError(f"{name}: the step uses variables of {len(owners)} different parameter-server "
                                    f"strategies ({remote}); a step runs under one strategy")
@@ -622,30 +639,32 @@ def _strategy_of_remote_variables(name: str, strategy: Any, variables: dict[str,
     if strategy is None or strategy is owner:
         return owner
     raise InvalidArgumentError(
-        f"{name}: variable(s) {remote} live on the parameter servers of {type(owner).__name__}, but the step runs "
-        f"under {type(strategy).__name__}, whose plan cannot pull or push them (the updates would be lost); run "
+        f"{name}: variable(s) {remote} live on the parameter servers of {_target_name(owner)}, but the step runs "
+        f"under {_target_name(strategy)}, whose plan cannot pull or push them (the updates would be lost); run "
         "the step under the variables' strategy (its scope, or its strategy.run)")
 
 
-def _placement(strategy: Any, traced: Graph, variables: dict[str, Variable]) -> PlacementSpec:
+def _placement(strategy: CompileTarget | None, traced: Graph, variables: dict[str, Variable]) -> PlacementSpec:
     """Where each variable of the step lives, as the strategy decides (data, not objects)."""
     spec = PlacementSpec()
     for name, variable_spec in traced.meta.get("variables", []):
         variable = variables.get(name)
         if strategy is not None:
-            spec.variables[variable_spec.uid] = strategy._variable_placement(variable_spec, variable)
+            spec.variables[variable_spec.uid] = strategy.variable_placement(variable_spec, variable)
         else:
             spec.variables[variable_spec.uid] = VariablePlacement("local", (variable.device or "cpu:0",)
                                                                    if variable is not None else ("cpu:0",))
     return spec
 
 
-def _strategy_scope(strategy: Any) -> Any:
-    import contextlib
+def _strategy_scope(strategy: CompileTarget | None) -> AbstractContextManager[Any]:
+    # Entering the scope of the strategy that is current already only stacks it again (no change).
+    return contextlib.nullcontext() if strategy is None else strategy.scope()
 
-    if strategy is None or context.current_strategy() is strategy:
-        return contextlib.nullcontext()
-    return strategy.scope()
+
+def _target_name(strategy: Any) -> str:
+    """A strategy's name for messages (its ``name``; the class name of an object that is no strategy)."""
+    return strategy.name if isinstance(strategy, CompileTarget) else type(strategy).__name__
 
 
 #: A function traced this many times gets one warning (tf.function warns after 5 retraces too).

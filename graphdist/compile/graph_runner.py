@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 
 from graphdist.compile.function import Function
+from graphdist.compile.target import CompileTarget
 from graphdist.errors import InvalidArgumentError
 from graphdist.ir.graph import Graph
 from graphdist.ir.onnx_io import from_onnx
@@ -53,7 +54,8 @@ class GraphRunner:
         GraphError: The model cannot be imported (see :func:`graphdist.ir.from_onnx`).
     """
 
-    def __init__(self, model: Graph | onnx.ModelProto, *, backend: str | None = None, strategy: Any = None) -> None:
+    def __init__(self, model: Graph | onnx.ModelProto, *, backend: str | None = None,
+                 strategy: CompileTarget | None = None) -> None:
         self.backend = backend
         self.strategy = strategy
         self._model: onnx.ModelProto | None = None

@@ -7,7 +7,7 @@ import logging
 import os
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -28,6 +28,9 @@ from graphdist.compile.plan_files import (
 from graphdist.errors import PlanError
 from graphdist.ir.graph import Graph
 from graphdist.trace.values import DistributedValues
+
+if TYPE_CHECKING:  # the protocol imports every pass; loading a plan needs none of them
+    from graphdist.compile.target import CompileTarget
 
 __all__ = ["LoadedPlan"]
 
@@ -165,7 +168,7 @@ class LoadedPlan:
         return [self._tensor(p, n, index) for p, n in zip(parts, names)]
 
     # ------------------------------------------------------------- replan
-    def replan(self, strategy: Any, *, backend: str | None = None) -> LoadedPlan:
+    def replan(self, strategy: CompileTarget, *, backend: str | None = None) -> LoadedPlan:
         """This plan for another strategy or device count, made by the strategy's passes from the traced
         step stored in the plan (no Python code), with the variables' current values.
 

@@ -57,7 +57,7 @@ from graphdist.passes.accumulate_gradients import AccumulateGradientsPass
 from graphdist.passes.assign_devices import AssignDevicesPass
 from graphdist.passes.autodiff import AutodiffPass
 from graphdist.passes.balance_variable_updates import BalanceVariableUpdatesPass
-from graphdist.passes.base import PassBase, check_order
+from graphdist.passes.base import PassBase, PassContext, check_order
 from graphdist.passes.bucket_collectives import BucketCollectivesPass
 from graphdist.passes.chunk_batch_reductions import ChunkBatchReductionsPass
 from graphdist.passes.eliminate_dead_nodes import EliminateDeadNodesPass
@@ -80,7 +80,7 @@ from graphdist.passes.shard_logical_devices import ShardLogicalDevicesPass
 from graphdist.passes.shard_optimizer_state import ShardOptimizerStatePass
 from graphdist.passes.split_batch_chunks import SplitBatchChunksPass, chunks_per_replica
 
-__all__ = ["SLOTS", "STAGES", "PipelineConfig", "Pipeline", "build_pipeline", "deterministic_config"]
+__all__ = ["SLOTS", "STAGES", "PipelineConfig", "Pipeline", "build_pipeline", "deterministic_config", "pass_context"]
 
 #: Stage name -> its slots, in order; each stage ends with a graph compilation keeps.
 STAGES: dict[str, tuple[str, ...]] = {
@@ -263,6 +263,19 @@ def build_pipeline(config: PipelineConfig) -> Pipeline:
         cores = [list(c) for c in config.logical_cores]
         slots["logical_devices"] = [ShardLogicalDevicesPass(cores), PlaceLogicalDevicesPass(cores)]
     return Pipeline(config, slots)
+
+
+def pass_context(config: PipelineConfig, **settings: Any) -> PassContext:
+    """The ``PassContext`` the passes of ``config``'s pipeline run with.
+
+    The one place where compilation hands devices to the passes: they come from ``config``, as the replica
+    counts of the pipeline's passes do (:func:`build_pipeline`), so the two cannot disagree.
+
+    Args:
+        config: The configuration the pipeline was built from.
+        **settings: The other ``PassContext`` fields (``options``, ``dump_dir``, ``check``).
+    """
+    return PassContext(devices=tuple(config.devices), **settings)
 
 
 def deterministic_config(config: PipelineConfig, chunks: int, accumulate_steps: int = 1) -> PipelineConfig:

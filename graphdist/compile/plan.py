@@ -46,7 +46,7 @@ def extract_subgraph(graph: Graph, nodes: list[Node], name: str, outputs: list[V
             else:
                 twin = Value(value.name, value.dtype, value.shape)
                 sub.inputs.append(twin)
-            sub._names.add(value.name)
+            sub.unique_name(value.name)  # reserves it (the names are unique in ``graph`` already)
             mapping[id(value)] = twin
         return twin
 
@@ -54,10 +54,10 @@ def extract_subgraph(graph: Graph, nodes: list[Node], name: str, outputs: list[V
         twin = Node(node.op_type, [None if v is None else resolve(v) for v in node.inputs], node.attrs,
                     domain=node.domain, name=node.name)
         twin.device, twin.replica, twin.meta = node.device, node.replica, dict(node.meta)
-        sub._node_names.add(node.name)
+        sub.unique_name(node.name, node=True)
         for out in node.outputs:
             out_twin = Value(out.name, out.dtype, out.shape, producer=twin, index=out.index)
-            sub._names.add(out.name)
+            sub.unique_name(out.name)
             twin.outputs.append(out_twin)
             mapping[id(out)] = out_twin
         sub.append(twin)

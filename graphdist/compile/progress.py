@@ -112,6 +112,11 @@ class _SlowCompileAnnouncer:
             self._timer.cancel()
             self._timer = None
 
+    def close(self) -> None:
+        """Cancels the pending announcement (compiling is over)."""
+        with self._lock:
+            self._cancel()
+
 
 @contextlib.contextmanager
 def announce_slow_compiles(say: Callable[[str], None], after: float = SLOW_SECONDS) -> Iterator[None]:
@@ -127,5 +132,4 @@ def announce_slow_compiles(say: Callable[[str], None], after: float = SLOW_SECON
         with on_segment_compile(announcer):
             yield
     finally:
-        with announcer._lock:
-            announcer._cancel()
+        announcer.close()

@@ -36,6 +36,7 @@ from graphdist.compile.load import load_files
 from graphdist.compile.loaded import LoadedPlan
 from graphdist.compile.pipeline import Pipeline, build_pipeline, deterministic_config
 from graphdist.compile.step import StepRecord
+from graphdist.compile.target import CompileTarget
 from graphdist.errors import GraphError, PlanError
 from graphdist.ir.graph import Graph
 from graphdist.ir.placement import PlacementSpec
@@ -46,7 +47,7 @@ __all__ = ["replan"]
 logger = logging.getLogger(__name__)
 
 
-def replan(record: StepRecord, strategy: Any, *, backend: str | None = None, plan_backend: str | None = None,
+def replan(record: StepRecord, strategy: CompileTarget, *, backend: str | None = None, plan_backend: str | None = None,
            checker: Callable[[], dict[str, Any]] | None = None) -> LoadedPlan:
     """A plan of ``record``'s step for ``strategy`` (see the module docstring).
 
@@ -65,7 +66,7 @@ def replan(record: StepRecord, strategy: Any, *, backend: str | None = None, pla
     Raises:
         PlanError: The step cannot be re-planned for ``strategy`` (see the module docstring).
     """
-    if not hasattr(strategy, "pipeline_config"):
+    if not isinstance(strategy, CompileTarget):
         raise PlanError(f"replan: strategy must be a gd.Strategy (e.g. gd.MirroredStrategy(['cpu:0', 'cpu:1'])), "
                         f"got {type(strategy).__name__}")
     config = strategy.pipeline_config().replace(accumulate_steps=record.accumulate_steps)
@@ -80,7 +81,7 @@ def replan(record: StepRecord, strategy: Any, *, backend: str | None = None, pla
     _check_replica_count(record, config.total_replicas)
     _check_accumulation(record, graph, config.replicas, config.accumulate_steps)
     interface = record.interface.for_replicas(config.replicas)
-    placement = PlacementSpec({spec.uid: strategy._place_value(spec, record.values[name])
+    placement = PlacementSpec({spec.uid: strategy.value_placement(spec, record.values[name])
                                for name, spec in record.variables})
     graphs, plan, resolved = compile_traced(graph, interface, pipeline, placement,
                                             backend or config.backend or plan_backend)

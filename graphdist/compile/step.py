@@ -158,14 +158,14 @@ def record_of_concrete(concrete: Any, check: bool = True) -> StepRecord:
             details.append({"kind": "opaque", "type": sig[1].__name__ if tag == "const" else "object"})
     traced = concrete.graph("traced")
     sharded = [v.name for _, v in concrete._variable_feeds
-               if v._worker_shard is not None and v._worker_shard.workers > 1]
+               if v.worker_shard is not None and v.worker_shard.workers > 1]
     if sharded:
         raise NotImplementedError(
             f"{concrete.name}: exporting or re-planning a step whose optimizer state is sharded across workers "
             f"(ZeRO-1: {', '.join(sharded[:3])}{', ...' if len(sharded) > 3 else ''}) is not implemented yet; save "
             "a gd.Checkpoint on every worker (it gathers the chunks) and restore it into the step of another strategy")
     # A variable stored in per-replica parts (ZeRO-1 in one process) is recorded whole.
-    values = {name: np.array(v._eager_value(), order="C", copy=True) for name, v in concrete._variable_feeds}
+    values = {name: np.array(v.whole_value(), order="C", copy=True) for name, v in concrete._variable_feeds}
     record = StepRecord(
         concrete.name, traced, concrete.interface, encode_treedef(treedef, "the step's arguments"), details,
         encode_treedef(concrete._output_treedef, "the step's result"), list(traced.meta.get("variables", [])),

@@ -90,7 +90,7 @@ class CentralStorageStrategy(Strategy):
                               bucketing=self.cross_device_ops.bucketing() or None,
                               parameter_device=self.parameter_device)
 
-    def _variable_placement(self, spec: VariableSpec, variable: Any = None) -> VariablePlacement:
+    def variable_placement(self, spec: VariableSpec, variable: Any = None) -> VariablePlacement:
         """Every variable has one copy, on the parameter device."""
         return VariablePlacement("central", (self.parameter_device,))
 

@@ -296,7 +296,7 @@ class ParameterServerStrategy(Strategy):
         return PipelineConfig(devices=self.extended.worker_devices, strategy=type(self).__name__,
                               collective_attrs=NcclAllReduce().collective_attrs(), parameter_servers=True)
 
-    def _variable_placement(self, spec: VariableSpec, variable: Any = None) -> VariablePlacement:
+    def variable_placement(self, spec: VariableSpec, variable: Any = None) -> VariablePlacement:
         """The shards the variable was created with on the ps tasks."""
         shards = getattr(variable, "_ps_shards", None)
         if not shards:
@@ -306,13 +306,13 @@ class ParameterServerStrategy(Strategy):
         devices = tuple(sorted({f"/job:ps/replica:0/task:{s.ps}/device:CPU:0" for s in shards}))
         return VariablePlacement("ps", devices, tuple(shards))
 
-    def _place_value(self, spec: VariableSpec, value: Any) -> VariablePlacement:
+    def value_placement(self, spec: VariableSpec, value: Any) -> VariablePlacement:
         """A re-planned step's variable is created on the ps tasks (with the plan's value), like one made in
         the scope: every worker re-plans the same plan, so the n-th variable gets the same shards everywhere.
         """
         with self.scope():
             variable = Variable(value, name=spec.name, trainable=spec.trainable)
-        return self._variable_placement(spec, variable)
+        return self.variable_placement(spec, variable)
 
     def __repr__(self) -> str:
         return (f"ParameterServerStrategy({self._resolver.task_type} {self._resolver.task_id}, "

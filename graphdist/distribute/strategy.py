@@ -135,6 +135,16 @@ class Strategy:
         """The cluster resolver, ``None`` for single-worker strategies."""
         return None
 
+    @property
+    def name(self) -> str:
+        """The strategy's name (its class name), as plans and messages show it."""
+        return type(self).__name__
+
+    @property
+    def communicator(self) -> Any:
+        """The communicator between this strategy's workers (``None``: one worker, nothing to communicate)."""
+        return None
+
     def _num_local_replicas(self) -> int:
         """Replicas run by this process (``num_replicas_in_sync`` counts every worker's)."""
         return len(self._devices)
@@ -167,22 +177,24 @@ class Strategy:
         """What this strategy decides about distributing a traced step (data; see
         :mod:`graphdist.compile.pipeline`).
         """
-        return PipelineConfig(devices=self.extended.worker_devices, strategy=type(self).__name__)
+        return PipelineConfig(devices=self.extended.worker_devices, strategy=self.name)
 
     def pipeline(self) -> Pipeline:
         """The passes that distribute a traced step for this strategy (built from :meth:`pipeline_config`)."""
         return build_pipeline(self.pipeline_config())
 
-    def _variable_placement(self, spec: VariableSpec, variable: Any = None) -> VariablePlacement:
+    def variable_placement(self, spec: VariableSpec, variable: Any = None) -> VariablePlacement:
         """Where a variable of a step lives under this strategy (data for the pipeline, the plan and its
-        summary): a copy on every replica's device, or the one device.
+        summary): a copy on every replica's device, or the one device. Part of the
+        :class:`~graphdist.compile.target.CompileTarget` protocol, like :meth:`pipeline_config`,
+        :meth:`value_placement`, :meth:`scope`, :attr:`name` and :attr:`communicator`.
         """
         devices = self.extended.worker_devices
         return VariablePlacement("mirrored" if len(devices) > 1 else "local", tuple(devices))
 
-    def _place_value(self, spec: VariableSpec, value: Any) -> VariablePlacement:
+    def value_placement(self, spec: VariableSpec, value: Any) -> VariablePlacement:
         """Where a re-planned step's variable lives (its value comes from the plan, not a ``gd.Variable``)."""
-        return self._variable_placement(spec)
+        return self.variable_placement(spec)
 
     # -------------------------------------------------------------- scope
     @contextlib.contextmanager

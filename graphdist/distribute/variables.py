@@ -45,7 +45,7 @@ class _ReplicaCopy:
 
     def __repr__(self) -> str:
         v = self._variable
-        if v._worker_shard is not None:  # stored in parts (ZeRO-1): the variable says how
+        if v.worker_shard is not None:  # stored in parts (ZeRO-1): the variable says how
             return repr(v)
         value = str(v._value[()]) if v.ndim == 0 else np.array2string(v._value, separator=", ")
         return f"<gd.Variable '{self.name}' shape={v.shape} dtype={v.dtype.name}, numpy={value}>"

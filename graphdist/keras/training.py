@@ -120,8 +120,8 @@ def check_strategy(model: Any, what: str, optimizer: Any = None) -> None:
     if optimizer is not None:
         owners += [(v, "optimizer") for v in optimizer.variables()]
     for variable, owner in owners:
-        if getattr(variable, "_strategy", None) is not expected:
-            other = variable._strategy or "no strategy (outside any scope)"
+        if getattr(variable, "distribute_strategy", None) is not expected:
+            other = variable.distribute_strategy or "no strategy (outside any scope)"
             raise InvalidArgumentError(
                 f"{what}: the {owner}'s variable {variable.name} was created under {other}, but the model "
                 f"{model.name!r} belongs to {_strategy_name(strategy)}; {fix}")

@@ -26,6 +26,7 @@ from graphdist.errors import AxisError, GraphError, TracingError
 from graphdist.ir import batch
 from graphdist.ir.graph import ONNX_DOMAIN, Graph, Value
 from graphdist.ir.ops import normalize_axis
+from graphdist.trace import context
 
 __all__ = [
     "TraceContext",
@@ -101,6 +102,10 @@ class TraceContext:
         self.variable_state: dict[int, Any] = {}
         #: Strategies whose ``run`` / ``reduce`` / ``gather`` the step called.
         self.strategies: list[Any] = []
+        #: The strategy whose scope was entered when the trace began (``None`` outside every scope): a step
+        #: that calls no strategy compiles under it. Compilation reads it here, never from the thread-local
+        #: scope stack.
+        self.scope_strategy: Any = context.current_strategy()
         #: True when a pass pipeline makes the replicas of this trace (``gd.function``): the number of
         #: replicas is then a ``graphdist.NumReplicas`` node, not a constant.
         self.replicated = False

@@ -159,6 +159,11 @@ class Variable:
             each variable also has a unique ``uid``).
         trainable: Whether optimizers and ``model.trainable_variables`` see it.
         dtype: numpy dtype; Python floats default to float32 as in TF.
+
+    Compiled steps (``graphdist.compile``) reach the storage only through the public methods
+    :meth:`whole_value`, :meth:`stored_value`, :attr:`worker_shard`, :meth:`store_in_parts`,
+    :meth:`write_back`, :meth:`write_back_parts`, :attr:`distribute_strategy` and :attr:`lives_remotely`
+    (holding the variable's lock, :class:`VariableLocks`, while they read and write back).
     """
 
     __array_priority__ = 1000
@@ -235,17 +240,17 @@ class Variable:
         A variable sharded across workers (ZeRO-1 optimizer slots) is gathered from every worker: a
         collective, so every worker must read it (the communicator's timeout ends a lone reader).
         """
-        value = self._eager_value().copy()
+        value = self.whole_value().copy()
         return value[()] if value.ndim == 0 else value
 
-    def _eager_value(self) -> np.ndarray:
+    def whole_value(self) -> np.ndarray:
         """The whole current value (joined from its parts, and gathered from the workers when only this
         worker's shards are stored here).
         """
         shard = self._worker_shard
         return self._value if shard is None else shard.whole(self._value)
 
-    def _shard_storage(self, shard: WorkerShard) -> None:
+    def store_in_parts(self, shard: WorkerShard) -> None:
         """Stores the value as ``shard``'s per-replica parts (ZeRO-1; across workers only this worker's).
 
         In one process a step sharding it another way (another replica count) re-splits the value.
@@ -267,8 +272,31 @@ class Variable:
             if tuple(shard.shape) != tuple(self.shape):
                 raise InvalidArgumentError(f"variable {self.name} has shape {self.shape}, the shard layout "
                                            f"says {shard.shape}")
-            self._value = shard.parts(self._eager_value())
+            self._value = shard.parts(self.whole_value())
             self._worker_shard = shard
+
+    def stored_value(self) -> np.ndarray | tuple[np.ndarray, ...]:
+        """The value as this process stores it: the array, or (stored in parts, see :meth:`store_in_parts`)
+        this process's parts, in replica order. No copy: a compiled step feeds it as it is.
+        """
+        return self._value
+
+    @property
+    def worker_shard(self) -> WorkerShard | None:
+        """The per-replica parts layout the value is stored in (ZeRO-1), or ``None`` when stored whole."""
+        return self._worker_shard
+
+    @property
+    def distribute_strategy(self) -> Any:
+        """The strategy the variable was created under (``None``: none; as ``tf.distribute``'s variables)."""
+        return self._strategy
+
+    @property
+    def lives_remotely(self) -> bool:
+        """The value lives outside this process (on parameter servers): a step that reads or updates it must
+        be compiled by :attr:`distribute_strategy` (its passes pull and push), whatever scope is current.
+        """
+        return self._lives_remotely
 
     def _stored(self, array: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
         """``array`` (the whole value, or this worker's shards one after the other when stored in parts) as
@@ -337,7 +365,7 @@ class Variable:
                                        f"variable {self.name} of shape {self.shape} and dtype {self.dtype} ({err}); "
                                        "pass a number or an array of the variable's shape") from None
 
-    def _write(self, array: np.ndarray) -> None:
+    def write_back(self, array: np.ndarray) -> None:
         """Stores a step's update (called by the runtime, which holds ``_lock``).
 
         A fresh array of the right type is adopted without a copy (the
@@ -356,7 +384,7 @@ class Variable:
             raise InvalidArgumentError(f"update of {self.name} has shape {array.shape}, expected {self.shape}")
         self._value = array
 
-    def _write_parts(self, parts: list[np.ndarray]) -> None:
+    def write_back_parts(self, parts: list[np.ndarray]) -> None:
         """Stores a step's update of a variable stored in parts: one new part per local replica, adopted
         without a copy when fresh arrays of the right type (called by the runtime, which holds ``_lock``).
 
@@ -385,7 +413,7 @@ class Variable:
 
         if current_trace() is not None:
             return np.asarray(read_variable(self), dtype=dtype)  # raises the tracer's clear error
-        value = self._eager_value()
+        value = self.whole_value()
         return value if dtype is None else value.astype(dtype)
 
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
@@ -414,7 +442,7 @@ class Variable:
             return (f"<gd.Variable '{self.name}' shape={self.shape} dtype={self.dtype.name}, sharded over "
                     f"{shard.workers} workers (this one keeps {shard.stored} elements)>")
         if shard is not None:
-            value = np.array2string(self._eager_value(), separator=", ")
+            value = np.array2string(self.whole_value(), separator=", ")
             return (f"<gd.Variable '{self.name}' shape={self.shape} dtype={self.dtype.name}, numpy={value}, "
                     f"stored in {shard.local} parts>")
         value = str(self._value[()]) if self.ndim == 0 else np.array2string(self._value, separator=", ")
@@ -500,7 +528,7 @@ def read_variable(variable: Variable) -> Any:
 
     ctx = current_trace()
     if ctx is None:
-        return variable._eager_value()
+        return variable.whole_value()
     state = _state(ctx, variable)
     region = _region_key(ctx)
     candidates = [state.cross] if region is None else [state.replicas.get(region), state.cross]

@@ -317,8 +317,8 @@ def test_variable_write_copies_a_shared_result() -> None:
     buffers = _buffers(2, np.float32, shape=(3, 4))
     results = local.all_reduce(buffers, "SUM")
     first, second = Variable(np.zeros((3, 4), np.float32)), Variable(np.zeros((3, 4), np.float32))
-    first._write(results[0])
-    second._write(results[1])
+    first.write_back(results[0])
+    second.write_back(results[1])
     assert first._value is not results[0] and first._value.flags.writeable
     assert not np.shares_memory(first._value, second._value)
     first._value += 1.0  # in-place writes stay private to the variable

@@ -32,7 +32,7 @@ def test_each_worker_stores_its_replicas_shards_and_a_read_gathers_the_whole() -
     np.testing.assert_array_equal(first.local_part(VALUE), [0, 1, 2, 6, 7, 8])
     np.testing.assert_array_equal(second.local_part(VALUE), [3, 4, 5, 9, 0, 0])
     variable = gd.Variable(VALUE)
-    variable._shard_storage(second)
+    variable.store_in_parts(second)
     # Stored as one part per local replica (its shard), so a step feeds and adopts each part without copies.
     assert [p.tolist() for p in variable._value] == [[3, 4, 5], [9, 0, 0]]
     assert variable.shape == (2, 5) and variable.ndim == 2 and len(variable) == 2 and variable.dtype == np.float32
@@ -41,10 +41,10 @@ def test_each_worker_stores_its_replicas_shards_and_a_read_gathers_the_whole() -
     assert "sharded over 2 workers (this one keeps 6 elements)" in repr(variable)
     variable.assign(VALUE * 2)  # a whole value (a restored checkpoint): this worker keeps its shards
     assert [p.tolist() for p in variable._value] == [[6, 8, 10], [18, 0, 0]]
-    variable._write(np.ones(6, np.float32))  # a write-back of the shards one after the other
+    variable.write_back(np.ones(6, np.float32))  # a write-back of the shards one after the other
     assert [p.tolist() for p in variable._value] == [[1, 1, 1], [1, 1, 1]]
     new = [np.full(3, 5, np.float32), np.full(3, 7, np.float32)]
-    variable._write_parts(new)  # a step's write-back: one part per local replica, adopted as they are
+    variable.write_back_parts(new)  # a step's write-back: one part per local replica, adopted as they are
     assert variable._value[0] is new[0] and variable._value[1] is new[1]
 
 
@@ -52,19 +52,19 @@ def test_in_one_process_the_parts_are_the_whole_value() -> None:
     """One worker (MirroredStrategy's ZeRO-1): no gather; the parts join to the value, whole writes split,
     and a layout for another replica count re-splits the value."""
     variable = gd.Variable(VALUE)
-    variable._shard_storage(WorkerShard(VALUE.shape, 1, 0, 5, local=2))
+    variable.store_in_parts(WorkerShard(VALUE.shape, 1, 0, 5, local=2))
     assert [p.tolist() for p in variable._value] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
     np.testing.assert_array_equal(variable.numpy(), VALUE)
     assert "stored in 2 parts" in repr(variable) and "numpy=" in repr(variable)
     variable.assign_add(np.ones_like(VALUE))
     np.testing.assert_array_equal(variable.numpy(), VALUE + 1)
-    variable._shard_storage(WorkerShard(VALUE.shape, 1, 0, 3, local=4))  # 4 replicas: 3 each, 2 of padding
+    variable.store_in_parts(WorkerShard(VALUE.shape, 1, 0, 3, local=4))  # 4 replicas: 3 each, 2 of padding
     assert [p.tolist() for p in variable._value] == [[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 0, 0]]
     np.testing.assert_array_equal(variable.numpy(), VALUE + 1)
     with pytest.raises(gd.errors.InvalidArgumentError, match=r"wrote back 2 part\(s\), and it is stored in 4"):
-        variable._write_parts([np.zeros(3, np.float32)] * 2)
+        variable.write_back_parts([np.zeros(3, np.float32)] * 2)
     with pytest.raises(gd.errors.InvalidArgumentError, match=r"has shape \(2,\), expected \(3,\)"):
-        variable._write_parts([np.zeros(2, np.float32)] * 4)
+        variable.write_back_parts([np.zeros(2, np.float32)] * 4)
     # A step that reads it whole (compiled without ZeRO) is fed the joined value and its write-back split.
     double = gd.function(lambda: variable.assign(variable * 2))
     double()
@@ -75,17 +75,17 @@ def test_in_one_process_the_parts_are_the_whole_value() -> None:
 def test_bad_layouts_and_updates_are_clear_errors() -> None:
     first, second = _layouts()
     variable = gd.Variable(VALUE)
-    variable._shard_storage(first)
-    variable._shard_storage(first)  # the same layout again: nothing changes
+    variable.store_in_parts(first)
+    variable.store_in_parts(first)  # the same layout again: nothing changes
     with pytest.raises(gd.errors.InvalidArgumentError, match="must shard it the same way"):
-        variable._shard_storage(second)
+        variable.store_in_parts(second)
     with pytest.raises(gd.errors.InvalidArgumentError, match=r"has shape \(3,\), expected \(2, 5\)"):
-        variable._write(np.zeros(3, np.float32))
+        variable.write_back(np.zeros(3, np.float32))
 
 
 def test_a_step_reading_a_worker_sharded_variable_whole_is_refused() -> None:
     variable = gd.Variable(VALUE)
-    variable._shard_storage(_layouts()[0])
+    variable.store_in_parts(_layouts()[0])
     step = gd.function(lambda x: x * variable)
     with pytest.raises(gd.errors.InvalidArgumentError, match="sharded across workers .* reads it whole"):
         step(np.ones((2, 5), np.float32))
@@ -95,6 +95,6 @@ def test_exporting_a_step_with_worker_sharded_state_is_not_implemented(tmp_path)
     variable = gd.Variable(VALUE)
     step = gd.function(lambda x: x * variable)
     concrete = step.get_concrete_function(np.ones((2, 5), np.float32))
-    variable._shard_storage(_layouts()[0])  # as a ZeRO-1 step of the same variable would leave it
+    variable.store_in_parts(_layouts()[0])  # as a ZeRO-1 step of the same variable would leave it
     with pytest.raises(NotImplementedError, match="sharded across workers .* save a gd.Checkpoint on every worker"):
         concrete.export(tmp_path / "plan")

@@ -4,7 +4,7 @@ Buffers are numpy arrays, one per replica. Every collective returns one
 result per replica; the replicas share one result array, since they live in
 one address space. The shared result is read-only (``flags.writeable`` is
 False): writing into it would change every replica's value, so code that
-wants to own it copies it (``Variable._write`` does so for read-only arrays).
+wants to own it copies it (``Variable.write_back`` does so for read-only arrays).
 A result never aliases an input, and later calls never write into a result
 that is still referenced (see "output buffers" below).
 
