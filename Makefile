@@ -63,7 +63,7 @@ system-deps:
 
 # ruff, then the package layering contract in pyproject.toml ([tool.importlinter]).
 lint: $(STAMP)
-	$(VENV)/bin/ruff check graphdist passes models benchmarks tests
+	$(VENV)/bin/ruff check graphdist benchmarks tests
 	$(VENV)/bin/lint-imports
 
 # A wheel in dist/ (`pip install dist/graphdist-*.whl`, extras with `'...whl[tvm,mpi]'`).

@@ -1,6 +1,6 @@
 """Time to first step: trace, pass pipeline, partition, compile and first call of a distributed training step.
 
-For the MLP and the transformer block of ``models/`` (their ``make_step(strategy, batch, seed)``: model and
+For the MLP and the transformer block of ``graphdist/models/`` (their ``make_step(strategy, batch, seed)``: model and
 optimizer built in the strategy's scope, one ``gd.function`` running ``strategy.run`` + ``strategy.reduce``)
 and each strategy -- ``OneDeviceStrategy("cpu:0")`` (the baseline), ``MirroredStrategy`` on 2 and on 8
 logical CPUs, ``TPUStrategy`` on 8 simulated cores (``local[8]``; compiled by its backend, tvm: ONNX Runtime

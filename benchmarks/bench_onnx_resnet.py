@@ -219,7 +219,8 @@ def markdown(results: dict[str, Any]) -> str:
         "## ResNet50 inference: Mirrored(2) vs ONNX Runtime",
         "",
         "The onnx wheel's ResNet-50 zoo architecture (opset 9, 53 Conv + BatchNormalization, 16 residual `Sum`s) "
-        "with seeded random weights (`models/onnx_zoo.py`), imported by `gd.onnx.load` at its own opset. Every "
+        "with seeded random weights (`graphdist/models/onnx_zoo.py`), imported by `gd.onnx.load` at its own opset. "
+        "Every "
         f"variant computes the same global batch of {results['batch']} images (3x224x224) in this process: "
         f"graphdist under `gd.MirroredStrategy([\"cpu:0\", \"cpu:1\"])` ({results['batch'] // results['replicas']} "
         "images per replica, given as the two halves a distributed dataset hands over; a `gd.function` runs "

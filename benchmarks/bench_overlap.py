@@ -1,7 +1,7 @@
 """Overlap of gradient all-reduces with the backward pass: Mirrored(2) vs OneDevice, overlap off vs on.
 
 For each model (the 784-512-512-10 MLP with SGD at global batch 256, the
-default ConvNet and transformer block of ``models/`` with Adam at global
+default ConvNet and transformer block of ``graphdist/models/`` with Adam at global
 batch 256), one process builds four variants of the same training step from
 the same initial weights:
 

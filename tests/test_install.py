@@ -124,7 +124,7 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_from_anywhere(tmp_path: Path)
     assert check.returncode == 0, check.stderr
     assert check.stdout.split("\n")[:2] == ["True", "[2. 2.]"]
     assert str(REPO) not in check.stdout + check.stderr
-    # passes/ and models/ install under the graphdist namespace, never as top-level packages of their own.
+    # graphdist/passes and graphdist/models install under the graphdist namespace, never as top-level packages.
     layout = subprocess.run(
         [str(python), "-c", "import graphdist.passes.replicate, graphdist.models.mlp, importlib.util; "
          "print(importlib.util.find_spec('passes'), importlib.util.find_spec('models'))"],

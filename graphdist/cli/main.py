@@ -291,7 +291,7 @@ def _warn_whole_batch_examples(example: tuple[Any, ...], target: str, strategy: 
         logger.warning(
             "%s(strategy) returned plain array(s) as example argument(s) %s: strategy.run gives each of the %d "
             "replicas the whole array (as tf.distribute does), not a share of the batch; to split a global batch "
-            "return next(iter(strategy.experimental_distribute_dataset(dataset))) (see models/common.py: "
+            "return next(iter(strategy.experimental_distribute_dataset(dataset))) (see graphdist/models/common.py: "
             "distributed_step)", target, ", ".join(map(str, plain)), replicas)
 
 

@@ -21,7 +21,7 @@ ALWAYS = ("differentiate", "replicate", "variable_updates", "collectives", "lowe
           "index_checks", "partition")
 STRATEGY_NAMES = {"OneDeviceStrategy", "MirroredStrategy", "TPUStrategy", "ParameterServerStrategy",
                   "MultiWorkerMirroredStrategy", "CentralStorageStrategy"}
-PASSES_DIR = Path(__file__).resolve().parents[2] / "passes"
+PASSES_DIR = Path(__file__).resolve().parents[2] / "graphdist" / "passes"
 
 
 def _filled(pipeline: Pipeline) -> tuple[str, ...]:

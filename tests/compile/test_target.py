@@ -72,7 +72,6 @@ def private_accesses(source: str, own: set[str]) -> list[str]:
 def _own_private_names() -> set[str]:
     mine = _private_names_defined(sorted(COMPILE.glob("*.py")))
     others = [p for p in (REPO / "graphdist").rglob("*.py") if COMPILE not in p.parents]
-    others += sorted((REPO / "passes").rglob("*.py"))
     return mine - _private_names_defined(others)
 
 

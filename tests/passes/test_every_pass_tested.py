@@ -1,4 +1,4 @@
-"""Every pass has a test file of its own: ``passes/<module>.py`` defining a ``*Pass`` class has
+"""Every pass has a test file of its own: ``graphdist/passes/<module>.py`` defining a ``*Pass`` class has
 ``tests/passes/test_<module>.py``, which imports that class from ``graphdist.passes.<module>`` (see
 tests/passes/pass_checks.py for what such a file checks)."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PASSES = REPO / "passes"
+PASSES = REPO / "graphdist" / "passes"
 TESTS = REPO / "tests" / "passes"
 
 
@@ -38,6 +38,7 @@ def test_the_passes_are_found() -> None:
 @pytest.mark.parametrize("module", PASS_MODULES)
 def test_pass_has_a_test_file_that_imports_it(module: str) -> None:
     test_file = TESTS / f"test_{module}.py"
-    assert test_file.is_file(), f"passes/{module}.py has no tests/passes/test_{module}.py (see pass_checks.py)"
+    assert test_file.is_file(), (f"graphdist/passes/{module}.py has no tests/passes/test_{module}.py "
+                                 "(see pass_checks.py)")
     missing = set(_pass_classes(PASSES / f"{module}.py")) - _imported(test_file, module)
     assert not missing, f"{test_file.name} does not import {', '.join(sorted(missing))} from graphdist.passes.{module}"

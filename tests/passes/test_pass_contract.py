@@ -1,4 +1,4 @@
-"""The pass contract (passes/base.py): requires/ensures around every call, verification naming the pass,
+"""The pass contract (graphdist/passes/base.py): requires/ensures around every call, verification naming the pass,
 ordering constraints checked when a pipeline is built."""
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Graph rewrite passes, one per file (see graphdist/passes/base.py)."""

@@ -1,1 +1,0 @@
-"""Graph rewrite passes, one per file (see passes/base.py)."""
