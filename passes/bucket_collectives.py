@@ -363,7 +363,7 @@ class BucketCollectivesPass(PassBase):
                         graph.remove_node(node)
         order = {id(n): (position[id(n)], 0, 0) for n in graph.nodes if id(n) in position}
         order.update(placement)
-        graph.nodes.sort(key=lambda n: order[id(n)])
+        graph.set_nodes(sorted(graph.nodes, key=lambda n: order[id(n)]))
         graph.topological_sort()  # readers of a member that preceded the pack's anchor move after it
         if any(n.domain == GRAPHDIST_DOMAIN and n.op_type in CROSS_WORKER_OPS for n in graph.nodes):
             number_cross_worker_groups(graph)  # every worker issues the MPI calls in the new graph order

@@ -80,7 +80,7 @@ class InsertCollectivesPass(PassBase):
                 nodes.extend(self._members_of_cross(graph, node))
             else:
                 nodes.append(node)
-        graph.nodes = nodes
+        graph.set_nodes(nodes)
         _check_gather_groups(nodes)
         return PassResult(graph, modified=True)
 
@@ -106,25 +106,19 @@ class InsertCollectivesPass(PassBase):
         op_type = _FROM_CROSS[node.op_type]
         attrs = self._attrs(node, key)
         members = []
+        result = node.outputs[0]
         for replica, value in enumerate(node.inputs):
             member = Node(op_type, [value], dict(attrs), domain=GRAPHDIST_DOMAIN)
             member.name = graph.unique_name(f"{op_type.lower()}", node=True)
             member.meta = {k: v for k, v in node.meta.items() if k not in ("context", "variant")}
             member.meta.update(context="replica", replica=replica, side_effect=True)
-            member.graph = graph
-            result = node.outputs[0]
             if replica == 0:
                 out = result  # readers of the cross-replica result read replica 0's member
-                out.producer, out.index = member, 0
             else:
-                out = Value(graph.unique_name(f"{result.name}_r{replica}"), result.dtype, result.shape,
-                            producer=member)
-            member.outputs.append(out)
+                out = Value(graph.unique_name(f"{result.name}_r{replica}"), result.dtype, result.shape)
+            member.add_output(out)
             members.append(member)
-        node.detach_inputs()
-        node.outputs = []
-        node.graph = None
-        return members
+        return members  # the caller's set_nodes removes ``node``, whose output replica 0's member took
 
 
 def _check_gather_groups(nodes: list[Node]) -> None:

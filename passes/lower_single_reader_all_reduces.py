@@ -128,40 +128,26 @@ def _lower(graph: Graph, members: list[Node], reader: Node) -> None:
     inputs = [m.inputs[0] for m in members]
     meta = {k: v for k, v in reader.meta.items() if k != "side_effect"}
     meta.update({SUMMED_GROUP: str(reader.attrs.get("group_key", reader.name)), SUMMED_REPLICAS: len(members)})
-    new_nodes: list[Node] = []
 
     def add(op_type: str, operands: Iterable[Value]) -> Value:
         node = graph.add_node(op_type, list(operands), name=f"{op_type.lower()}_{reader.name}")
         node.meta.update(meta)
-        new_nodes.append(node)
         return node.outputs[0]
 
-    if op in ("SUM", "MEAN") and inputs[0].dtype.kind == "f":
-        result = add("Sum", inputs)
-        if op == "MEAN":
-            count = graph.add_initializer(graph.unique_name(f"{reader.name}_count"),
-                                          np.array(len(members), dtype=inputs[0].dtype))
-            result = add("Div", [result, count])
-    else:
-        result = inputs[0]
-        for operand in inputs[1:]:
-            result = add(_CHAINED[op], [result, operand])
-    for node in new_nodes:  # where the read member was (add_node appended them)
-        graph.nodes.remove(node)
-        graph.insert_before(reader, node)
-    _take_over(graph, reader, result.producer)
+    with graph.inserting_before(reader):  # where the read member was
+        if op in ("SUM", "MEAN") and inputs[0].dtype.kind == "f":
+            result = add("Sum", inputs)
+            if op == "MEAN":
+                count = graph.add_initializer(graph.unique_name(f"{reader.name}_count"),
+                                              np.array(len(members), dtype=inputs[0].dtype))
+                result = add("Div", [result, count])
+        else:
+            result = inputs[0]
+            for operand in inputs[1:]:
+                result = add(_CHAINED[op], [result, operand])
+    # The last node produces the read member's result value itself (its name, readers and output position stay).
+    graph.replace_node(reader, result.producer, keep_values=True)
     _remove_unread(graph, [m for m in members if m is not reader])
-
-
-def _take_over(graph: Graph, reader: Node, last: Node) -> None:
-    """``last`` produces the read member's result value itself (its name, readers and output position stay)."""
-    value = reader.outputs[0]
-    value.producer, value.index = last, 0
-    last.outputs[0] = value
-    reader.outputs = []
-    reader.detach_inputs()
-    graph.nodes.remove(reader)
-    reader.graph = None
 
 
 def _remove_unread(graph: Graph, members: list[Node]) -> None:
@@ -176,8 +162,4 @@ def _remove_unread(graph: Graph, members: list[Node]) -> None:
         if id(node) not in cone:
             cone[id(node)] = node
             stack.extend(user for out in node.outputs for user, _ in out.uses)
-    for node in cone.values():
-        node.detach_inputs()
-    graph.nodes = [n for n in graph.nodes if id(n) not in cone]
-    for node in cone.values():
-        node.graph = None
+    graph.remove(cone.values())

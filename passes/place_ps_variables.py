@@ -122,5 +122,7 @@ def _insert_after_inputs(graph: Graph, node: Node) -> None:
     for index, other in enumerate(graph.nodes):
         if id(other) in producers:
             position = index + 1
-    graph.nodes.insert(position, node)
-    node.graph = graph
+    if position < len(graph.nodes):
+        graph.insert_before(graph.nodes[position], node)
+    else:
+        graph.append(node)

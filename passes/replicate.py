@@ -149,7 +149,8 @@ class _Replicator:
                 nodes.extend(self._replicate_node(node))
             else:
                 nodes.extend(self._cross_replica_node(node))
-        self.graph.nodes = nodes
+        # The traced nodes left out leave the graph; the graph outputs they computed are rewired right after.
+        self.graph.set_nodes(nodes, safe=False)
         output_map, replica_outputs = self._replicate_outputs()
         self.graph.meta["replication"] = Replication(self.n, self.offset, self.in_sync, input_map, output_map,
                                                      replica_outputs)
@@ -210,7 +211,7 @@ class _Replicator:
     def _clone(self, node: Node, replica: int, inputs: list[Value | None]) -> Node:
         twin = Node(node.op_type, inputs, dict(node.attrs), domain=node.domain)
         twin.name = self.graph.unique_name(f"{node.name}_r{replica}", node=True)
-        twin.device, twin.meta, twin.graph = node.device, dict(node.meta), self.graph
+        twin.device, twin.meta = node.device, dict(node.meta)
         twin.outputs = [self._twin(out, replica, producer=twin) for out in node.outputs]
         return twin
 
@@ -315,5 +316,4 @@ class _Replicator:
 
     @staticmethod
     def _drop(node: Node) -> None:
-        node.detach_inputs()
-        node.graph = None
+        node.detach_inputs()  # now, so that its inputs' uses are current; run()'s set_nodes removes it
