@@ -681,29 +681,10 @@ class Graph:
         self.nodes = ordered
 
     def to_networkx(self):  # -> networkx.MultiDiGraph
-        """Returns a ``networkx.MultiDiGraph``: one vertex per node, graph input
-        and initializer, and ``output:<name>`` per graph output; one edge per
-        value use, keyed ``<value name>:<input index>`` (so ``Mul(x, x)`` has two
-        edges) with attributes ``value`` (the value name) and ``type``.
-        """
-        import networkx as nx
+        """A ``networkx.MultiDiGraph`` of the graph (:func:`graphdist.ir.networkx_view.graph_to_networkx`)."""
+        from graphdist.ir.networkx_view import graph_to_networkx  # a view of the data, not part of it
 
-        g = nx.MultiDiGraph(name=self.name)
-        for value in self.inputs:
-            g.add_node(value.name, kind="input", type=value.type_str())
-        for value in self.initializers.values():
-            g.add_node(value.name, kind="initializer", type=value.type_str())
-        for node in self.nodes:
-            g.add_node(node.name, kind="op", op=node.qualified_op, device=node.device, replica=node.replica)
-            for index, value in enumerate(node.inputs):
-                if value is not None:
-                    g.add_edge(_vertex_of(value), node.name, key=f"{value.name}:{index}", value=value.name,
-                               type=value.type_str())
-        for value in self.outputs:
-            sink = f"output:{value.name}"
-            g.add_node(sink, kind="output", type=value.type_str())
-            g.add_edge(_vertex_of(value), sink, key=f"{value.name}:0", value=value.name, type=value.type_str())
-        return g
+        return graph_to_networkx(self)
 
     def copy(self) -> Graph:
         """Deep copy of structure (constant arrays are shared, not copied)."""
@@ -737,25 +718,16 @@ class Graph:
 
     # ----------------------------------------------------------- rendering
     def summary(self) -> str:
-        """A readable text listing of the graph (see :mod:`graphdist.ir.printer`).
-
-        Placed graphs, graphs with collectives and graphs reading variables also
-        get overview tables after the header (ops per device, collectives with
-        sizes and algorithm, bytes per step, variables and their placement; see
-        :func:`graphdist.ir.render.graph_overview`).
+        """A readable text listing of the graph, with overview tables when placed
+        (:func:`graphdist.ir.render.graph_summary`).
         """
-        from graphdist.ir.printer import format_graph
-        from graphdist.ir.render import graph_overview
+        from graphdist.ir.render import graph_summary  # a view of the data, not part of it
 
-        text, overview = format_graph(self), graph_overview(self)
-        if not overview:
-            return text
-        head, _, rest = text.partition("\ninputs:")
-        return f"{head}\n{overview}\ninputs:{rest}"
+        return graph_summary(self)
 
     def to_onnx(self, *, opset: int | None = None):  # -> onnx.ModelProto
         """Lowers to an ``onnx.ModelProto`` (see :mod:`graphdist.ir.onnx_io`)."""
-        from graphdist.ir.onnx_io import to_onnx
+        from graphdist.ir.onnx_io import to_onnx  # an export of the data, not part of it
 
         return to_onnx(self) if opset is None else to_onnx(self, opset=opset)
 
@@ -763,7 +735,7 @@ class Graph:
         """Graphviz DOT text: devices as clusters, collectives highlighted
         (options: see :func:`graphdist.ir.render.graph_to_dot`).
         """
-        from graphdist.ir.render import graph_to_dot
+        from graphdist.ir.render import graph_to_dot  # a view of the data, not part of it
 
         return graph_to_dot(self, **options)
 
@@ -773,7 +745,7 @@ class Graph:
         :class:`~graphdist.errors.GraphdistError` with an install hint without it.
         Returns the ``pathlib.Path`` written.
         """
-        from graphdist.ir.render import render_dot
+        from graphdist.ir.render import render_dot  # a view of the data, not part of it
 
         return render_dot(self.to_dot(**options), path)
 
@@ -782,10 +754,6 @@ class Graph:
 
     def __repr__(self) -> str:
         return f"<Graph {self.name!r} stage={self.stage} nodes={len(self.nodes)} inputs={len(self.inputs)}>"
-
-
-def _vertex_of(value: Value) -> str:
-    return value.producer.name if value.producer is not None else value.name
 
 
 def _producers(node: Node) -> Iterable[Node]:
