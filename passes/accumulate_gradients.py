@@ -231,7 +231,7 @@ class MicroBatchRewriter:
         twin = Node(node.op_type, [self._micro_input(v, m) for v in node.inputs], dict(node.attrs),
                     domain=node.domain)
         twin.name = self.graph.unique_name(f"{node.name}_m{m}", node=True)
-        twin.device = node.device
+        twin.device, twin.replica = node.device, node.replica
         twin.meta = {**node.meta, "micro": m}
         try:
             types = node_opdef(twin, self.graph).infer(twin, len(node.outputs))

@@ -100,7 +100,8 @@ class AutodiffPass(PassBase):
             results = _backward(graph, gradient_node, builder)
             # Backward ops read only values defined before the Gradient node: place them there.
             for node in builder.created:  # backward ops run where their Gradient node was traced
-                node.meta.update({k: gradient_node.meta[k] for k in ("replica", "context", "variant", "micro")
+                node.replica = gradient_node.replica
+                node.meta.update({k: gradient_node.meta[k] for k in ("context", "variant", "micro")
                                   if k in gradient_node.meta})
             graph.insert_before(gradient_node, builder.created)
             for out, grad in zip(gradient_node.outputs, results):

@@ -162,7 +162,7 @@ class _Group:
 
 
 def _replica_of(node: Node) -> int | None:
-    return node.replica if node.replica is not None else node.meta.get("replica")
+    return node.replica
 
 
 def _available_phases(graph: Graph) -> dict[int, int]:
@@ -265,9 +265,8 @@ def _candidates(graph: Graph, devices: tuple[str, ...]) -> list[_Group]:
 def _placed_like(node: Node, template: Node, key: str) -> None:
     """Puts ``node`` on the template member's device and replica."""
     node.device, node.replica = template.device, template.replica
-    for name in ("context", "replica"):
-        if name in template.meta:
-            node.meta[name] = template.meta[name]
+    if "context" in template.meta:
+        node.meta["context"] = template.meta["context"]
     node.meta[BUCKET] = key
 
 

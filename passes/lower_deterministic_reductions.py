@@ -132,7 +132,7 @@ def _lower_to_tree(graph: Graph, node: Node) -> None:
     def add(left: Value, right: Value) -> Value:
         made = graph.add_node("Add", [left, right], name=f"add_{node.name}")
         made.meta.update(meta)
-        made.device = node.device
+        made.device, made.replica = node.device, node.replica
         return made.outputs[0]
 
     with graph.inserting_before(node):

@@ -29,7 +29,7 @@ from graphdist.passes.base import PassBase, PassContext, PassResult
 
 __all__ = ["LowerIndexChecksPass"]
 
-_PLACEMENT_META = ("context", "variant", "replica")
+_PLACEMENT_META = ("context", "variant")
 
 
 class LowerIndexChecksPass(PassBase):

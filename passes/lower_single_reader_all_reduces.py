@@ -98,7 +98,7 @@ def _local_groups(graph: Graph) -> dict[str, list[Node]]:
     for node in graph.nodes:
         if node.domain == GRAPHDIST_DOMAIN and node.op_type == "AllReduce":
             groups.setdefault(str(node.attrs.get("group_key", node.name)), []).append(node)
-    return {key: sorted(members, key=lambda m: int(m.meta.get("replica", 0)))
+    return {key: sorted(members, key=lambda m: int(m.replica or 0))
             for key, members in groups.items() if _lowerable(members)}
 
 
@@ -108,7 +108,7 @@ def _lowerable(members: list[Node]) -> bool:
     dtype = first.inputs[0].dtype
     if len(members) < 2 or int(first.attrs.get("group_size", len(members))) != len(members):
         return False  # one member (LowerCollectivesPass removes it) or members in other workers
-    if len({int(m.meta.get("replica", -1)) for m in members}) != len(members):
+    if len({-1 if m.replica is None else int(m.replica) for m in members}) != len(members):
         return False
     if dtype.kind == "b" or dtype.kind not in "fiu" or (op == "MEAN" and dtype.kind != "f"):
         return False
@@ -132,6 +132,7 @@ def _lower(graph: Graph, members: list[Node], reader: Node) -> None:
     def add(op_type: str, operands: Iterable[Value]) -> Value:
         node = graph.add_node(op_type, list(operands), name=f"{op_type.lower()}_{reader.name}")
         node.meta.update(meta)
+        node.replica = reader.replica
         return node.outputs[0]
 
     with graph.inserting_before(reader):  # where the read member was

@@ -104,7 +104,6 @@ class PlacePSVariablesPass(PassBase):
         node = Node(op, inputs, attrs, domain=domain)
         node.name = graph.unique_name(hint, node=True)
         node.device, node.replica = device, 0
-        node.meta["replica"] = 0
         if domain == GRAPHDIST_DOMAIN:
             node.meta["side_effect"] = True
         for index, (dtype, shape) in enumerate(get_opdef(op, domain).infer(node, None)):

@@ -64,7 +64,7 @@ __all__ = ["PlaceVariablesPass"]
 
 
 def _replica_of(node: Node) -> int | None:
-    return node.replica if node.replica is not None else node.meta.get("replica")
+    return node.replica
 
 
 def _device_of(node: Node, ctx: PassContext) -> str:

@@ -5,7 +5,7 @@ A step is traced once, as one replica: the nodes traced inside
 step's cross-replica code) do not. This pass makes the replicas.
 
 Invariant established: every replica-region node exists once per local
-replica ``r`` (``meta["replica"] = r``), replica ``r``'s copy reading replica
+replica ``r`` (``node.replica = r``), replica ``r``'s copy reading replica
 ``r``'s copies; no ``ReplicaId``, ``NumReplicas`` or ``ReadReplica`` node
 remains; ``graph.meta["replication"]`` records the replica count, the
 replicas' global offset, and how the traced inputs and outputs map to the
@@ -202,7 +202,7 @@ class _Replicator:
                 wanted = self._for_replica(value, replica, node)
                 if wanted is not twin.inputs[index]:
                     twin.replace_input(index, wanted)
-            twin.meta["replica"] = replica
+            twin.replica = replica
             for out, twin_out in zip(node.outputs, twin.outputs):
                 self.copies.setdefault(id(out), {})[replica] = twin_out
             made.append(twin)
@@ -299,7 +299,8 @@ class _Replicator:
             return twins[replica]
         # The same value on every replica (a constant, a cross-replica result): each replica outputs its copy.
         node = self.graph.add_node("Identity", [value], name="replica_output")
-        node.meta.update(context="replica", replica=replica)
+        node.meta["context"] = "replica"
+        node.replica = replica
         return node.outputs[0]
 
     # ----------------------------------------------------------- helpers

@@ -49,6 +49,8 @@ def _targets(tree: ast.AST) -> list[ast.expr]:
             found.extend(node.targets)
         elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
             found.append(node.target)
+        elif isinstance(node, ast.Delete):
+            found.extend(node.targets)  # del graph.nodes[i:]
     flat: list[ast.expr] = []
     while found:
         target = found.pop()
@@ -80,6 +82,38 @@ def _hand_edits(path: Path) -> list[str]:
     return edits
 
 
+def _replica_in_meta(path: Path) -> list[str]:
+    """Uses of ``meta["replica"]`` (a node's replica has one home: ``node.replica``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        keyed = (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and node.value.attr == "meta"
+                 and isinstance(node.slice, ast.Constant) and node.slice.value == "replica")
+        called = (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                  and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "meta"
+                  and (any(isinstance(a, ast.Constant) and a.value == "replica" for a in node.args[:1])
+                       or any(k.arg == "replica" for k in node.keywords)))
+        if keyed or called:
+            found.append(f"{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_a_node_replica_lives_in_its_field_only() -> None:
+    uses = [use for path in _sources() for use in _replica_in_meta(path)]
+    assert not uses, "use node.replica:\n" + "\n".join(uses)
+
+
+def test_the_replica_check_flags_meta_replica(tmp_path: Path) -> None:
+    source = tmp_path / "bad.py"
+    source.write_text("def f(node):\n    node.meta['replica'] = 1\n    node.meta.get('replica')\n"
+                      "    node.meta.update(replica=2)\n    node.meta.get('context')\n")
+    global REPO
+    saved, REPO = REPO, tmp_path
+    try:
+        assert len(_replica_in_meta(source)) == 3
+    finally:
+        REPO = saved
+
+
 def test_no_code_outside_ir_edits_the_ir_pointers_by_hand() -> None:
     files = _sources()
     assert any(p.parent.name == "passes" for p in files) and len(files) > 50  # the scan reads the packages
@@ -91,10 +125,10 @@ def test_the_check_flags_a_hand_edit(tmp_path: Path) -> None:
     source = tmp_path / "bad.py"
     source.write_text("def f(graph, node, value, twin):\n    graph.nodes = []\n    node.graph = graph\n"
                       "    value.producer, value.index = twin, 0\n    graph.nodes[:0] = [node]\n"
-                      "    graph.nodes.insert(0, node)\n    self.graph = graph\n")
+                      "    graph.nodes.insert(0, node)\n    self.graph = graph\n    del self.graph.nodes[3:]\n")
     found = [line.split(": ", 1)[1] for line in _hand_edits_at(source)]
     assert found == ["assigns graph.nodes", "assigns node.graph", "assigns value.producer",
-                     "assigns graph.nodes", "edits graph.nodes.insert(...) in place"]
+                     "assigns graph.nodes", "edits graph.nodes.insert(...) in place", "assigns self.graph.nodes"]
 
 
 def _hand_edits_at(path: Path) -> list[str]:
