@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from graphdist.compile.progress import SegmentCompile, notify
+from graphdist.compile.render import plan_summary, plan_to_dot
 from graphdist.errors import GraphError, PlanError
 from graphdist.ir.comm_ops import RUNTIME_CHECK_OPS, is_communication
 from graphdist.ir.graph import Graph, Node, Value
@@ -219,11 +220,9 @@ class Plan:
         """Readable tables: devices (segments, nodes, bytes sent), segments (ops,
         inputs, outputs), communication tasks (algorithm, sizes, bytes moved per
         step) and variables with their placement (see
-        :func:`graphdist.ir.render.plan_summary`), then which collectives may
+        :func:`graphdist.compile.render.plan_summary`), then which collectives may
         overlap which segments (:meth:`overlaps`).
         """
-        from graphdist.ir.render import plan_summary
-
         return f"{plan_summary(self)}\n{self._overlap_text()}"
 
     def overlaps(self) -> dict[str, list[str]]:
@@ -248,8 +247,6 @@ class Plan:
 
     def to_dot(self, **options: Any) -> str:
         """Graphviz DOT text: segments in device clusters, communication tasks highlighted."""
-        from graphdist.ir.render import plan_to_dot
-
         return plan_to_dot(self, **options)
 
     def render(self, path: str, **options: Any) -> Any:

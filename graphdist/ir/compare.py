@@ -80,6 +80,10 @@ class _Matcher:
         if self.placement and (x.device, x.replica) != (y.device, y.replica):
             return f"placed on {x.device} (replica {x.replica}) vs {y.device} (replica {y.replica})"
         for key in self.meta_keys:
+            if key == "replica":  # the node's replica field (its one home; formerly also a meta entry)
+                if x.replica != y.replica:
+                    return f"replica {x.replica!r} vs {y.replica!r}"
+                continue
             if x.meta.get(key) != y.meta.get(key):
                 return f"meta[{key!r}] {x.meta.get(key)!r} vs {y.meta.get(key)!r}"
         return None
@@ -152,7 +156,8 @@ def structural_diff(actual: Graph, expected: Graph, *, placement: bool = False,
         actual: A graph.
         expected: The graph it should equal.
         placement: Also compare every node's device and replica.
-        meta_keys: Node ``meta`` entries that must also be equal (e.g. ``("replica",)``).
+        meta_keys: Node ``meta`` entries that must also be equal; ``"replica"`` compares
+            the node's ``replica`` field (without its device, as ``placement`` would).
     """
     return _Matcher(actual, expected, placement, meta_keys).run()
 

@@ -7,12 +7,18 @@ owns its output values. A :class:`Graph` holds nodes in a valid topological
 order, its inputs, outputs and initializers (constant values).
 
 Rewiring always goes through :meth:`Graph.replace_all_uses_with` (or
-:meth:`Node.replace_input`) so that use lists stay consistent.
+:meth:`Node.replace_input`) so that use lists stay consistent. The graph owns
+its edits: nodes join and leave it only through :meth:`Graph.add_node`,
+:meth:`Graph.insert_before` / :meth:`Graph.insert_after` (or the cursor
+:meth:`Graph.inserting_before`), :meth:`Graph.remove`,
+:meth:`Graph.replace_node` and :meth:`Graph.set_nodes`; ``node.graph`` and
+``value.producer`` are read-only properties outside :mod:`graphdist.ir`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -86,7 +92,7 @@ class Value:
             list-like, with O(1) membership and removal).
     """
 
-    __slots__ = ("name", "dtype", "shape", "producer", "index", "const_value", "uses", "meta")
+    __slots__ = ("name", "dtype", "shape", "_producer", "index", "const_value", "uses", "meta")
 
     def __init__(
         self,
@@ -100,11 +106,16 @@ class Value:
         self.name = name
         self.dtype = np.dtype(dtype)
         self.shape: Shape = tuple(shape)
-        self.producer = producer
+        self._producer = producer
         self.index = index
         self.const_value = const_value
         self.uses: Uses = Uses()
         self.meta: dict[str, Any] = {}
+
+    @property
+    def producer(self) -> Node | None:
+        """The node that computes this value (read-only: :meth:`Node.add_output` moves a value)."""
+        return self._producer
 
     @property
     def rank(self) -> int:
@@ -147,7 +158,7 @@ class Node:
         meta: Free-form annotations for passes (source location, region...).
     """
 
-    __slots__ = ("name", "op_type", "domain", "inputs", "attrs", "outputs", "device", "replica", "meta", "graph")
+    __slots__ = ("name", "op_type", "domain", "inputs", "attrs", "outputs", "device", "replica", "meta", "_graph")
 
     def __init__(
         self,
@@ -166,11 +177,16 @@ class Node:
         self.device: str | None = None
         self.replica: int | None = None
         self.meta: dict[str, Any] = {}
-        self.graph: Graph | None = None
+        self._graph: Graph | None = None
         self.inputs: list[Value | None] = list(inputs)
         for index, value in enumerate(self.inputs):  # _append_input, inlined: graphs of 100k nodes are copied often
             if value is not None:
                 value.uses[(self, index)] = None
+
+    @property
+    def graph(self) -> Graph | None:
+        """The graph holding this node, or ``None`` (read-only: the :class:`Graph` edit methods set it)."""
+        return self._graph
 
     @property
     def qualified_op(self) -> str:
@@ -182,6 +198,18 @@ class Node:
         self.inputs.append(value)
         if value is not None:
             value.uses[(self, index)] = None
+
+    def add_output(self, value: Value) -> None:
+        """Makes ``value`` this node's next output (its producer and index follow).
+
+        A pass that replaces a node by another hands the old node's output
+        values over with it, so their readers need no rewiring.
+        """
+        old = value._producer
+        if old is not None and old is not self and any(out is value for out in old.outputs):
+            old.outputs = [out for out in old.outputs if out is not value]
+        value._producer, value.index = self, len(self.outputs)
+        self.outputs.append(value)
 
     def replace_input(self, index: int, new: Value | None) -> None:
         """Points input ``index`` at ``new``, keeping use lists consistent."""
@@ -221,6 +249,8 @@ class Graph:
             :data:`graphdist.ir.ops.OPSET`; an imported model keeps its own.
         meta: Free-form annotations (for example the output structure).
     """
+
+    _cursor: tuple[Node, bool, int] | None = None  # where add_node inserts: (anchor, after, its last known position)
 
     def __init__(self, name: str = "graph", stage: str = "traced", *,
                  opset_imports: dict[str, int] | None = None) -> None:
@@ -312,62 +342,212 @@ class Graph:
             output_types = opdef.infer(node, num_outputs)
         for index, (dtype, shape) in enumerate(output_types):
             out = Value(self.unique_name(node.name if index == 0 else f"{node.name}_{index}"), dtype, shape)
-            out.producer, out.index = node, index
+            out._producer, out.index = node, index
             node.outputs.append(out)
         self.append(node)
         return node
 
     def append(self, node: Node) -> None:
-        """Appends an already built node (its inputs must be defined earlier)."""
-        node.graph = self
-        self.nodes.append(node)
+        """Adds an already built node where the cursor is (by default: last); its inputs must be defined earlier."""
+        if node._graph is not None and node._graph is not self:
+            raise GraphError(f"node {node.name} ({node.qualified_op}) belongs to graph {node._graph.name!r}; "
+                             "remove it there first")
+        node._graph = self
+        if self._cursor is None:
+            self.nodes.append(node)
+            return
+        anchor, after, position = self._cursor
+        if not (position < len(self.nodes) and self.nodes[position] is anchor):  # the list changed meanwhile
+            position = self._index_of(anchor)
+        if after:
+            self.nodes.insert(position + 1, node)
+            self._cursor = (node, True, position + 1)  # the next node goes after this one: order kept
+        else:
+            self.nodes.insert(position, node)
+            self._cursor = (anchor, False, position + 1)
 
-    def insert_before(self, anchor: Node, node: Node) -> None:
-        """Inserts ``node`` right before ``anchor`` in the node order."""
-        node.graph = self
-        self.nodes.insert(self.nodes.index(anchor), node)
+    @contextmanager
+    def inserting_before(self, node: Node) -> Iterator[None]:
+        """Within the ``with`` block, :meth:`add_node` (and :meth:`append`) insert before ``node``, in order.
 
-    def remove_node(self, node: Node) -> None:
-        """Removes a node whose outputs are no longer used.
+        As torch.fx's ``Graph.inserting_before``::
 
-        Each call scans the node list: to remove many nodes, use :meth:`remove_nodes`.
+            with graph.inserting_before(reader):
+                total = graph.add_node("Add", [a, b])
         """
-        for out in node.outputs:
-            if out.uses or out in self.outputs:
-                raise GraphError(
-                    f"cannot remove node {node.name} ({node.qualified_op}): its output "
-                    f"%{out.name} is still used; rewire it with replace_all_uses_with first"
-                )
-        node.detach_inputs()
-        self.nodes.remove(node)
-        node.graph = None
+        yield from self._inserting(node, after=False)
 
-    def remove_nodes(self, nodes: Iterable[Node]) -> None:
-        """Removes several nodes at once, in one pass over the node list (linear in the graph's size).
+    @contextmanager
+    def inserting_after(self, node: Node) -> Iterator[None]:
+        """Within the ``with`` block, :meth:`add_node` inserts after ``node``; successive nodes keep their order."""
+        yield from self._inserting(node, after=True)
 
-        The nodes' outputs may be read only by nodes removed with them (a dead
-        chain goes in one call).
+    def _inserting(self, node: Node, *, after: bool) -> Iterator[None]:
+        saved = self._cursor
+        self._cursor = (node, after, self._index_of(node))
+        try:
+            yield
+        finally:
+            self._cursor = saved
+
+    def _index_of(self, node: Node) -> int:
+        if node._graph is not self:
+            raise GraphError(f"node {node.name} ({node.qualified_op}) is not in graph {self.name!r}")
+        for position, other in enumerate(self.nodes):
+            if other is node:
+                return position
+        raise GraphError(f"node {node.name} ({node.qualified_op}) is not in graph {self.name!r}'s node list")
+
+    def insert_before(self, anchor: Node, nodes: Node | Iterable[Node]) -> None:
+        """Inserts ``nodes`` (one node or several, in order) right before ``anchor`` in the node order.
+
+        Nodes already in this graph are moved there. Costs one scan of the node list per call.
+        """
+        self._insert(anchor, nodes, after=False)
+
+    def insert_after(self, anchor: Node, nodes: Node | Iterable[Node]) -> None:
+        """Inserts ``nodes`` (one node or several, in order) right after ``anchor`` in the node order.
+
+        Nodes already in this graph are moved there. Costs one scan of the node list per call.
+        """
+        self._insert(anchor, nodes, after=True)
+
+    def _insert(self, anchor: Node, nodes: Node | Iterable[Node], *, after: bool) -> None:
+        batch = [nodes] if isinstance(nodes, Node) else list(nodes)
+        if not batch:
+            return
+        for node in batch:
+            if node is anchor:
+                raise GraphError(f"cannot insert node {node.name} next to itself")
+            if node._graph is not None and node._graph is not self:
+                raise GraphError(f"node {node.name} ({node.qualified_op}) belongs to graph "
+                                 f"{node._graph.name!r}; remove it there first")
+        moving = {id(n) for n in batch if n._graph is self}
+        if moving:
+            self.nodes[:] = [n for n in self.nodes if id(n) not in moving]
+        position = self._index_of(anchor) + (1 if after else 0)
+        for node in batch:
+            node._graph = self
+        self.nodes[position:position] = batch
+
+    def set_nodes(self, nodes: Iterable[Node], *, safe: bool = True) -> None:
+        """Makes ``nodes`` the graph's node list, in one step linear in the graph's size.
+
+        For passes that rebuild the order wholesale (replication, accumulation):
+        nodes not yet in the graph join it; nodes of the graph left out are
+        removed as by :meth:`remove`.
+
+        Args:
+            nodes: The new node order (must be topological; :func:`graphdist.ir.verify` checks).
+            safe: Check that no output of a node left out is read by a node that
+                stays or is a graph output. ``False`` for a caller that rewires
+                those readers right after (it must).
 
         Raises:
-            GraphError: An output is read by a node that stays, or is a graph
-                output; nothing is removed then.
+            GraphError: A node belongs to another graph, or (``safe``) a removed
+                node's output is still read; nothing is changed then.
         """
-        doomed = list(nodes)
+        order = list(nodes)
+        kept = {id(n) for n in order}
+        for node in order:
+            if node._graph is not None and node._graph is not self:
+                raise GraphError(f"node {node.name} ({node.qualified_op}) belongs to graph "
+                                 f"{node._graph.name!r}; remove it there first")
+        dropped = [n for n in self.nodes if id(n) not in kept]
+        if safe:
+            self._check_removable(dropped, keep=kept)
+        for node in dropped:
+            node.detach_inputs()
+            node._graph = None
+        for node in order:
+            node._graph = self
+        self.nodes = order
+
+    def remove(self, nodes: Node | Iterable[Node], *, safe: bool = True) -> None:
+        """Removes one node or several, in one pass over the node list (linear in the graph's size).
+
+        Args:
+            nodes: The nodes to remove. Their outputs may be read only by nodes
+                removed with them (a dead chain goes in one call).
+            safe: Refuse when an output is still read (by a node that stays, or
+                as a graph output). ``False`` skips the check, for a caller that
+                has handed the outputs over (:meth:`replace_node` does it for you).
+
+        Raises:
+            GraphError: ``safe`` and an output is still read; nothing is removed then.
+        """
+        doomed = [nodes] if isinstance(nodes, Node) else list(nodes)
         if not doomed:
             return
         ids = {id(n) for n in doomed}
-        outputs = {id(v) for v in self.outputs}
+        if safe:
+            self._check_removable(doomed, keep=None, doomed=ids)
         for node in doomed:
+            node.detach_inputs()
+            node._graph = None
+        self.nodes[:] = [n for n in self.nodes if id(n) not in ids]
+
+    def _check_removable(self, nodes: Sequence[Node], *, keep: set[int] | None = None,
+                         doomed: set[int] | None = None) -> None:
+        """Raises unless the outputs of ``nodes`` are read only by removed nodes.
+
+        A reader is removed when it is in ``doomed`` (ids), or (``keep`` given) not in ``keep``.
+        """
+        outputs = {id(v) for v in self.outputs}
+        for node in nodes:
             for out in node.outputs:
-                if id(out) in outputs or any(id(user) not in ids for user, _ in out.uses):
+                stays = id(out) in outputs or any(
+                    (id(user) in keep) if keep is not None else (id(user) not in doomed) for user, _ in out.uses)
+                if stays:
                     raise GraphError(
                         f"cannot remove node {node.name} ({node.qualified_op}): its output "
                         f"%{out.name} is still used; rewire it with replace_all_uses_with first"
                     )
-        for node in doomed:
-            node.detach_inputs()
-            node.graph = None
-        self.nodes[:] = [n for n in self.nodes if id(n) not in ids]
+
+    def remove_node(self, node: Node) -> None:
+        """Removes a node whose outputs are no longer used (:meth:`remove` of one node)."""
+        self.remove(node)
+
+    def remove_nodes(self, nodes: Iterable[Node]) -> None:
+        """Removes several nodes at once (:meth:`remove`)."""
+        self.remove(nodes)
+
+    def replace_node(self, old: Node, new: Node, *, keep_values: bool = False) -> None:
+        """Puts ``new`` in ``old``'s place: ``old``'s readers read ``new``, and ``old`` leaves the graph.
+
+        ``new`` joins the graph right before ``old`` when it is not in it yet.
+
+        Args:
+            old: The node to replace (in this graph).
+            new: Its replacement, with as many outputs, of the same types.
+            keep_values: Hand ``old``'s output values themselves over to ``new``
+                (their names, readers and graph-output positions stay; ``new``'s
+                own outputs, which nothing may read, are dropped), instead of
+                rewiring their readers to ``new``'s outputs.
+
+        Raises:
+            GraphError: The output counts or types differ, or (``keep_values``)
+                one of ``new``'s outputs is read.
+        """
+        if len(old.outputs) != len(new.outputs):
+            raise GraphError(f"replace_node: {old.name} ({old.qualified_op}) has {len(old.outputs)} output(s) but "
+                             f"{new.name} ({new.qualified_op}) has {len(new.outputs)}")
+        for before, after in zip(old.outputs, new.outputs):
+            self._check_replacement(before, after)
+            if keep_values and (after.uses or any(out is after for out in self.outputs)):
+                raise GraphError(f"replace_node: %{after.name} of {new.name} is read; with keep_values=True "
+                                 f"{new.name}'s own outputs must be unread")
+        if new._graph is not self:
+            self.insert_before(old, new)
+        if keep_values:
+            handed = list(old.outputs)
+            old.outputs = []
+            new.outputs = []
+            for value in handed:
+                new.add_output(value)
+        else:
+            self.replace_all_uses_with_many(zip(old.outputs, new.outputs))
+        self.remove(old)
 
     @staticmethod
     def _check_replacement(old: Value, new: Value) -> None:
@@ -501,29 +681,10 @@ class Graph:
         self.nodes = ordered
 
     def to_networkx(self):  # -> networkx.MultiDiGraph
-        """Returns a ``networkx.MultiDiGraph``: one vertex per node, graph input
-        and initializer, and ``output:<name>`` per graph output; one edge per
-        value use, keyed ``<value name>:<input index>`` (so ``Mul(x, x)`` has two
-        edges) with attributes ``value`` (the value name) and ``type``.
-        """
-        import networkx as nx
+        """A ``networkx.MultiDiGraph`` of the graph (:func:`graphdist.ir.networkx_view.graph_to_networkx`)."""
+        from graphdist.ir.networkx_view import graph_to_networkx  # a view of the data, not part of it
 
-        g = nx.MultiDiGraph(name=self.name)
-        for value in self.inputs:
-            g.add_node(value.name, kind="input", type=value.type_str())
-        for value in self.initializers.values():
-            g.add_node(value.name, kind="initializer", type=value.type_str())
-        for node in self.nodes:
-            g.add_node(node.name, kind="op", op=node.qualified_op, device=node.device, replica=node.replica)
-            for index, value in enumerate(node.inputs):
-                if value is not None:
-                    g.add_edge(_vertex_of(value), node.name, key=f"{value.name}:{index}", value=value.name,
-                               type=value.type_str())
-        for value in self.outputs:
-            sink = f"output:{value.name}"
-            g.add_node(sink, kind="output", type=value.type_str())
-            g.add_edge(_vertex_of(value), sink, key=f"{value.name}:0", value=value.name, type=value.type_str())
-        return g
+        return graph_to_networkx(self)
 
     def copy(self) -> Graph:
         """Deep copy of structure (constant arrays are shared, not copied)."""
@@ -549,7 +710,7 @@ class Graph:
             twin.device, twin.replica, twin.meta = node.device, node.replica, dict(node.meta)
             for out in node.outputs:
                 out_twin = clone(out)
-                out_twin.producer, out_twin.index = twin, out.index
+                out_twin._producer, out_twin.index = twin, out.index
                 twin.outputs.append(out_twin)
             new.append(twin)
         new.outputs = [mapping[id(v)] for v in self.outputs]
@@ -557,25 +718,16 @@ class Graph:
 
     # ----------------------------------------------------------- rendering
     def summary(self) -> str:
-        """A readable text listing of the graph (see :mod:`graphdist.ir.printer`).
-
-        Placed graphs, graphs with collectives and graphs reading variables also
-        get overview tables after the header (ops per device, collectives with
-        sizes and algorithm, bytes per step, variables and their placement; see
-        :func:`graphdist.ir.render.graph_overview`).
+        """A readable text listing of the graph, with overview tables when placed
+        (:func:`graphdist.ir.render.graph_summary`).
         """
-        from graphdist.ir.printer import format_graph
-        from graphdist.ir.render import graph_overview
+        from graphdist.ir.render import graph_summary  # a view of the data, not part of it
 
-        text, overview = format_graph(self), graph_overview(self)
-        if not overview:
-            return text
-        head, _, rest = text.partition("\ninputs:")
-        return f"{head}\n{overview}\ninputs:{rest}"
+        return graph_summary(self)
 
     def to_onnx(self, *, opset: int | None = None):  # -> onnx.ModelProto
         """Lowers to an ``onnx.ModelProto`` (see :mod:`graphdist.ir.onnx_io`)."""
-        from graphdist.ir.onnx_io import to_onnx
+        from graphdist.ir.onnx_io import to_onnx  # an export of the data, not part of it
 
         return to_onnx(self) if opset is None else to_onnx(self, opset=opset)
 
@@ -583,7 +735,7 @@ class Graph:
         """Graphviz DOT text: devices as clusters, collectives highlighted
         (options: see :func:`graphdist.ir.render.graph_to_dot`).
         """
-        from graphdist.ir.render import graph_to_dot
+        from graphdist.ir.render import graph_to_dot  # a view of the data, not part of it
 
         return graph_to_dot(self, **options)
 
@@ -593,7 +745,7 @@ class Graph:
         :class:`~graphdist.errors.GraphdistError` with an install hint without it.
         Returns the ``pathlib.Path`` written.
         """
-        from graphdist.ir.render import render_dot
+        from graphdist.ir.render import render_dot  # a view of the data, not part of it
 
         return render_dot(self.to_dot(**options), path)
 
@@ -602,10 +754,6 @@ class Graph:
 
     def __repr__(self) -> str:
         return f"<Graph {self.name!r} stage={self.stage} nodes={len(self.nodes)} inputs={len(self.inputs)}>"
-
-
-def _vertex_of(value: Value) -> str:
-    return value.producer.name if value.producer is not None else value.name
 
 
 def _producers(node: Node) -> Iterable[Node]:

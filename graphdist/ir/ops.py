@@ -27,7 +27,7 @@ import onnx
 
 from graphdist.errors import GraphError
 from graphdist.ir.batch import elements, with_batch
-from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Dim, Node, Shape, Value
+from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Dim, Graph, Node, Shape, Value
 
 __all__ = [
     "OPSET",
@@ -158,9 +158,12 @@ def _unknown_op_message(op_type: str, domain: str, opset: int | None) -> str:
             f"model's opset_import for {domain_name!r}")
 
 
-def node_opdef(node: Node) -> OpDef:
-    """The OpDef of ``node`` at its graph's opset (hand-written only when it is in no graph)."""
-    graph = node.graph
+def node_opdef(node: Node, graph: Graph | None = None) -> OpDef:
+    """The OpDef of ``node`` at its graph's opset (hand-written only when it is in no graph).
+
+    ``graph``: the graph a node not yet inserted is built for (its opset is used).
+    """
+    graph = graph if graph is not None else node.graph
     opset = graph.opset_imports.get(node.domain) if graph is not None else None
     return get_opdef(node.op_type, node.domain, opset)
 

@@ -1,16 +1,15 @@
-"""Inspection views of graphs and plans: overview tables, Graphviz DOT, pictures.
+"""Inspection views of graphs: overview tables, Graphviz DOT, pictures.
 
 * :func:`graph_overview`: the tables :meth:`Graph.summary` shows above the node
   listing: ops per device, collectives (grouped, with sizes and algorithm),
   variables and their placement, bytes communicated per step.
-* :func:`plan_summary`: :meth:`Plan.summary`: devices, segments, communication
-  tasks, variables.
-* :func:`graph_to_dot` / :func:`plan_to_dot`: DOT text. Devices are clusters
+* :func:`graph_to_dot`: DOT text. Devices are clusters
   (``subgraph cluster_...``; the segments of a partitioned graph are nested
   clusters), collectives and transfers are highlighted (orange; the
   participants of one collective are joined by a dashed line), edges that
   cross devices are red, inputs / variables / outputs / constants have their
-  own shapes.
+  own shapes. The public pieces (tables, byte estimates, DOT statements and
+  styles) also draw compiled plans: :mod:`graphdist.compile.render`.
 * :func:`render_dot`: runs Graphviz's ``dot`` to write SVG or PNG (``.dot``
   writes the text). ``dot`` is a system program (Debian's ``graphviz``
   package), not a Python package; when it is missing the error says how to
@@ -39,19 +38,38 @@ from graphdist.errors import GraphdistError, InvalidArgumentError, StorageError
 from graphdist.ir.comm_ops import SUMMED_GROUP, SUMMED_REPLICAS, is_communication, is_runtime_check
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
 from graphdist.ir.placement import VariableSpec, placement_of, variable_specs
-from graphdist.ir.printer import format_table
+from graphdist.ir.printer import format_graph, format_table
 
 __all__ = [
+    "graph_summary",
     "graph_overview",
-    "plan_summary",
     "graph_to_dot",
-    "plan_to_dot",
     "render_dot",
     "dot_executable",
     "RENDER_FORMATS",
     "DOT_INSTALL_HINT",
     "moved_bytes",
     "format_bytes",
+    "CLUSTER_COLORS",
+    "COLORS",
+    "COMM_STYLE",
+    "INPUT_STYLE",
+    "OUTPUT_STYLE",
+    "UPDATE_STYLE",
+    "VARIABLE_STYLE",
+    "attr_text",
+    "check_lines",
+    "device_key",
+    "dot_cluster_open",
+    "dot_header",
+    "dot_stmt",
+    "graph_variables",
+    "join_items",
+    "short_type",
+    "summed_lines",
+    "top_ops",
+    "transfer_route",
+    "variable_rows",
 ]
 
 #: File suffixes :func:`render_dot` understands (``dot``/``gv``: the DOT text itself).
@@ -68,7 +86,7 @@ _FAST_LAYOUT_NODES = 300  # above this many nodes the DOT text asks dot for a qu
 _SMALL_CONSTANT = 4  # initializers with at most this many elements are not drawn (shown inline in summaries)
 
 # Colours (Graphviz accepts #rrggbb).
-_COLORS = {
+COLORS = {
     "op_fill": "#eef3fb", "op_line": "#7d8da1",
     "graphdist_fill": "#e9e1f7", "graphdist_line": "#7048b6",
     "comm_fill": "#ffd8a8", "comm_line": "#e8590c",
@@ -78,7 +96,7 @@ _COLORS = {
     "const_fill": "#f1f3f5", "const_line": "#adb5bd",
     "cross_edge": "#e03131", "edge": "#8a94a6",
 }
-_CLUSTER_COLORS = ["#4a78c2", "#37b24d", "#ae3ec9", "#f59f00", "#1098ad", "#d6336c", "#74b816", "#7950f2"]
+CLUSTER_COLORS = ["#4a78c2", "#37b24d", "#ae3ec9", "#f59f00", "#1098ad", "#d6336c", "#74b816", "#7950f2"]
 
 
 # ------------------------------------------------------------------ helpers
@@ -113,18 +131,21 @@ def moved_bytes(op: str, participants: int, nbytes: int | None, attrs: dict | No
     return 2 * (n - 1) * nbytes  # AllReduce, ReduceScatter + AllGather, Broadcast-like
 
 
-def _device_key(device: str | None) -> tuple:
+def device_key(device: str | None) -> tuple:
+    """Sort key of a device name: its kind, then its index as a number (``cpu:2`` before ``cpu:10``), ``None`` last."""
     if device is None:
         return ("~", 0, "")
     kind, _, index = device.partition(":")
     return (kind, int(index) if index.isdigit() else 0, device)
 
 
-def _join(items: Iterable[str]) -> str:
+def join_items(items: Iterable[str]) -> str:
+    """The items joined by commas (``-`` when there are none)."""
     return ", ".join(items) or "-"
 
 
-def _top_ops(nodes: Iterable[Node], limit: int = 5) -> str:
+def top_ops(nodes: Iterable[Node], limit: int = 5) -> str:
+    """The most frequent op types of ``nodes`` with their counts, most frequent first."""
     counts = Counter(n.qualified_op for n in nodes)
     text = ", ".join(f"{op} x{c}" for op, c in counts.most_common(limit))
     return text + (", ..." if len(counts) > limit else "")
@@ -138,14 +159,14 @@ def _collective_groups(nodes: Iterable[Node]) -> dict[str, list[Node]]:
     return groups
 
 
-def _check_lines(checks: Iterable[tuple[str, dict[str, Any], Sequence[str]]]) -> str:
+def check_lines(checks: Iterable[tuple[str, dict[str, Any], Sequence[str]]]) -> str:
     """The ``run-time checks`` section: what each assertion bounds, and where it runs (``""`` if none)."""
     rows = [f"  {name}: {attrs.get('argument', '?')} of {attrs.get('op', '?')} in [{attrs.get('low', '?')}, "
-            f"{attrs.get('high', '?')}) on {_join(devices)}" for name, attrs, devices in checks]
+            f"{attrs.get('high', '?')}) on {join_items(devices)}" for name, attrs, devices in checks]
     return f"run-time checks ({len(rows)}):\n" + "\n".join(rows) if rows else ""
 
 
-def _summed_lines(nodes: Iterable[Node]) -> str:
+def summed_lines(nodes: Iterable[Node]) -> str:
     """The ``summed on the reader`` section: groups replaced by a sum on the one replica that reads them.
 
     ``LowerSingleReaderAllReducesPass`` marks those nodes with ``meta[SUMMED_GROUP]`` (``""`` if none).
@@ -162,12 +183,13 @@ def _summed_lines(nodes: Iterable[Node]) -> str:
     return f"summed on the reader ({len(rows)} group(s) read by one replica, no all-reduce):\n{table}"
 
 
-def _attr_text(attrs: dict[str, Any], skip: Sequence[str] = ("group_key", "group_size", "algorithm",
+def attr_text(attrs: dict[str, Any], skip: Sequence[str] = ("group_key", "group_size", "algorithm",
                                                              "reduce_op")) -> str:
+    """The attributes not shown in their own column, as ``key=value`` text."""
     return ", ".join(f"{k}={v}" for k, v in sorted(attrs.items()) if k not in skip and v is not None)
 
 
-def _transfer_route(graph: Graph, source: Value, destination: str) -> str:
+def transfer_route(graph: Graph, source: Value, destination: str) -> str:
     """``cpu:0 -> cpu:1``: the source is the producer's device, a variable's
     device for a variable input, else ``host`` (a graph input).
     """
@@ -178,11 +200,13 @@ def _transfer_route(graph: Graph, source: Value, destination: str) -> str:
     return f"{origin or 'host'} -> {destination}"
 
 
-def _variables(graph: Graph) -> list[tuple[str, VariableSpec]]:
+def graph_variables(graph: Graph) -> list[tuple[str, VariableSpec]]:
+    """The graph's variables (name and spec) from its metadata."""
     return [(name, spec) for name, spec in variable_specs(graph) if isinstance(name, str)]
 
 
-def _variable_rows(graph: Graph) -> list[list[str]]:
+def variable_rows(graph: Graph) -> list[list[str]]:
+    """Table rows of the graph's variables: type, bytes, kind, placement, where read and updated."""
     by_name = {v.name: v for v in graph.inputs}
     updates = {uid: out_name for out_name, uid in graph.meta.get("variable_updates", [])}
     placements = placement_of(graph)
@@ -194,21 +218,21 @@ def _variable_rows(graph: Graph) -> list[list[str]]:
     for out_name, uid in graph.meta.get("variable_updates", []):
         written.setdefault(uid, []).append(out_name)
     rows = []
-    for name, spec in _variables(graph):
+    for name, spec in graph_variables(graph):
         value = by_name.get(name)
         inputs = [value] if value is not None else parts.get(spec.uid, [])
         if not inputs:
             continue
         uses = [use for v in inputs for use in v.uses]
-        readers = sorted({n.device for n, _ in uses if n.device}, key=_device_key)
+        readers = sorted({n.device for n, _ in uses if n.device}, key=device_key)
         via = any(n.op_type == "Transfer" for n, _ in uses)
-        read_on = _join(readers) + (" (transfers)" if via else "")
+        read_on = join_items(readers) + (" (transfers)" if via else "")
         if spec.uid not in updates:
             updated = "-"
         else:
             nodes = [produced.get(out) for out in written.get(spec.uid, [updates[spec.uid]])]
-            devices = sorted({n.device for n in nodes if n is not None and n.device}, key=_device_key)
-            updated = _join(devices) if devices else "yes"
+            devices = sorted({n.device for n in nodes if n is not None and n.device}, key=device_key)
+            updated = join_items(devices) if devices else "yes"
         placement = placements.get(name)
         if value is not None:
             type_text, nbytes = value.type_str(), value.nbytes
@@ -221,6 +245,17 @@ def _variable_rows(graph: Graph) -> list[list[str]]:
 
 
 # ------------------------------------------------------------ graph tables
+def graph_summary(graph: Graph) -> str:
+    """The text of :meth:`Graph.summary`: :func:`~graphdist.ir.printer.format_graph`'s listing, with
+    :func:`graph_overview`'s tables after the header when there are any.
+    """
+    text, overview = format_graph(graph), graph_overview(graph)
+    if not overview:
+        return text
+    head, _, rest = text.partition("\ninputs:")
+    return f"{head}\n{overview}\ninputs:{rest}"
+
+
 def graph_overview(graph: Graph) -> str:
     """Tables for :meth:`Graph.summary`: ops per device, collectives, variables, bytes per step.
 
@@ -233,13 +268,13 @@ def graph_overview(graph: Graph) -> str:
         for node in graph.nodes:
             by_device.setdefault(node.device or "(unplaced)", []).append(node)
         rows = []
-        for device in sorted(by_device, key=_device_key):
+        for device in sorted(by_device, key=device_key):
             nodes = by_device[device]
             replicas = sorted({n.replica for n in nodes if n.replica is not None})
             segments = sorted({n.meta["segment"] for n in nodes if "segment" in n.meta})
             comm = sum(1 for n in nodes if is_communication(n) and not is_runtime_check(n))
-            rows.append([device, _join(str(r) for r in replicas), str(len(nodes)), str(comm),
-                         _join(segments), _top_ops([n for n in nodes if not is_communication(n)])])
+            rows.append([device, join_items(str(r) for r in replicas), str(len(nodes)), str(comm),
+                         join_items(segments), top_ops([n for n in nodes if not is_communication(n)])])
         header = ["device", "replicas", "nodes", "comm", "segments", "top ops"]
         if not any("segment" in n.meta for n in graph.nodes):
             header, rows = header[:4] + header[5:], [row[:4] + row[5:] for row in rows]
@@ -259,12 +294,12 @@ def graph_overview(graph: Graph) -> str:
             else:
                 total_payload += size * len(nodes)
                 total_moved += moved
-            devices = _join(sorted({d.device for d in nodes if d.device}, key=_device_key))
+            devices = join_items(sorted({d.device for d in nodes if d.device}, key=device_key))
             if first.op_type == "Transfer" and first.inputs and first.inputs[0] is not None:
-                devices = _transfer_route(graph, first.inputs[0], devices)
+                devices = transfer_route(graph, first.inputs[0], devices)
             rows.append([_short(key), first.qualified_op, str(first.attrs.get("reduce_op", "-")),
                          str(first.attrs.get("algorithm", "-")), str(n), format_bytes(size), format_bytes(moved),
-                         devices, _attr_text(first.attrs)])
+                         devices, attr_text(first.attrs)])
         table = format_table(["group", "op", "reduce", "algorithm", "participants", "bytes each", "moved (est.)",
                               "devices", "other attrs"], rows)
         if unknown == len(groups):
@@ -275,96 +310,18 @@ def graph_overview(graph: Graph) -> str:
                         f"~{format_bytes(total_moved)} sent between devices (estimate){note}")
         sections.append(f"communication ({len(groups)} collective/transfer group(s), "
                         f"{sum(map(len, groups.values()))} node(s)):\n{table}\n{per_step}")
-    summed = _summed_lines(graph.nodes)
+    summed = summed_lines(graph.nodes)
     if summed:
         sections.append(summed)
-    checks = _check_lines((n.name, n.attrs, [n.device] if n.device else []) for n in graph.nodes
+    checks = check_lines((n.name, n.attrs, [n.device] if n.device else []) for n in graph.nodes
                           if is_runtime_check(n))
     if checks:
         sections.append(checks)
-    variables = _variable_rows(graph)
+    variables = variable_rows(graph)
     if variables:
         sections.append("variables:\n" + format_table(
             ["variable", "type", "bytes", "kind", "placement", "read on", "updated on"], variables))
     return "\n".join(sections)
-
-
-# ------------------------------------------------------------- plan tables
-def plan_summary(plan: Any) -> str:
-    """The text of :meth:`Plan.summary`.
-
-    Sections: devices (segments, nodes, communication per device), segments
-    (ops, inputs, outputs), communication tasks (op, algorithm, participants,
-    sizes, bytes moved), variables and their placement, totals per step.
-    """
-    graph: Graph = plan.graph
-    devices = list(plan.devices)
-    backend = f"  backend={plan.backend_name}" if getattr(plan, "backend_name", None) else ""
-    lines = [f"Plan {graph.name!r}: {len(plan.segments)} segment(s) on {_join(devices)}{backend}"]
-
-    task_rows = []
-    per_device_sent: Counter[str] = Counter()
-    per_device_tasks: Counter[str] = Counter()
-    total_payload = total_moved = 0
-    for task in plan.collectives:
-        value = plan.graph_value(task.inputs[0]) if task.inputs else None
-        size = value.nbytes if value is not None else None
-        n = len(task.devices)
-        moved = moved_bytes(task.op, n, size, task.attrs)
-        if size is not None:
-            total_payload += size * n
-            total_moved += moved or 0
-            share = (moved or 0) // max(n, 1)
-            for device in task.devices:
-                per_device_sent[device] += share
-        for device in set(task.devices):
-            per_device_tasks[device] += 1
-        devices_text = _join(task.devices)
-        if task.op == "Transfer" and value is not None:
-            devices_text = _transfer_route(graph, value, devices_text)
-        task_rows.append([task.name, task.op, str(task.attrs.get("algorithm", "-")),
-                          str(task.attrs.get("reduce_op", "-")), str(n), format_bytes(size), format_bytes(moved),
-                          devices_text, _attr_text(task.attrs)])
-
-    device_rows = []
-    for device in devices:
-        segs = [s for s in plan.segments if s.device == device]
-        nodes = [n for s in segs for n in s.graph.nodes]
-        device_rows.append([device, _join(s.name for s in segs), str(len(nodes)), str(per_device_tasks[device]),
-                            format_bytes(per_device_sent[device]) if plan.collectives else "-", _top_ops(nodes, 4)])
-    lines.append("devices:")
-    lines.append(format_table(["device", "segments", "nodes", "comm tasks", "sent/step (est.)", "top ops"],
-                              device_rows))
-
-    seg_rows = []
-    for seg in plan.segments:
-        seg_rows.append([seg.name, seg.device, str(len(seg.graph.nodes)), str(len(seg.inputs)),
-                         str(len(seg.outputs)), _top_ops(seg.graph.nodes, 6)])
-    lines.append("segments (execution order):")
-    lines.append(format_table(["segment", "device", "nodes", "inputs", "outputs", "ops"], seg_rows))
-
-    if task_rows:
-        lines.append("communication:")
-        lines.append(format_table(["task", "op", "algorithm", "reduce", "participants", "bytes each",
-                                   "moved (est.)", "devices", "other attrs"], task_rows))
-        lines.append(f"  per step: {len(task_rows)} task(s), {format_bytes(total_payload)} into collectives "
-                     f"(all participants), ~{format_bytes(total_moved)} sent between devices (estimate)")
-    else:
-        lines.append("communication: none")
-    summed = _summed_lines(graph.nodes)
-    if summed:
-        lines.append(summed)
-    checks = _check_lines((task.name, task.attrs, task.devices) for task in plan.checks)
-    if checks:
-        lines.append(checks)
-    variables = _variable_rows(graph)
-    if variables:
-        inputs = {v.name: v for v in graph.inputs}
-        var_bytes = sum(inputs[name].nbytes or 0 for name, _ in _variables(graph) if name in inputs)
-        lines.append(f"variables ({len(variables)}, {format_bytes(var_bytes)}):")
-        lines.append(format_table(["variable", "type", "bytes", "kind", "placement", "read on", "updated on"],
-                                  variables))
-    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------- DOT
@@ -376,11 +333,13 @@ def _attrs(**attrs: Any) -> str:
     return "[" + ", ".join(f"{k}={_quote(v)}" for k, v in attrs.items() if v is not None) + "]"
 
 
-def _stmt(indent: str, ident: str, **attrs: Any) -> str:
+def dot_stmt(indent: str, ident: str, **attrs: Any) -> str:
+    """One DOT statement ``ident [attrs];`` at ``indent``."""
     return f"{indent}{ident} {_attrs(**attrs)};"
 
 
-def _short_type(value: Value | None) -> str:
+def short_type(value: Value | None) -> str:
+    """A value's type as a short label (empty for no value)."""
     return "" if value is None else value.type_str()
 
 
@@ -394,49 +353,51 @@ def _node_label(node: Node) -> str:
         size = node.inputs[0].nbytes if node.inputs and node.inputs[0] is not None else None
         group = node.attrs.get("group_key")
         tail = f"{format_bytes(size)}" + (f"  [{group}]" if group else "")
-        return f"{head}\n{_short_type(node.outputs[0] if node.outputs else None)}\n{tail}"
+        return f"{head}\n{short_type(node.outputs[0] if node.outputs else None)}\n{tail}"
     if node.domain and node.domain != GRAPHDIST_DOMAIN:
         head = node.qualified_op
     out = node.outputs[0] if node.outputs else None
     extra = f" (+{len(node.outputs) - 1})" if len(node.outputs) > 1 else ""
-    return f"{head}\n{_short_type(out)}{extra}"
+    return f"{head}\n{short_type(out)}{extra}"
 
 
-_INPUT = {"shape": "invhouse", "style": "filled", "fillcolor": _COLORS["input_fill"], "color": _COLORS["input_line"]}
-_VARIABLE = {"shape": "cylinder", "style": "filled", "fillcolor": _COLORS["variable_fill"],
-             "color": _COLORS["variable_line"]}
-_UPDATE = dict(_VARIABLE, style="filled,dashed")
-_OUTPUT = {"shape": "house", "style": "filled", "fillcolor": _COLORS["output_fill"], "color": _COLORS["output_line"]}
-_CONST = {"shape": "note", "style": "filled", "fillcolor": _COLORS["const_fill"], "color": _COLORS["const_line"],
+INPUT_STYLE = {"shape": "invhouse", "style": "filled", "fillcolor": COLORS["input_fill"], "color": COLORS["input_line"]}
+VARIABLE_STYLE = {"shape": "cylinder", "style": "filled", "fillcolor": COLORS["variable_fill"],
+             "color": COLORS["variable_line"]}
+UPDATE_STYLE = dict(VARIABLE_STYLE, style="filled,dashed")
+OUTPUT_STYLE = {"shape": "house", "style": "filled", "fillcolor": COLORS["output_fill"], "color": COLORS["output_line"]}
+_CONST = {"shape": "note", "style": "filled", "fillcolor": COLORS["const_fill"], "color": COLORS["const_line"],
           "fontsize": "8"}
-_COMM = {"shape": "box", "style": "rounded,filled,bold", "fillcolor": _COLORS["comm_fill"],
-         "color": _COLORS["comm_line"], "penwidth": "2"}
-_GRAPHDIST_OP = {"shape": "box", "style": "rounded,filled", "fillcolor": _COLORS["graphdist_fill"],
-                 "color": _COLORS["graphdist_line"]}
+COMM_STYLE = {"shape": "box", "style": "rounded,filled,bold", "fillcolor": COLORS["comm_fill"],
+         "color": COLORS["comm_line"], "penwidth": "2"}
+_GRAPHDIST_OP = {"shape": "box", "style": "rounded,filled", "fillcolor": COLORS["graphdist_fill"],
+                 "color": COLORS["graphdist_line"]}
 
 
 def _style_for(node: Node) -> dict[str, Any]:
     if is_communication(node):
-        return dict(_COMM)
+        return dict(COMM_STYLE)
     if node.domain == GRAPHDIST_DOMAIN:
         return dict(_GRAPHDIST_OP)
     return {}
 
 
-def _header(name: str, label: str, **graph_attrs: Any) -> list[str]:
+def dot_header(name: str, label: str, **graph_attrs: Any) -> list[str]:
+    """The opening lines of a DOT digraph named ``name`` with a title label."""
     return [
         f"digraph {_quote(name)} {{",
-        _stmt("  ", "graph", label=label, labelloc="t", fontname="Helvetica", fontsize="12", newrank="true",
+        dot_stmt("  ", "graph", label=label, labelloc="t", fontname="Helvetica", fontsize="12", newrank="true",
               **graph_attrs),
-        _stmt("  ", "node", shape="box", style="rounded,filled", fillcolor=_COLORS["op_fill"],
-              color=_COLORS["op_line"], fontname="Helvetica", fontsize="9", margin="0.08,0.03", height="0.3"),
-        _stmt("  ", "edge", color=_COLORS["edge"], arrowsize="0.6", fontname="Helvetica", fontsize="8"),
+        dot_stmt("  ", "node", shape="box", style="rounded,filled", fillcolor=COLORS["op_fill"],
+              color=COLORS["op_line"], fontname="Helvetica", fontsize="9", margin="0.08,0.03", height="0.3"),
+        dot_stmt("  ", "edge", color=COLORS["edge"], arrowsize="0.6", fontname="Helvetica", fontsize="8"),
     ]
 
 
-def _cluster_open(indent: str, ident: str, label: str, color: str) -> list[str]:
+def dot_cluster_open(indent: str, ident: str, label: str, color: str) -> list[str]:
+    """The opening lines of a DOT cluster (close it with ``}``)."""
     return [f"{indent}subgraph {ident} {{",
-            _stmt(indent + "  ", "graph", label=label, style="rounded,filled", fillcolor="#fbfcfe", color=color,
+            dot_stmt(indent + "  ", "graph", label=label, style="rounded,filled", fillcolor="#fbfcfe", color=color,
                   penwidth="2", fontcolor=color, fontsize="12")]
 
 
@@ -455,21 +416,21 @@ def graph_to_dot(graph: Graph, *, title: str | None = None, constants: bool = Tr
     ids: dict[int, str] = {}
     # Large graphs: cap dot's network-simplex iterations (a 1,450-node graph lays out in ~10 s, not ~1 min).
     fast = {"nslimit": "2", "nslimit1": "2"} if len(graph.nodes) > _FAST_LAYOUT_NODES else {}
-    lines = _header(graph.name, title or f"{graph.name} ({graph.stage})", rankdir=rankdir, nodesep="0.25",
+    lines = dot_header(graph.name, title or f"{graph.name} ({graph.stage})", rankdir=rankdir, nodesep="0.25",
                     ranksep="0.35", **fast)
-    variable_inputs = {name for name, _ in _variables(graph)}
-    names_by_uid = {spec.uid: f"{spec.name}:0" for _, spec in _variables(graph)}
+    variable_inputs = {name for name, _ in graph_variables(graph)}
+    names_by_uid = {spec.uid: f"{spec.name}:0" for _, spec in graph_variables(graph)}
     update_outputs = {out: names_by_uid.get(uid, out) for out, uid in graph.meta.get("variable_updates", [])}
 
     for index, value in enumerate(graph.inputs):
         ids[id(value)] = f"in{index}"
-        style = _VARIABLE if value.name in variable_inputs else _INPUT
-        lines.append(_stmt("  ", f"in{index}", label=f"{value.name}\n{value.type_str()}", **style))
+        style = VARIABLE_STYLE if value.name in variable_inputs else INPUT_STYLE
+        lines.append(dot_stmt("  ", f"in{index}", label=f"{value.name}\n{value.type_str()}", **style))
     if constants:
         for index, value in enumerate(graph.initializers.values()):
             if value.const_value is not None and np.size(value.const_value) > _SMALL_CONSTANT:
                 ids[id(value)] = f"k{index}"
-                lines.append(_stmt("  ", f"k{index}", label=f"{value.name}\n{value.type_str()}", **_CONST))
+                lines.append(dot_stmt("  ", f"k{index}", label=f"{value.name}\n{value.type_str()}", **_CONST))
 
     # Nodes, grouped in device clusters (and segment sub-clusters).
     tree: dict[str | None, dict[str | None, list[tuple[int, Node]]]] = {}
@@ -482,22 +443,22 @@ def graph_to_dot(graph: Graph, *, title: str | None = None, constants: bool = Tr
             ids[id(out)] = f"n{index}"
 
     def node_line(index: int, node: Node, indent: str) -> str:
-        return _stmt(indent, f"n{index}", label=_node_label(node), tooltip=f"{node.name}: {node!r}",
+        return dot_stmt(indent, f"n{index}", label=_node_label(node), tooltip=f"{node.name}: {node!r}",
                      **_style_for(node))
 
-    for cluster_index, device in enumerate(sorted(tree, key=_device_key)):
+    for cluster_index, device in enumerate(sorted(tree, key=device_key)):
         segments = tree[device]
         if device is None:
             lines += [node_line(i, n, "  ") for nodes in segments.values() for i, n in nodes]
             continue
-        color = _CLUSTER_COLORS[cluster_index % len(_CLUSTER_COLORS)]
-        lines += _cluster_open("  ", f"cluster_{cluster_index}", device, color)
+        color = CLUSTER_COLORS[cluster_index % len(CLUSTER_COLORS)]
+        lines += dot_cluster_open("  ", f"cluster_{cluster_index}", device, color)
         for seg_index, (segment, nodes) in enumerate(sorted(segments.items(), key=lambda kv: kv[0] or "")):
             if segment is None:
                 lines += [node_line(i, n, "    ") for i, n in nodes]
                 continue
             lines.append(f"    subgraph cluster_{cluster_index}_{seg_index} {{")
-            lines.append(_stmt("      ", "graph", label=f"segment {segment}", style="dashed,rounded", color=color,
+            lines.append(dot_stmt("      ", "graph", label=f"segment {segment}", style="dashed,rounded", color=color,
                                fontsize="9", fontcolor=color))
             lines += [node_line(i, n, "      ") for i, n in nodes]
             lines.append("    }")
@@ -506,9 +467,9 @@ def graph_to_dot(graph: Graph, *, title: str | None = None, constants: bool = Tr
     for index, value in enumerate(graph.outputs):
         variable = update_outputs.get(value.name)
         if variable is not None:
-            lines.append(_stmt("  ", f"out{index}", label=f"update {variable}\n{value.type_str()}", **_UPDATE))
+            lines.append(dot_stmt("  ", f"out{index}", label=f"update {variable}\n{value.type_str()}", **UPDATE_STYLE))
         else:
-            lines.append(_stmt("  ", f"out{index}", label=f"output {index}\n{value.type_str()}", **_OUTPUT))
+            lines.append(dot_stmt("  ", f"out{index}", label=f"output {index}\n{value.type_str()}", **OUTPUT_STYLE))
 
     # Edges: one per (value, reader); edges between devices are red and labelled with the type.
     device_of = {id(out): node.device for node in graph.nodes for out in node.outputs}
@@ -520,8 +481,8 @@ def graph_to_dot(graph: Graph, *, title: str | None = None, constants: bool = Tr
             seen.add(id(value))
             source = device_of.get(id(value))
             if source is not None and node.device is not None and source != node.device:
-                lines.append(_stmt("  ", f"{ids[id(value)]} -> n{index}", color=_COLORS["cross_edge"],
-                                   penwidth="1.6", label=value.type_str(), fontcolor=_COLORS["cross_edge"]))
+                lines.append(dot_stmt("  ", f"{ids[id(value)]} -> n{index}", color=COLORS["cross_edge"],
+                                   penwidth="1.6", label=value.type_str(), fontcolor=COLORS["cross_edge"]))
             else:
                 lines.append(f"  {ids[id(value)]} -> n{index};")
     for index, value in enumerate(graph.outputs):
@@ -532,7 +493,7 @@ def graph_to_dot(graph: Graph, *, title: str | None = None, constants: bool = Tr
     for nodes in _collective_groups(graph.nodes).values():
         members = [position[id(n)] for n in nodes]
         for a, b in zip(members, members[1:]):
-            lines.append(_stmt("  ", f"n{a} -> n{b}", dir="none", style="dashed", color=_COLORS["comm_line"],
+            lines.append(dot_stmt("  ", f"n{a} -> n{b}", dir="none", style="dashed", color=COLORS["comm_line"],
                                constraint="false", penwidth="1.5"))
     if legend:
         lines += _legend()
@@ -541,93 +502,17 @@ def graph_to_dot(graph: Graph, *, title: str | None = None, constants: bool = Tr
 
 
 def _legend() -> list[str]:
-    entries = [("input", _INPUT), ("variable", _VARIABLE),
-               ("op", {"shape": "box", "style": "rounded,filled", "fillcolor": _COLORS["op_fill"],
-                       "color": _COLORS["op_line"]}),
-               ("graphdist op", _GRAPHDIST_OP), ("collective / transfer", _COMM), ("output", _OUTPUT)]
+    entries = [("input", INPUT_STYLE), ("variable", VARIABLE_STYLE),
+               ("op", {"shape": "box", "style": "rounded,filled", "fillcolor": COLORS["op_fill"],
+                       "color": COLORS["op_line"]}),
+               ("graphdist op", _GRAPHDIST_OP), ("collective / transfer", COMM_STYLE), ("output", OUTPUT_STYLE)]
     lines = ["  subgraph cluster_legend {",
-             _stmt("    ", "graph", label="legend", style="rounded", color="#ced4da", fontsize="9")]
+             dot_stmt("    ", "graph", label="legend", style="rounded", color="#ced4da", fontsize="9")]
     for index, (label, style) in enumerate(entries):
-        lines.append(_stmt("    ", f"legend{index}", label=label, **dict(style, fontsize="8")))
+        lines.append(dot_stmt("    ", f"legend{index}", label=label, **dict(style, fontsize="8")))
     lines += [f"    legend{i} -> legend{i + 1} [style=invis];" for i in range(len(entries) - 1)]
     lines.append("  }")
     return lines
-
-
-def plan_to_dot(plan: Any, *, title: str | None = None) -> str:
-    """DOT text of a plan: segments in device clusters, communication tasks
-    between them (highlighted), the plan's inputs, variables and outputs.
-    Edges carry the values (or their count) and bytes that flow along them;
-    edges between devices are red.
-    """
-    graph: Graph = plan.graph
-    values = {v.name: v for v in graph.values()}
-    variable_inputs = {name for name, _ in _variables(graph)}
-    update_outputs = {name for name, _ in graph.meta.get("variable_updates", [])}
-    producer: dict[str, str] = {}
-    label = title or f"plan {graph.name}: {len(plan.segments)} segment(s), {plan.describe_tasks()}"
-    lines = _header(f"plan {graph.name}", label, rankdir="TB", nodesep="0.3", ranksep="0.45")
-    inputs = [n for n in plan.input_names if n not in variable_inputs]
-    variables = [n for n in plan.input_names if n in variable_inputs]
-    if inputs:
-        text = "inputs\n" + "\n".join(f"{n}: {_short_type(values.get(n))}" for n in inputs[:8])
-        text += f"\n... {len(inputs) - 8} more" if len(inputs) > 8 else ""
-        lines.append(_stmt("  ", "inputs", label=text, **_INPUT))
-        producer.update({n: "inputs" for n in inputs})
-    if variables:
-        total = sum(values[n].nbytes or 0 for n in variables if n in values)
-        lines.append(_stmt("  ", "variables", label=f"variables\n{len(variables)} tensors, {format_bytes(total)}",
-                           **_VARIABLE))
-        producer.update({n: "variables" for n in variables})
-
-    by_device: dict[str, list[tuple[int, Any]]] = {}
-    for index, seg in enumerate(plan.segments):
-        by_device.setdefault(seg.device, []).append((index, seg))
-        producer.update({name: f"s{index}" for name in seg.outputs})
-    for index, task in enumerate(plan.comms):
-        producer.update({name: f"c{index}" for name in task.outputs})
-    for cluster_index, device in enumerate(sorted(by_device, key=_device_key)):
-        lines += _cluster_open("  ", f"cluster_{cluster_index}", device,
-                               _CLUSTER_COLORS[cluster_index % len(_CLUSTER_COLORS)])
-        for index, seg in by_device[device]:
-            lines.append(_stmt("    ", f"s{index}",
-                               label=f"{seg.name}\n{len(seg.graph.nodes)} nodes\n{_top_ops(seg.graph.nodes, 3)}"))
-        lines.append("  }")
-    for index, task in enumerate(plan.comms):
-        value = values.get(task.inputs[0]) if task.inputs else None
-        size = value.nbytes if value is not None else None
-        detail = " ".join(str(task.attrs[k]) for k in ("reduce_op", "algorithm") if k in task.attrs)
-        text = f"{task.op} {detail}".strip() + f"\n{task.name}\n{len(task.devices)} x {format_bytes(size)}"
-        lines.append(_stmt("  ", f"c{index}", label=text, **_COMM))
-    lines.append(_stmt("  ", "outputs", label=f"outputs ({len(plan.output_names) - len(update_outputs)})",
-                       **_OUTPUT))
-    if update_outputs:
-        lines.append(_stmt("  ", "updates", label=f"variable updates ({len(update_outputs)})", **_UPDATE))
-
-    flows: dict[tuple[str, str], list[str]] = {}
-
-    def flow(names: Iterable[str], target: str) -> None:
-        for name in names:
-            source = producer.get(name)
-            if source and name not in flows.setdefault((source, target), []):
-                flows[(source, target)].append(name)
-
-    for index, seg in enumerate(plan.segments):
-        flow(seg.inputs, f"s{index}")
-    for index, task in enumerate(plan.comms):
-        flow(task.inputs, f"c{index}")
-    flow([n for n in plan.output_names if n not in update_outputs], "outputs")
-    flow([n for n in plan.output_names if n in update_outputs], "updates")
-    device_of = {f"s{i}": s.device for i, s in enumerate(plan.segments)}
-    for (source, target), names in flows.items():
-        size = sum(values[n].nbytes or 0 for n in names if n in values)
-        text = f"{len(names)} values, {format_bytes(size)}" if len(names) > 1 else f"{names[0]}\n{format_bytes(size)}"
-        cross = source in device_of and target in device_of and device_of[source] != device_of[target]
-        style = {"color": _COLORS["cross_edge"], "fontcolor": _COLORS["cross_edge"]} if cross else {}
-        lines.append(_stmt("  ", f"{source} -> {target}", label=text, **style))
-    lines.append("}")
-    return "\n".join(lines) + "\n"
-
 
 
 # ------------------------------------------------------------------ render

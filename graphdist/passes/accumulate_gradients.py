@@ -192,14 +192,11 @@ class MicroBatchRewriter:
             else:
                 self._advance(running, m)
         self._finish(running)
-        for node in region:
-            node.detach_inputs()
-            node.graph = None
         for node in after:
             self._read_combined(node)
             self.nodes.append(node)
-        self.graph.nodes = self.nodes
         self.graph.outputs = [self._merged(v, None) if id(v) in self.copies else v for v in self.graph.outputs]
+        self.graph.set_nodes(self.nodes)  # the region's nodes, left out, leave the graph
 
     def _split_rest(self) -> tuple[list[Node], list[Node]]:
         """The nodes outside the micro region: those that do not depend on it (they run first) and those
@@ -237,10 +234,10 @@ class MicroBatchRewriter:
         """Micro-batch ``m``'s copy of ``node``, computed by ``op_type(inputs)`` (its outputs are ``node``'s)."""
         twin = Node(op_type, inputs, attrs, domain=node.domain if op_type == node.op_type else "")
         twin.name = self.graph.unique_name(f"{node.name}_m{m}", node=True)
-        twin.device, twin.graph = node.device, self.graph
+        twin.device, twin.replica = node.device, node.replica
         twin.meta = {**node.meta, "micro": m}
         try:
-            types = node_opdef(twin).infer(twin, len(node.outputs))
+            types = node_opdef(twin, self.graph).infer(twin, len(node.outputs))
         except GraphError as err:
             source = node.meta.get("source")
             raise GraphError(f"{self.label}: node {node.name} ({node.qualified_op}"
@@ -401,9 +398,8 @@ class MicroBatchRewriter:
     def _add(self, op: str, inputs: list[Value], meta: dict[str, Any], attrs: dict[str, Any] | None = None) -> Value:
         node = Node(op, inputs, attrs or {})
         node.name = self.graph.unique_name(f"micro_{op.lower()}", node=True)
-        node.graph = self.graph
         node.meta = {k: v for k, v in meta.items() if k in ("context", "variant", "source")}
-        (dtype, shape), = node_opdef(node).infer(node, 1)
+        (dtype, shape), = node_opdef(node, self.graph).infer(node, 1)
         out = Value(self.graph.unique_name(node.name), dtype, shape, producer=node)
         node.outputs.append(out)
         self.nodes.append(node)

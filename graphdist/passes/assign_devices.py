@@ -5,7 +5,7 @@ Invariant established: every node has ``node.device`` (the graph is in stage
 
 Cases:
 * node already placed: kept;
-* node traced inside replica ``r`` (``meta["replica"]``): ``ctx.devices[r]``,
+* node traced inside replica ``r`` (``node.replica``): ``ctx.devices[r]``,
   and ``node.replica = r``;
 * node in cross-replica context: the first device (where ``strategy.reduce``
   results land);
@@ -33,12 +33,11 @@ class AssignDevicesPass(PassBase):
         for node in graph.nodes:
             if node.device is not None:
                 continue
-            replica = node.meta.get("replica")
+            replica = node.replica
             if replica is not None and replica >= len(ctx.devices):
                 raise GraphError(f"node {node.name} belongs to replica {replica} but only {len(ctx.devices)} "
                                  "device(s) are configured; the graph was replicated for more replicas than the "
                                  "pass context's devices (give PassContext(devices=...) one device per replica)")
             node.device = ctx.devices[replica or 0]
-            node.replica = replica
             modified = True
         return PassResult(graph, modified)

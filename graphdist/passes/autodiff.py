@@ -100,13 +100,11 @@ class AutodiffPass(PassBase):
             results = _backward(graph, gradient_node, builder)
             # Backward ops read only values defined before the Gradient node: place them there.
             for node in builder.created:  # backward ops run where their Gradient node was traced
-                node.meta.update({k: gradient_node.meta[k] for k in ("replica", "context", "variant", "micro")
+                node.replica = gradient_node.replica
+                node.meta.update({k: gradient_node.meta[k] for k in ("context", "variant", "micro")
                                   if k in gradient_node.meta})
-            created = {id(n) for n in builder.created}
-            rest = [n for n in graph.nodes if id(n) not in created]
-            at = rest.index(gradient_node)
-            graph.nodes = rest[:at] + builder.created + rest[at:]
+            graph.insert_before(gradient_node, builder.created)
             for out, grad in zip(gradient_node.outputs, results):
                 graph.replace_all_uses_with(out, grad)
-            graph.remove_node(gradient_node)
+            graph.remove(gradient_node)
         return PassResult(graph, modified=bool(gradient_nodes))

@@ -144,9 +144,9 @@ class BalanceVariableUpdatesPass(PassBase):
             if producer is not None and producer.meta.get("update_copy"):  # this pass's Identity: look through it
                 value = producer.inputs[0]
                 producer = value.producer
-            if producer is None or producer.meta.get("replica") is None:
+            if producer is None or producer.replica is None:
                 continue
-            update = _Update(position, str(uid), value, int(producer.meta["replica"]), int(value.nbytes or 0))
+            update = _Update(position, str(uid), value, int(producer.replica), int(value.nbytes or 0))
             update.nodes, update.problem, update.spread = twins.closure(value, update.replica)
             updates.append(update)
         return updates
@@ -161,7 +161,7 @@ class _Twins:
         for node in graph.nodes:
             if node.domain == GRAPHDIST_DOMAIN and node.op_type == "AllReduce":
                 key = str(node.attrs.get("group_key") or node.name)
-                self.members.setdefault(key, {})[node.meta.get("replica", 0)] = node
+                self.members.setdefault(key, {})[node.replica or 0] = node
         replication = graph.meta.get("replication")
         input_map = replication.input_map if replication is not None else {}
         self.per_replica = {name for names in input_map.values() for name in names.values()}
@@ -171,7 +171,7 @@ class _Twins:
     def is_leaf(self, value: Value) -> bool:
         """A value that is the same on every replica, or one the closure does not look behind."""
         producer = value.producer
-        return producer is None or producer.meta.get("replica") is None or (
+        return producer is None or producer.replica is None or (
             producer.domain == GRAPHDIST_DOMAIN and producer.op_type == "AllReduce")
 
     def closure(self, value: Value, replica: int) -> tuple[list[Node], str | None, bool]:
@@ -200,8 +200,8 @@ class _Twins:
                 problem = problem or f"it uses {node.op_type} ({node.name})"
             elif node.meta.get("side_effect"):
                 problem = problem or f"{node.name} has side effects"
-            elif node.meta.get("replica") != replica:
-                problem = problem or f"it reads %{current.name} of replica {node.meta.get('replica')}"
+            elif node.replica != replica:
+                problem = problem or f"it reads %{current.name} of replica {node.replica}"
             stack.extend(node.inputs)
         return sorted(seen.values(), key=lambda n: self.order[id(n)]), problem, spread
 
@@ -215,9 +215,9 @@ class _Twins:
         if value is None:
             return None
         producer = value.producer
-        if producer is None or producer.meta.get("replica") is None:
+        if producer is None or producer.replica is None:
             return value  # one value, whoever reads it
-        if producer.meta.get("replica") == replica:
+        if producer.replica == replica:
             return value
         if producer.domain == GRAPHDIST_DOMAIN and producer.op_type == "AllReduce":
             member = self.members.get(str(producer.attrs.get("group_key") or producer.name), {}).get(replica)
@@ -227,7 +227,7 @@ class _Twins:
     def _twin_node(self, node: Node, replica: int) -> None:
         if all((id(out), replica) in self._memo for out in node.outputs):
             return
-        if node.meta.get("replica") == replica:
+        if node.replica == replica:
             found: Node | None = node
         else:
             found = self._find(node, replica)
@@ -240,7 +240,7 @@ class _Twins:
         if all(new is not None or old is None for old, new in zip(node.inputs, inputs)):
             readers = next((new.uses for new in inputs if new is not None), None)
             candidates = [n for n, _ in readers] if readers is not None else self.graph.nodes
-            return next((n for n in candidates if n.meta.get("replica") == replica and _same_node(n, node, inputs)),
+            return next((n for n in candidates if n.replica == replica and _same_node(n, node, inputs)),
                         None)
         return None
 
@@ -342,6 +342,7 @@ def _twin_output(graph: Graph, twins: _Twins, update: _Update, target: int) -> V
     assert new is not None  # _balance only picks replicas with a copy
     if new.producer is None or any(new is out for out in graph.outputs):
         node = graph.add_node("Identity", [new], name="update")
-        node.meta.update(context="replica", replica=target, update_copy=True)
+        node.replica = target
+        node.meta.update(context="replica", update_copy=True)
         new = node.outputs[0]
     return new

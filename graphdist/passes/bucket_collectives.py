@@ -162,7 +162,7 @@ class _Group:
 
 
 def _replica_of(node: Node) -> int | None:
-    return node.replica if node.replica is not None else node.meta.get("replica")
+    return node.replica
 
 
 def _available_phases(graph: Graph) -> dict[int, int]:
@@ -265,9 +265,8 @@ def _candidates(graph: Graph, devices: tuple[str, ...]) -> list[_Group]:
 def _placed_like(node: Node, template: Node, key: str) -> None:
     """Puts ``node`` on the template member's device and replica."""
     node.device, node.replica = template.device, template.replica
-    for name in ("context", "replica"):
-        if name in template.meta:
-            node.meta[name] = template.meta[name]
+    if "context" in template.meta:
+        node.meta["context"] = template.meta["context"]
     node.meta[BUCKET] = key
 
 
@@ -363,7 +362,7 @@ class BucketCollectivesPass(PassBase):
                         graph.remove_node(node)
         order = {id(n): (position[id(n)], 0, 0) for n in graph.nodes if id(n) in position}
         order.update(placement)
-        graph.nodes.sort(key=lambda n: order[id(n)])
+        graph.set_nodes(sorted(graph.nodes, key=lambda n: order[id(n)]))
         graph.topological_sort()  # readers of a member that preceded the pack's anchor move after it
         if any(n.domain == GRAPHDIST_DOMAIN and n.op_type in CROSS_WORKER_OPS for n in graph.nodes):
             number_cross_worker_groups(graph)  # every worker issues the MPI calls in the new graph order

@@ -30,12 +30,8 @@ class EliminateDeadNodesPass(PassBase):
                 continue
             if all(not out.uses and id(out) not in outputs for out in node.outputs):
                 dead.append(node)
-                node.detach_inputs()
-        gone = {id(node) for node in dead}
-        for node in dead:
-            node.graph = None
-        if dead:
-            graph.nodes[:] = [n for n in graph.nodes if id(n) not in gone]  # one pass, however many are dead
+                node.detach_inputs()  # now, so that its producers' outputs count as unread further up
+        graph.remove(dead)  # one pass, however many are dead
         used = {id(v) for n in graph.nodes for v in n.inputs if v is not None} | outputs
         unused = [name for name, v in graph.initializers.items() if id(v) not in used]
         for name in unused:

@@ -8,7 +8,7 @@ every replica's copy of its value.
 Invariant established: no ``ReplicaAllReduce``, ``ReplicaAllGather``,
 ``CrossReplicaReduce`` or ``CrossReplicaGather`` node remains; in their place
 are ``graphdist.AllReduce`` / ``AllGather`` groups (one node per
-participant, ``meta["replica"]`` its replica, ``group_key`` shared,
+participant, ``node.replica`` its replica, ``group_key`` shared,
 ``group_size`` the participants times the workers, i.e. the replicas in
 sync for a full group, ``meta["side_effect"]`` so every member runs), which
 ``InsertCrossWorkerCollectivesPass`` (it narrows ``group_size`` to this
@@ -21,7 +21,7 @@ Cases:
   kept); a copy alone in its group is a group of one (the default strategy,
   one replica);
 * ``CrossReplicaReduce(x_0, ..., x_k)``: one member per input, on its
-  replica (``meta["replica"]`` = the input's position); readers of the
+  replica (``node.replica`` = the input's position); readers of the
   result read replica 0's member (cross-replica results live where replica 0
   runs, as ``strategy.reduce`` results do);
 * ``CrossReplicaGather(x_0, ..., x_k)``: the same with ``AllGather``;
@@ -80,7 +80,7 @@ class InsertCollectivesPass(PassBase):
                 nodes.extend(self._members_of_cross(graph, node))
             else:
                 nodes.append(node)
-        graph.nodes = nodes
+        graph.set_nodes(nodes)
         _check_gather_groups(nodes)
         return PassResult(graph, modified=True)
 
@@ -106,25 +106,20 @@ class InsertCollectivesPass(PassBase):
         op_type = _FROM_CROSS[node.op_type]
         attrs = self._attrs(node, key)
         members = []
+        result = node.outputs[0]
         for replica, value in enumerate(node.inputs):
             member = Node(op_type, [value], dict(attrs), domain=GRAPHDIST_DOMAIN)
             member.name = graph.unique_name(f"{op_type.lower()}", node=True)
             member.meta = {k: v for k, v in node.meta.items() if k not in ("context", "variant")}
-            member.meta.update(context="replica", replica=replica, side_effect=True)
-            member.graph = graph
-            result = node.outputs[0]
+            member.meta.update(context="replica", side_effect=True)
+            member.replica = replica
             if replica == 0:
                 out = result  # readers of the cross-replica result read replica 0's member
-                out.producer, out.index = member, 0
             else:
-                out = Value(graph.unique_name(f"{result.name}_r{replica}"), result.dtype, result.shape,
-                            producer=member)
-            member.outputs.append(out)
+                out = Value(graph.unique_name(f"{result.name}_r{replica}"), result.dtype, result.shape)
+            member.add_output(out)
             members.append(member)
-        node.detach_inputs()
-        node.outputs = []
-        node.graph = None
-        return members
+        return members  # the caller's set_nodes removes ``node``, whose output replica 0's member took
 
 
 def _check_gather_groups(nodes: list[Node]) -> None:
@@ -135,7 +130,8 @@ def _check_gather_groups(nodes: list[Node]) -> None:
     for key, members in groups.items():
         shapes = {m.inputs[0].shape for m in members}
         if len(shapes) > 1:
-            listing = ", ".join(f"replica {m.meta.get('replica', '?')}: {m.inputs[0].type_str()}" for m in members)
+            listing = ", ".join(f"replica {'?' if m.replica is None else m.replica}: {m.inputs[0].type_str()}"
+                                for m in members)
             raise GraphError(f"all-gather {key} gathers values of different shapes ({listing}); gathering uneven "
                              "per-replica values (a partial batch) is not supported: pad them to one shape, or "
                              "drop the remainder (dataset.batch(..., drop_remainder=True))")

@@ -122,10 +122,8 @@ class InsertCrossWorkerCollectivesPass(PassBase):
                 f"{node.qualified_op} {key} produces {combined.type_str()} for {self.num_workers} worker(s), but "
                 f"{int(node.attrs.get('group_size', 1))} local participant(s) give {list(expected)} across them; "
                 "the step was traced for a different number of replicas in sync")
-        combined.producer, combined.index = cross, 0
-        cross.outputs.append(combined)
-        graph.nodes.insert(graph.nodes.index(node) + 1, cross)
-        cross.graph = graph
+        cross.add_output(combined)
+        graph.insert_after(node, cross)
 
 
 def _crossed(value: Value | None) -> bool:

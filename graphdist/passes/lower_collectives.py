@@ -73,7 +73,8 @@ class LowerCollectivesPass(PassBase):
         for key, members in groups.items():
             types = {(m.inputs[0].dtype.name, m.inputs[0].shape) for m in members}
             if len(types) > 1 and members[0].op_type == "AllReduce":
-                listing = ", ".join(f"replica {m.meta.get('replica', '?')}: {m.inputs[0].type_str()}" for m in members)
+                listing = ", ".join(f"replica {'?' if m.replica is None else m.replica}: {m.inputs[0].type_str()}"
+                                    for m in members)
                 raise GraphError(
                     f"all-reduce {key} gets values of different shapes or dtypes ({listing}); per-replica values "
                     "reduced together must match (pad or slice them to one shape first)"

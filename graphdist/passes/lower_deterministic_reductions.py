@@ -133,20 +133,12 @@ def _lower_to_tree(graph: Graph, node: Node) -> None:
     def add(left: Value, right: Value) -> Value:
         made = graph.add_node("Add", [left, right], name=f"add_{node.name}")
         made.meta.update(meta)
-        made.device = node.device
-        graph.nodes.remove(made)
-        graph.insert_before(node, made)
+        made.device, made.replica = node.device, node.replica
         return made.outputs[0]
 
-    total = _pairwise(list(node.inputs), add)
-    last = total.producer
-    value = node.outputs[0]
-    value.producer, value.index = last, 0
-    last.outputs[0] = value
-    node.outputs = []
-    node.detach_inputs()
-    graph.nodes.remove(node)
-    node.graph = None
+    with graph.inserting_before(node):
+        total = _pairwise(list(node.inputs), add)
+    graph.replace_node(node, total.producer, keep_values=True)
 
 
 def _pairwise(items: list[Any], combine: Any) -> Any:

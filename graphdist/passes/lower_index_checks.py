@@ -29,7 +29,7 @@ from graphdist.passes.base import PassBase, PassContext, PassResult
 
 __all__ = ["LowerIndexChecksPass"]
 
-_PLACEMENT_META = ("context", "variant", "replica")
+_PLACEMENT_META = ("context", "variant")
 
 
 class LowerIndexChecksPass(PassBase):
@@ -48,11 +48,8 @@ class LowerIndexChecksPass(PassBase):
             for new in created:
                 new.device, new.replica = node.device, node.replica
                 new.meta.update({k: node.meta[k] for k in _PLACEMENT_META if k in node.meta})
-            made = {id(n) for n in created}
-            rest = [n for n in graph.nodes if id(n) not in made]
-            at = rest.index(node)
-            graph.nodes = rest[:at] + created + rest[at:]
-            graph.remove_node(node)
+            graph.insert_before(node, created)  # add_node appended them: moved to where the check was
+            graph.remove(node)
         return PassResult(graph, modified=bool(checks))
 
 

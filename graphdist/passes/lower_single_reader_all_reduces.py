@@ -98,7 +98,7 @@ def _local_groups(graph: Graph) -> dict[str, list[Node]]:
     for node in graph.nodes:
         if node.domain == GRAPHDIST_DOMAIN and node.op_type == "AllReduce":
             groups.setdefault(str(node.attrs.get("group_key", node.name)), []).append(node)
-    return {key: sorted(members, key=lambda m: int(m.meta.get("replica", 0)))
+    return {key: sorted(members, key=lambda m: int(m.replica or 0))
             for key, members in groups.items() if _lowerable(members)}
 
 
@@ -108,7 +108,7 @@ def _lowerable(members: list[Node]) -> bool:
     dtype = first.inputs[0].dtype
     if len(members) < 2 or int(first.attrs.get("group_size", len(members))) != len(members):
         return False  # one member (LowerCollectivesPass removes it) or members in other workers
-    if len({int(m.meta.get("replica", -1)) for m in members}) != len(members):
+    if len({-1 if m.replica is None else int(m.replica) for m in members}) != len(members):
         return False
     if dtype.kind == "b" or dtype.kind not in "fiu" or (op == "MEAN" and dtype.kind != "f"):
         return False
@@ -128,40 +128,27 @@ def _lower(graph: Graph, members: list[Node], reader: Node) -> None:
     inputs = [m.inputs[0] for m in members]
     meta = {k: v for k, v in reader.meta.items() if k != "side_effect"}
     meta.update({SUMMED_GROUP: str(reader.attrs.get("group_key", reader.name)), SUMMED_REPLICAS: len(members)})
-    new_nodes: list[Node] = []
 
     def add(op_type: str, operands: Iterable[Value]) -> Value:
         node = graph.add_node(op_type, list(operands), name=f"{op_type.lower()}_{reader.name}")
         node.meta.update(meta)
-        new_nodes.append(node)
+        node.replica = reader.replica
         return node.outputs[0]
 
-    if op in ("SUM", "MEAN") and inputs[0].dtype.kind == "f":
-        result = add("Sum", inputs)
-        if op == "MEAN":
-            count = graph.add_initializer(graph.unique_name(f"{reader.name}_count"),
-                                          np.array(len(members), dtype=inputs[0].dtype))
-            result = add("Div", [result, count])
-    else:
-        result = inputs[0]
-        for operand in inputs[1:]:
-            result = add(_CHAINED[op], [result, operand])
-    for node in new_nodes:  # where the read member was (add_node appended them)
-        graph.nodes.remove(node)
-        graph.insert_before(reader, node)
-    _take_over(graph, reader, result.producer)
+    with graph.inserting_before(reader):  # where the read member was
+        if op in ("SUM", "MEAN") and inputs[0].dtype.kind == "f":
+            result = add("Sum", inputs)
+            if op == "MEAN":
+                count = graph.add_initializer(graph.unique_name(f"{reader.name}_count"),
+                                              np.array(len(members), dtype=inputs[0].dtype))
+                result = add("Div", [result, count])
+        else:
+            result = inputs[0]
+            for operand in inputs[1:]:
+                result = add(_CHAINED[op], [result, operand])
+    # The last node produces the read member's result value itself (its name, readers and output position stay).
+    graph.replace_node(reader, result.producer, keep_values=True)
     _remove_unread(graph, [m for m in members if m is not reader])
-
-
-def _take_over(graph: Graph, reader: Node, last: Node) -> None:
-    """``last`` produces the read member's result value itself (its name, readers and output position stay)."""
-    value = reader.outputs[0]
-    value.producer, value.index = last, 0
-    last.outputs[0] = value
-    reader.outputs = []
-    reader.detach_inputs()
-    graph.nodes.remove(reader)
-    reader.graph = None
 
 
 def _remove_unread(graph: Graph, members: list[Node]) -> None:
@@ -176,8 +163,4 @@ def _remove_unread(graph: Graph, members: list[Node]) -> None:
         if id(node) not in cone:
             cone[id(node)] = node
             stack.extend(user for out in node.outputs for user, _ in out.uses)
-    for node in cone.values():
-        node.detach_inputs()
-    graph.nodes = [n for n in graph.nodes if id(n) not in cone]
-    for node in cone.values():
-        node.graph = None
+    graph.remove(cone.values())

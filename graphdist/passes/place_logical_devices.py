@@ -33,7 +33,7 @@ __all__ = ["PlaceLogicalDevicesPass"]
 
 def logical_device(cores: Sequence[Sequence[str]], node: Node, logical: int) -> str:
     """The device of logical device ``logical`` in ``node``'s replica (``ValueError`` when out of range)."""
-    replica = node.meta.get("replica") or 0
+    replica = node.replica or 0
     if not 0 <= replica < len(cores):
         raise ValueError(f"{node.name}: replica {replica} has no logical devices; the device assignment has "
                          f"{len(cores)} replicas")
@@ -68,11 +68,11 @@ class PlaceLogicalDevicesPass(PassBase):
                 and not is_communication(producer)
             if computed_here:
                 if producer.device is None:
-                    producer.device, producer.replica = device, node.meta.get("replica")
+                    producer.device, producer.replica = device, node.replica
                 graph.replace_all_uses_with(node.outputs[0], value)
                 graph.remove_node(node)
             else:
                 # Nothing of the replica computes the value: an Identity on the logical device moves it there.
                 node.op_type, node.domain, node.attrs = "Identity", "", {}
-                node.device, node.replica = device, node.meta.get("replica")
+                node.device = device
         return PassResult(graph, modified=bool(annotations))

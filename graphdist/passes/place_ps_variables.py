@@ -104,7 +104,6 @@ class PlacePSVariablesPass(PassBase):
         node = Node(op, inputs, attrs, domain=domain)
         node.name = graph.unique_name(hint, node=True)
         node.device, node.replica = device, 0
-        node.meta["replica"] = 0
         if domain == GRAPHDIST_DOMAIN:
             node.meta["side_effect"] = True
         for index, (dtype, shape) in enumerate(get_opdef(op, domain).infer(node, None)):
@@ -122,5 +121,7 @@ def _insert_after_inputs(graph: Graph, node: Node) -> None:
     for index, other in enumerate(graph.nodes):
         if id(other) in producers:
             position = index + 1
-    graph.nodes.insert(position, node)
-    node.graph = graph
+    if position < len(graph.nodes):
+        graph.insert_before(graph.nodes[position], node)
+    else:
+        graph.append(node)

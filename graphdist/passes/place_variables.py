@@ -64,7 +64,7 @@ __all__ = ["PlaceVariablesPass"]
 
 
 def _replica_of(node: Node) -> int | None:
-    return node.replica if node.replica is not None else node.meta.get("replica")
+    return node.replica
 
 
 def _device_of(node: Node, ctx: PassContext) -> str:
@@ -137,13 +137,13 @@ class PlaceVariablesPass(PassBase):
                     transfer.device, transfer.replica = target, _replica_of(user)
                     transfer.meta["variable_read"] = value.name
                     copy = Value(graph.unique_name(f"{value.name}_to_{target.replace(':', '')}"), value.dtype,
-                                 value.shape, producer=transfer)
-                    transfer.outputs.append(copy)
-                    transfer.graph = graph
+                                 value.shape)
+                    transfer.add_output(copy)
                     made.append(transfer)
                     moved[target] = copy
                 user.replace_input(index, copy)
-        graph.nodes[:0] = made  # they read graph inputs only: first in the node order
+        if made:  # they read graph inputs only: first in the node order
+            graph.set_nodes(made + graph.nodes)
         return bool(made)
 
     # ------------------------------------------------------- update region

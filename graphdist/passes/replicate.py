@@ -5,7 +5,7 @@ A step is traced once, as one replica: the nodes traced inside
 step's cross-replica code) do not. This pass makes the replicas.
 
 Invariant established: every replica-region node exists once per local
-replica ``r`` (``meta["replica"] = r``), replica ``r``'s copy reading replica
+replica ``r`` (``node.replica = r``), replica ``r``'s copy reading replica
 ``r``'s copies; no ``ReplicaId``, ``NumReplicas`` or ``ReadReplica`` node
 remains; ``graph.meta["replication"]`` records the replica count, the
 replicas' global offset, and how the traced inputs and outputs map to the
@@ -149,7 +149,8 @@ class _Replicator:
                 nodes.extend(self._replicate_node(node))
             else:
                 nodes.extend(self._cross_replica_node(node))
-        self.graph.nodes = nodes
+        # The traced nodes left out leave the graph; the graph outputs they computed are rewired right after.
+        self.graph.set_nodes(nodes, safe=False)
         output_map, replica_outputs = self._replicate_outputs()
         self.graph.meta["replication"] = Replication(self.n, self.offset, self.in_sync, input_map, output_map,
                                                      replica_outputs)
@@ -201,7 +202,7 @@ class _Replicator:
                 wanted = self._for_replica(value, replica, node)
                 if wanted is not twin.inputs[index]:
                     twin.replace_input(index, wanted)
-            twin.meta["replica"] = replica
+            twin.replica = replica
             for out, twin_out in zip(node.outputs, twin.outputs):
                 self.copies.setdefault(id(out), {})[replica] = twin_out
             made.append(twin)
@@ -210,7 +211,7 @@ class _Replicator:
     def _clone(self, node: Node, replica: int, inputs: list[Value | None]) -> Node:
         twin = Node(node.op_type, inputs, dict(node.attrs), domain=node.domain)
         twin.name = self.graph.unique_name(f"{node.name}_r{replica}", node=True)
-        twin.device, twin.meta, twin.graph = node.device, dict(node.meta), self.graph
+        twin.device, twin.meta = node.device, dict(node.meta)
         twin.outputs = [self._twin(out, replica, producer=twin) for out in node.outputs]
         return twin
 
@@ -298,7 +299,8 @@ class _Replicator:
             return twins[replica]
         # The same value on every replica (a constant, a cross-replica result): each replica outputs its copy.
         node = self.graph.add_node("Identity", [value], name="replica_output")
-        node.meta.update(context="replica", replica=replica)
+        node.meta["context"] = "replica"
+        node.replica = replica
         return node.outputs[0]
 
     # ----------------------------------------------------------- helpers
@@ -315,5 +317,4 @@ class _Replicator:
 
     @staticmethod
     def _drop(node: Node) -> None:
-        node.detach_inputs()
-        node.graph = None
+        node.detach_inputs()  # now, so that its inputs' uses are current; run()'s set_nodes removes it

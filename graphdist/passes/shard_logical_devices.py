@@ -90,7 +90,7 @@ class _Sharder:
     def __init__(self, graph: Graph, cores: list[list[str]], annotation: Node) -> None:
         self.graph = graph
         self.annotation = annotation
-        self.replica = annotation.meta.get("replica")
+        self.replica = annotation.replica
         parts = tuple(int(p) for p in annotation.attrs.get("partition_dimensions", ()))
         self.devices = [logical_device(cores, annotation, t) for t in range(int(np.prod(parts or (1,))))]
         self.home = self.devices[0]
@@ -124,7 +124,6 @@ class _Sharder:
               name: str) -> Value:
         node = self.graph.add_node(op_type, inputs, attrs, name=name)
         node.device, node.replica = device, self.replica
-        node.meta["replica"] = self.replica
         return node.outputs[0]
 
     def _int64s(self, values: Sequence[int]) -> Value:

@@ -217,7 +217,7 @@ def _gradient_groups(graph: Graph) -> dict[str, list[Node]]:
         if node.domain == GRAPHDIST_DOMAIN and node.op_type == "AllReduce":
             groups.setdefault(str(node.attrs.get("group_key") or node.name), []).append(node)
     for members in groups.values():
-        members.sort(key=lambda m: m.meta.get("replica", 0))
+        members.sort(key=lambda m: m.replica or 0)
     return groups
 
 
@@ -234,7 +234,7 @@ def _group_problem(members: list[Node], num_workers: int = 1) -> str | None:
     """Why the group cannot be reduce-scattered here, or ``None``."""
     first = members[0]
     value = first.inputs[0]
-    replicas = [m.meta.get("replica") for m in members]
+    replicas = [m.replica for m in members]
     size = int(first.attrs.get("group_size", len(members)))
     if num_workers > 1:
         if size != num_workers * len(members):
@@ -350,7 +350,7 @@ class _Rewrite:
         self.size = int(np.prod(self.shape, dtype=np.int64))
         self.shard = -(-self.size // self.count)
         self.key = str(update.members[0].attrs.get("group_key"))
-        self.last = update.owner.meta.get("replica", 0)
+        self.last = update.owner.replica or 0
         self._slices: dict[tuple[int, int], Value] = {}
         self.specs = specs or {}
         # Stored in parts: each slot input becomes one input per local replica, its shard (padded).
@@ -373,38 +373,37 @@ class _Rewrite:
     def apply(self) -> dict[str, dict[str, int]]:
         """Rewrites the graph; returns ``uid -> layout`` of the sharded slots."""
         anchor = self.update.members[0]
-        new_nodes: list[Node] = []
-        outputs: dict[int, list[Value]] = {id(v): [] for v, _, _ in self.update.results}
-        for replica, member in enumerate(self.update.members):
-            with _Collect(self.graph, new_nodes, replica):
-                gradient = self._scatter(member, replica)
-                mapping = {id(self.update.owner.outputs[0]): gradient}
-                for node in self.update.nodes:
-                    self._clone(node, mapping, replica)
-                for value, _, _ in self.update.results:
-                    outputs[id(value)].append(mapping[id(value)])
-        sharded: dict[str, dict[str, Any]] = {}
-        inputs = {id(v): v for v in self._slot_inputs}
-        input_of = {v.name: v for v in self._slot_inputs}
-        with _Collect(self.graph, new_nodes, self.last):
-            finals: dict[int, Value | list[Value]] = {}
-            for value, uid, trainable in self.update.results:
-                parts = outputs[id(value)]
-                if trainable:
-                    finals[id(value)] = self._gather(parts, value)
-                elif self.update.parts:  # each replica writes back its own shard
-                    finals[id(value)] = parts
-                else:
-                    finals[id(value)] = self._concat(parts, value)
-                if not trainable:
-                    sharded[uid] = {"replicas": self.count, "shard": self.shard, "size": self.size}
-                    if self.across:
-                        sharded[uid].update(workers=self.workers.count, worker=self.workers.index, local=self.local)
-                    if self.update.parts:
-                        slot = input_of.get(self.specs[uid][0]) if uid in self.specs else None
-                        sharded[uid]["parts"] = [v.name for v in self._parts[id(slot)]] if slot is not None else []
-        for node in new_nodes:
-            self.graph.insert_before(anchor, node)
+        with self.graph.inserting_before(anchor):  # the new nodes go before the first member, in order
+            new_nodes: list[Node] = []
+            outputs: dict[int, list[Value]] = {id(v): [] for v, _, _ in self.update.results}
+            for replica, member in enumerate(self.update.members):
+                with _Collect(self.graph, new_nodes, replica, anchor):
+                    gradient = self._scatter(member, replica)
+                    mapping = {id(self.update.owner.outputs[0]): gradient}
+                    for node in self.update.nodes:
+                        self._clone(node, mapping, replica)
+                    for value, _, _ in self.update.results:
+                        outputs[id(value)].append(mapping[id(value)])
+            sharded: dict[str, dict[str, Any]] = {}
+            inputs = {id(v): v for v in self._slot_inputs}
+            input_of = {v.name: v for v in self._slot_inputs}
+            with _Collect(self.graph, new_nodes, self.last, anchor):
+                finals: dict[int, Value | list[Value]] = {}
+                for value, uid, trainable in self.update.results:
+                    parts = outputs[id(value)]
+                    if trainable:
+                        finals[id(value)] = self._gather(parts, value)
+                    elif self.update.parts:  # each replica writes back its own shard
+                        finals[id(value)] = parts
+                    else:
+                        finals[id(value)] = self._concat(parts, value)
+                    if not trainable:
+                        sharded[uid] = {"replicas": self.count, "shard": self.shard, "size": self.size}
+                        if self.across:
+                            sharded[uid].update(workers=self.workers.count, worker=self.workers.index, local=self.local)
+                        if self.update.parts:
+                            slot = input_of.get(self.specs[uid][0]) if uid in self.specs else None
+                            sharded[uid]["parts"] = [v.name for v in self._parts[id(slot)]] if slot is not None else []
         self._rewire(finals)
         self._remove_old()
         unread = {i for i, value in inputs.items() if not value.uses}  # the parts replace them
@@ -440,7 +439,8 @@ class _Rewrite:
     def _cross(self, value: Value, op_type: str, kind: str, extra: dict[str, Any], replica: int) -> Value:
         node = self.graph.add_node(op_type, [value], {**extra, **self._cross_attrs(kind)}, domain=GRAPHDIST_DOMAIN,
                                    name=kind.replace("scatter", "reduce_scatter").replace("gather", "all_gather"))
-        node.meta.update(replica=replica, side_effect=True)
+        node.replica = replica
+        node.meta["side_effect"] = True
         return node.outputs[0]
 
     def _slice(self, value: Value, replica: int) -> Value:
@@ -486,7 +486,8 @@ class _Rewrite:
             node = self.graph.add_node("AllGather", [part], {"axis": 0, "group_key": f"{self.key}.gather",
                                                              "group_size": self.local},
                                        domain=GRAPHDIST_DOMAIN, name="all_gather")
-            node.meta.update(replica=replica, side_effect=True)
+            node.replica = replica
+            node.meta["side_effect"] = True
             if replica == self.last:
                 gathered = node.outputs[0]
         return self._unflatten(gathered, value)
@@ -537,20 +538,26 @@ class _Rewrite:
 
 
 class _Collect:
-    """Moves the nodes ``graph.add_node`` appends inside the block into ``sink``, tagged with ``replica``."""
+    """Tags the nodes ``graph.add_node`` inserts inside the block (before ``anchor``, the graph's cursor) with
+    ``replica``, and lists them in ``sink``.
+    """
 
-    def __init__(self, graph: Graph, sink: list[Node], replica: int) -> None:
-        self.graph, self.sink, self.replica = graph, sink, replica
+    def __init__(self, graph: Graph, sink: list[Node], replica: int, anchor: Node) -> None:
+        self.graph, self.sink, self.replica, self.anchor = graph, sink, replica, anchor
 
     def __enter__(self) -> _Collect:
         self.start = len(self.graph.nodes)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        added = self.graph.nodes[self.start:]
-        del self.graph.nodes[self.start:]
+        count = len(self.graph.nodes) - self.start
+        if count <= 0:
+            return
+        end = next(i for i, node in enumerate(self.graph.nodes) if node is self.anchor)
+        added = self.graph.nodes[end - count:end]
         for node in added:
-            node.meta.setdefault("replica", self.replica)
+            if node.replica is None:
+                node.replica = self.replica
             node.meta.setdefault("context", "replica")
         self.sink.extend(added)
 

@@ -157,7 +157,7 @@ def test_cross_worker_pass_follows_each_local_group() -> None:
         assert local.op_type == node.op_type.removeprefix("CrossWorker")
         assert [user for user, _ in local.outputs[0].uses] == [node]  # readers read the workers' result
         assert node.attrs["num_workers"] == 3 and node.attrs["comm_group"] == "group"
-        assert node.attrs["group_size"] == 2 and node.meta["replica"] == local.meta["replica"]
+        assert node.attrs["group_size"] == 2 and node.replica == local.replica
     reduce_nodes = [n for n in cross if n.op_type == "CrossWorkerAllReduce"]
     assert {n.attrs["reduce_op"] for n in reduce_nodes} == {"MEAN"} and reduce_nodes[0].attrs["algorithm"] == "ring"
     gather = next(n for n in cross if n.op_type == "CrossWorkerAllGather")

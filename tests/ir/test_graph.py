@@ -117,8 +117,7 @@ def test_replace_all_uses_with_excluding_the_new_producer() -> None:
     graph, nodes = diamond()
     x = graph.inputs[0]
     doubled = graph.add_node("Add", [x, x], name="double")
-    graph.nodes.remove(doubled)
-    graph.insert_before(nodes["a"], doubled)
+    graph.insert_before(nodes["a"], doubled)  # moved from the end
     count = graph.replace_all_uses_with(x, doubled.outputs[0], exclude=[doubled])
     assert count == 2
     assert doubled.inputs == [x, x] and nodes["a"].inputs[0] is doubled.outputs[0]
@@ -264,3 +263,148 @@ def test_traced_graph_meta_output_tree() -> None:
     assert set(rebuilt) == {"a", "b"} and len(rebuilt["b"]) == 2
     assert len({v.name for v in graph.outputs}) == 3
     assert all(v.producer is not None for v in graph.outputs)
+
+
+# ------------------------------------------------------------- edits the graph owns
+def _order(graph: Graph) -> list[str]:
+    return [n.name for n in graph.nodes]
+
+
+def _detached(graph: Graph, op_type: str, inputs: list[Value]) -> Node:
+    """A node built outside the graph (as passes build replacements), one output typed like its first input."""
+    node = Node(op_type, inputs)
+    node.name = graph.unique_name(op_type.lower(), node=True)
+    node.add_output(Value(graph.unique_name(node.name), inputs[0].dtype, inputs[0].shape))
+    return node
+
+
+def test_insert_before_and_after_take_several_nodes_in_order() -> None:
+    graph, nodes = diamond()
+    x = graph.inputs[0]
+    first, second = _detached(graph, "Abs", [x]), _detached(graph, "Sin", [x])
+    graph.insert_before(nodes["b"], [first, second])
+    assert _order(graph) == ["exp", first.name, second.name, "neg", "add", "mul"]
+    third = _detached(graph, "Cos", [x])
+    graph.insert_after(nodes["a"], third)
+    assert _order(graph) == ["exp", third.name, first.name, second.name, "neg", "add", "mul"]
+    assert first.graph is graph and third.graph is graph
+    graph.insert_after(nodes["d"], first)  # a node of the graph moves
+    assert _order(graph) == ["exp", third.name, second.name, "neg", "add", "mul", first.name]
+    assert_uses_consistent(graph)
+    verify(graph)
+
+
+def test_insert_refuses_a_node_of_another_graph() -> None:
+    graph, nodes = diamond()
+    other, _ = diamond()
+    with pytest.raises(GraphError, match="belongs to graph"):
+        graph.insert_before(nodes["b"], other.nodes[0])
+
+
+def test_inserting_before_is_a_cursor_for_add_node() -> None:
+    graph, nodes = diamond()
+    x = graph.inputs[0]
+    with graph.inserting_before(nodes["c"]):
+        one = graph.add_node("Abs", [x], name="one")
+        two = graph.add_node("Neg", [one.outputs[0]], name="two")
+    after = graph.add_node("Sin", [x], name="after")  # the cursor is gone: appended
+    assert _order(graph) == ["exp", "neg", "one", "two", "add", "mul", "after"]
+    assert two.graph is graph and after.graph is graph
+    verify(graph)
+
+
+def test_inserting_after_keeps_the_order_of_the_added_nodes() -> None:
+    graph, nodes = diamond()
+    x = graph.inputs[0]
+    with graph.inserting_after(nodes["a"]):
+        one = graph.add_node("Abs", [x], name="one")
+        graph.add_node("Neg", [one.outputs[0]], name="two")
+    assert _order(graph) == ["exp", "one", "two", "neg", "add", "mul"]
+    verify(graph)
+
+
+def test_the_cursor_is_restored_when_the_block_raises() -> None:
+    graph, nodes = diamond()
+    with pytest.raises(GraphError), graph.inserting_before(nodes["b"]):
+        graph.add_node("NoSuchOp", [graph.inputs[0]])
+    graph.add_node("Abs", [graph.inputs[0]], name="last")
+    assert _order(graph)[-1] == "last"
+
+
+def test_remove_is_safe_by_default() -> None:
+    graph, nodes = diamond()
+    with pytest.raises(GraphError, match=r"cannot remove node exp .*%exp is still used"):
+        graph.remove(nodes["a"])
+    with pytest.raises(GraphError, match="still used"):
+        graph.remove(nodes["d"])  # a graph output
+    assert _order(graph) == ["exp", "neg", "add", "mul"]  # nothing removed
+    graph.outputs = []
+    graph.remove([nodes["a"], nodes["b"], nodes["c"], nodes["d"]])  # a dead chain in one call
+    assert graph.nodes == [] and graph.inputs[0].uses == []
+    assert all(n.graph is None for n in nodes.values())
+
+
+def test_remove_unsafe_skips_the_check() -> None:
+    graph, nodes = diamond()
+    graph.remove(nodes["b"], safe=False)
+    assert _order(graph) == ["exp", "add", "mul"] and nodes["b"].graph is None
+    with pytest.raises(GraphError):
+        verify(graph)  # add reads a value nothing computes any more: the caller's to fix
+
+
+def test_replace_node_rewires_the_readers() -> None:
+    graph, nodes = diamond()
+    x = graph.inputs[0]
+    new = _detached(graph, "Abs", [x])
+    graph.replace_node(nodes["a"], new)
+    assert _order(graph) == [new.name, "neg", "add", "mul"]
+    assert nodes["c"].inputs[0] is new.outputs[0] and nodes["a"].graph is None
+    assert nodes["a"].outputs[0].uses == [] and x.uses == [(nodes["b"], 0), (new, 0)]
+    assert_uses_consistent(graph)
+    verify(graph)
+
+
+def test_replace_node_keep_values_hands_the_outputs_over() -> None:
+    graph, nodes = diamond()
+    x = graph.inputs[0]
+    kept = nodes["d"].outputs[0]  # a graph output: its name and position stay
+    with graph.inserting_before(nodes["d"]):
+        new = graph.add_node("Add", [nodes["c"].outputs[0], x])
+    graph.replace_node(nodes["d"], new, keep_values=True)
+    assert new.outputs == [kept] and kept.producer is new and graph.outputs == [kept]
+    assert nodes["d"].graph is None and nodes["d"].outputs == []
+    assert_uses_consistent(graph)
+    verify(graph)
+
+
+def test_replace_node_refuses_mismatched_outputs() -> None:
+    graph, nodes = diamond()
+    graph.add_input("y", np.int64, (2, 3))
+    wrong = _detached(graph, "Abs", [graph.inputs[1]])
+    with pytest.raises(GraphError, match="replace_all_uses_with: %exp is float32"):
+        graph.replace_node(nodes["a"], wrong)
+    with graph.inserting_before(nodes["c"]):
+        read = graph.add_node("Abs", [graph.inputs[0]])
+    graph.add_node("Neg", [read.outputs[0]])
+    with pytest.raises(GraphError, match="keep_values=True"):
+        graph.replace_node(nodes["a"], read, keep_values=True)
+
+
+def test_set_nodes_adopts_and_removes() -> None:
+    graph, nodes = diamond()
+    new = _detached(graph, "Abs", [graph.inputs[0]])
+    with pytest.raises(GraphError, match="still used"):
+        graph.set_nodes([nodes["a"], nodes["c"], nodes["d"]])  # neg is read by add
+    graph.replace_all_uses_with(nodes["b"].outputs[0], new.outputs[0])
+    graph.set_nodes([nodes["a"], new, nodes["c"], nodes["d"]])
+    assert new.graph is graph and nodes["b"].graph is None and nodes["b"].inputs == []
+    assert_uses_consistent(graph)
+    verify(graph)
+
+
+def test_node_graph_and_value_producer_are_read_only() -> None:
+    graph, nodes = diamond()
+    with pytest.raises(AttributeError):
+        nodes["a"].graph = None  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        nodes["a"].outputs[0].producer = None  # type: ignore[misc]

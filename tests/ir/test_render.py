@@ -16,7 +16,8 @@ import onnx
 import pytest
 
 import graphdist as gd
-from graphdist.ir.render import graph_to_dot, moved_bytes, plan_to_dot, render_dot
+from graphdist.compile.render import plan_to_dot
+from graphdist.ir.render import graph_to_dot, moved_bytes, render_dot
 from graphdist.models.mlp import make_step
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None,

@@ -140,7 +140,7 @@ def test_inconsistent_use_lists() -> None:
 
 def test_producer_mismatch_and_undefined_output() -> None:
     graph = small()
-    graph.nodes[0].outputs[0].producer = graph.nodes[1]
+    graph.nodes[0].outputs[0]._producer = graph.nodes[1]  # corrupted on purpose
     fails(graph, "output %relu of relu names another producer")
     graph = small()
     graph.outputs = [Value("ghost", np.float32, (2, 3))]

@@ -23,7 +23,7 @@ def _graph(name: str, placements: list[tuple[str | None, int | None]]) -> Graph:
     negs = []
     for replica in (0, 1):
         node = graph.add_node("Neg", [x])
-        node.meta["replica"] = replica
+        node.replica = replica
         negs.append(node.outputs[0])
     total = graph.add_node("Add", negs).outputs[0]
     placed = graph.add_node("Abs", [total])

@@ -33,7 +33,8 @@ TRAINABLE = {"w", "b"}
 def _op(graph: Graph, op_type: str, inputs: list, attrs: dict | None = None, *, replica: int,
         domain: str = "", **meta) -> Value:
     node = graph.add_node(op_type, inputs, attrs, domain=domain)
-    node.meta.update(context="replica", replica=replica, **meta)
+    node.replica = replica
+    node.meta.update(context="replica", **meta)
     return node.outputs[0]
 
 
@@ -100,7 +101,7 @@ def _unchanged(graph: Graph, ctx: PassContext = CTX) -> None:
 
 
 def _written_from(graph: Graph) -> list[int]:
-    return [v.producer.meta["replica"] for v in graph.outputs]
+    return [v.producer.replica for v in graph.outputs]
 
 
 def _run(graph: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -152,12 +153,12 @@ def test_updates_that_differ_between_replicas_stay() -> None:
 def test_a_copy_that_is_already_an_output_gets_an_identity() -> None:
     graph = _only(_graph(BEFORE), "w", "m", "b")  # w and m stay on replica 1, b goes to replica 0
     readers = graph.outputs[2].producer.inputs[0].uses  # of the variable b: both replicas' Sub
-    copy0 = next(node for node, _ in readers if node.meta["replica"] == 0).outputs[0]
+    copy0 = next(node for node, _ in readers if node.replica == 0).outputs[0]
     graph.outputs.insert(0, copy0)  # the step returns replica 0's new b (cross-replica code reads replica 0's copy)
     balanced = _balance(graph)
     written = balanced.outputs[3]
     assert written is not copy0 and balanced.outputs[0] is copy0
-    assert (written.producer.op_type, written.producer.inputs[0], written.producer.meta["replica"]) == (
+    assert (written.producer.op_type, written.producer.inputs[0], written.producer.replica) == (
         "Identity", copy0, 0)
     assert _written_from(balanced)[1:3] == [1, 1]
 

@@ -34,7 +34,8 @@ SPECS = [((2, 3), np.float32, "SUM"), ((3,), np.float32, "SUM"), ((), np.float32
 
 
 def _placed(node: Node, replica: int) -> Node:
-    node.meta.update(context="replica", replica=replica)
+    node.replica = replica
+    node.meta.update(context="replica")
     return node
 
 
@@ -83,7 +84,7 @@ def _plan(graph: Graph) -> Plan:
 
 
 def _ops(graph: Graph, replica: int | None = None) -> list[str]:
-    return [n.qualified_op for n in graph.nodes if replica is None or n.meta.get("replica") == replica]
+    return [n.qualified_op for n in graph.nodes if replica is None or n.replica == replica]
 
 
 def _groups(graph: Graph) -> list[str]:
@@ -138,20 +139,20 @@ def test_one_pack_structure_and_numerics() -> None:
     expected = ["Mul"] * 4 + ["Reshape", "Reshape", "Concat", AR, "Split", "Reshape", "Reshape"] + ["Add"] * 4
     assert _ops(packed, 0) == expected and _ops(packed, 1) == expected
     assert _groups(packed) == ["bucket0"]
-    concat = next(n for n in packed.nodes if n.op_type == "Concat" and n.meta["replica"] == 0)
+    concat = next(n for n in packed.nodes if n.op_type == "Concat" and n.replica == 0)
     # members in readiness order: grad3 was produced first, grad0 last
     sources = [v.producer.inputs[0].name if v.producer.op_type == "Reshape" else v.name for v in concat.inputs]
     assert sources == ["grad3", "grad2", "grad1", "grad0"]
-    split = next(n for n in packed.nodes if n.op_type == "Split" and n.meta["replica"] == 0)
+    split = next(n for n in packed.nodes if n.op_type == "Split" and n.replica == 0)
     assert split.inputs[1].const_value.tolist() == [4, 1, 3, 6]
-    reduce = next(n for n in packed.nodes if n.qualified_op == AR and n.meta["replica"] == 0)
+    reduce = next(n for n in packed.nodes if n.qualified_op == AR and n.replica == 0)
     assert reduce.attrs == {"reduce_op": "SUM", "group_size": 2, "group_key": "bucket0", "algorithm": "ring"}
     assert reduce.meta["side_effect"] and reduce.meta["bucket_members"] == [f"all_reduce0.{i}" for i in (3, 2, 1, 0)]
     use0 = next(n for n in packed.nodes if n.name == "use0")
     assert use0.inputs[0].shape == (2, 3) and use0.inputs[0].producer.op_type == "Reshape"
     # the new nodes are on their replica: placement puts them on that replica's device
     placed = AssignDevicesPass()(packed.copy(), CTX).graph
-    assert {n.device for n in placed.nodes if n.meta.get("replica") == 1} == {"cpu:1"}
+    assert {n.device for n in placed.nodes if n.replica == 1} == {"cpu:1"}
 
 
 def test_several_packs_follow_readiness_order() -> None:
@@ -159,7 +160,7 @@ def test_several_packs_follow_readiness_order() -> None:
     packed, modified = _check(BucketCollectivesPass(bytes_per_pack=32), graph)
     assert modified
     assert _groups(packed) == ["bucket0", "all_reduce0.0"]
-    reduce = [n for n in packed.nodes if n.qualified_op == AR and n.meta["replica"] == 0]
+    reduce = [n for n in packed.nodes if n.qualified_op == AR and n.replica == 0]
     assert reduce[0].meta["bucket_members"] == ["all_reduce0.3", "all_reduce0.2", "all_reduce0.1"]
     assert reduce[1].attrs["group_key"] == "all_reduce0.0" and "bucket_members" not in reduce[1].meta
     plan = _plan(packed)
@@ -169,7 +170,7 @@ def test_several_packs_follow_readiness_order() -> None:
 def test_packs_keep_the_first_pack_free_of_late_gradients() -> None:
     graph = _graph()
     packed, _ = _check(BucketCollectivesPass(num_packs=2), graph)
-    reduce = [n for n in packed.nodes if n.qualified_op == AR and n.meta["replica"] == 0]
+    reduce = [n for n in packed.nodes if n.qualified_op == AR and n.replica == 0]
     # grad3 (produced first) is reduced in the first communication task, grad0 (produced last) alone after it
     assert reduce[0].meta["bucket_members"] == ["all_reduce0.3", "all_reduce0.2", "all_reduce0.1"]
     assert reduce[1].attrs["group_key"] == "all_reduce0.0"
@@ -181,7 +182,7 @@ def test_four_replicas() -> None:
     result = BucketCollectivesPass(num_packs=1)(graph, CTX)
     assert result.modified
     verify(result.graph)
-    assert [n.meta["replica"] for n in result.graph.nodes if n.qualified_op == AR] == [0, 1, 2, 3]
+    assert [n.replica for n in result.graph.nodes if n.qualified_op == AR] == [0, 1, 2, 3]
     assert _groups(result.graph) == ["bucket0"]
 
 

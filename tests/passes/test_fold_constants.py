@@ -30,6 +30,7 @@ def _feeds(graph: Graph) -> dict[str, np.ndarray]:
 
 def _out(graph: Graph, op_type: str, inputs: list[Value], attrs: dict | None = None, **meta) -> Value:
     node = graph.add_node(op_type, inputs, attrs)
+    node.replica = meta.pop("replica", None)
     node.meta.update(meta)
     return node.outputs[0]
 

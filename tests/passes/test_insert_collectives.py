@@ -42,7 +42,8 @@ def _op(graph: Graph, op_type: str, inputs: list[Value], attrs: dict | None = No
     node = graph.add_node(op_type, inputs, attrs, domain=domain)
     node.meta.update(meta)
     if replica is not None:
-        node.meta.update(context="replica", replica=replica)
+        node.replica = replica
+        node.meta.update(context="replica")
     return node.outputs[0]
 
 

@@ -20,7 +20,7 @@ def _graphdist(graph: Graph, op: str, inputs: list[Value], attrs: dict, replica:
                output_types: list | None = None) -> Value:
     node = graph.add_node(op, inputs, attrs, domain=GRAPHDIST_DOMAIN, output_types=output_types)
     node.device, node.replica = f"cpu:{replica}", replica
-    node.meta["replica"] = replica
+    node.replica = replica
     return node.outputs[0]
 
 

@@ -39,7 +39,7 @@ def _wide(attrs: dict | None, shapes: tuple = ((2,), (2,))) -> Graph:
         x = graph.add_input(f"x{replica}", np.float32, shape)
         node = graph.add_node("AllReduce", [x], {"reduce_op": "SUM", "group_size": 2, "group_key": "k",
                                                  **(attrs or {})}, domain=GRAPHDIST_DOMAIN)
-        node.meta["replica"] = replica
+        node.replica = replica
         outputs.append(node.outputs[0])
     graph.outputs = outputs
     return graph

@@ -25,7 +25,8 @@ RNG = np.random.default_rng(2)
 def _op(graph: Graph, op_type: str, inputs: list, attrs: dict | None = None, *, replica: int = 0,
         domain: str = "", **meta) -> Value:
     node = graph.add_node(op_type, inputs, attrs, domain=domain)
-    node.meta.update(context="replica", replica=replica, **meta)
+    node.replica = replica
+    node.meta.update(context="replica", **meta)
     return node.outputs[0]
 
 
@@ -79,7 +80,7 @@ def test_the_lowered_sum_is_the_trees_bits() -> None:
              for r in range(4)}
     graph = _lower(_graph(lowered=False))
     graph.outputs = [graph.outputs[-2]]
-    graph.nodes = [n for n in graph.nodes if n.op_type == "Add"]
+    graph.set_nodes([n for n in graph.nodes if n.op_type == "Add"], safe=False)
     graph.inputs = [v for v in graph.inputs if v.name.startswith("g")]
     exe = default_cache().get_or_compile(get_backend("reference"), graph.to_onnx(), parse_device("cpu:0"))
     (got,) = exe.run(feeds)

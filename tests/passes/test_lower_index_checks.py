@@ -87,11 +87,11 @@ def test_replica_copy_names_its_global_replica_and_keeps_its_placement() -> None
     graph.meta["replication"] = Replication(2, 2, 4, {}, {}, {})  # this worker's replicas are 2 and 3 of 4
     for node in graph.nodes:
         node.device, node.replica = "cpu:1", 1
-        node.meta["replica"] = 1
+        node.replica = 1
     expected = _lowered(np.int64, read=True, replica=3)
     for node in expected.nodes:
         node.device, node.replica = "cpu:1", 1
-        node.meta["replica"] = 1
+        node.replica = 1
     check_pass(LowerIndexChecksPass(), graph, modified=True, expected=expected, placement=True,
                meta_keys=("replica",), feeds={"i": np.array([4, 0, 2], np.int64)})
 

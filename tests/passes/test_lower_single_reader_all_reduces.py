@@ -32,7 +32,8 @@ def _ctx(replicas: int) -> PassContext:
 def _op(graph: Graph, op_type: str, inputs: list, attrs: dict | None = None, *, replica: int,
         domain: str = "", **meta) -> Value:
     node = graph.add_node(op_type, inputs, attrs, domain=domain)
-    node.meta.update(context="replica", replica=replica, **meta)
+    node.replica = replica
+    node.meta.update(context="replica", **meta)
     return node.outputs[0]
 
 

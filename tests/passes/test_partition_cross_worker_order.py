@@ -26,7 +26,8 @@ CTX = PassContext(devices=("cpu:0",))
 def _cross(graph: Graph, op_type: str, value: Value, key: str) -> Value:
     node = graph.add_node(op_type, [value], {"group_key": key, "group_size": 1, "reduce_op": "SUM"},
                           domain=GRAPHDIST_DOMAIN)
-    node.meta.update(context="replica", replica=0, side_effect=True)
+    node.replica = 0
+    node.meta.update(context="replica", side_effect=True)
     return node.outputs[0]
 
 
@@ -41,8 +42,10 @@ def _sgd_across_workers() -> Graph:
         weight = graph.add_input(f"w{i}", np.float32, (4,))
         summed = _cross(graph, "CrossWorkerAllReduce", grad, f"scatter{i}")
         update = graph.add_node("Sub", [weight, graph.add_node("Mul", [lr, summed]).outputs[0]])
-        update.meta.update(context="replica", replica=0)
-        update.inputs[1].producer.meta.update(context="replica", replica=0)
+        update.replica = 0
+        update.meta.update(context="replica")
+        update.inputs[1].producer.replica = 0
+        update.inputs[1].producer.meta.update(context="replica")
         outputs.append(_cross(graph, "CrossWorkerAllReduce", update.outputs[0], f"gather{i}"))
     graph.outputs = outputs
     number_cross_worker_groups(graph)  # graph order, as InsertCrossWorkerCollectivesPass numbers them

@@ -16,7 +16,7 @@ CORES = [["tpu:0", "tpu:1"], ["tpu:2", "tpu:3"]]  # cores[replica][logical devic
 
 def _annotate(graph: Graph, value: Value, logical: int, replica: int) -> Value:
     node = graph.add_node(LOGICAL_DEVICE, [value], {"logical_device": logical}, domain=GRAPHDIST_DOMAIN)
-    node.meta["replica"] = replica
+    node.replica = replica
     return node.outputs[0]
 
 
@@ -28,14 +28,14 @@ def _computed(annotated: bool, first_device: str | None = None) -> Graph:
     outputs = []
     for replica in (0, 1):
         mul = graph.add_node("Mul", [x, two])
-        mul.meta["replica"] = replica
+        mul.replica = replica
         if replica == 0 and first_device is not None:
             mul.device = first_device
         elif not annotated:  # the pass places the producer on the replica's logical device 1
             mul.device, mul.replica = CORES[replica][1], replica
         value = _annotate(graph, mul.outputs[0], 1, replica) if annotated else mul.outputs[0]
         neg = graph.add_node("Neg", [value])
-        neg.meta["replica"] = replica
+        neg.replica = replica
         outputs.append(neg.outputs[0])
     graph.outputs = outputs
     return graph
@@ -60,7 +60,7 @@ def test_input_annotation_becomes_an_identity_on_the_logical_device() -> None:
             moved = _annotate(graph, x, 0, 1)
         else:
             identity = graph.add_node("Identity", [x])
-            identity.meta["replica"] = 1
+            identity.replica = 1
             identity.device, identity.replica = "tpu:2", 1
             moved = identity.outputs[0]
         graph.outputs = list(graph.add_node("Abs", [moved]).outputs)

@@ -36,7 +36,7 @@ def _comm(graph: Graph, op: str, source: Value, variable: str, shard: Shard, sha
 
 def _placed(node: Node) -> Node:
     node.device, node.replica = "cpu:0", 0
-    node.meta["replica"] = 0
+    node.replica = 0
     if node.domain == GRAPHDIST_DOMAIN:
         node.meta["side_effect"] = True
     return node

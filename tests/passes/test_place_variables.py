@@ -63,14 +63,14 @@ def _step_graph(with_collective: bool = True) -> Graph:
                                                                "group_key": "g0"}, domain="graphdist"))
             grad = nodes[-1].outputs[0]
         for node in nodes:
-            node.meta["replica"] = r
+            node.replica = r
         losses.append(nodes[1].outputs[0])
         grads.append(grad)
     chain = [graph.add_node("Mul", [m, momentum])]
     chain.append(graph.add_node("Add", [chain[0].outputs[0], grads[1]]))
     chain.append(graph.add_node("Sub", [w, chain[1].outputs[0]]))
     for node in chain:
-        node.meta["replica"] = 1
+        node.replica = 1
     new_m, new_w = chain[1].outputs[0], chain[2].outputs[0]
     graph.outputs = [*losses, new_m, new_w]
     graph.meta["variable_updates"] = [(new_m.name, "m#1"), (new_w.name, "w#0")]

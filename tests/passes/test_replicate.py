@@ -26,7 +26,8 @@ def _run(graph: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
 def _op(graph: Graph, op_type: str, inputs: list[Value], attrs: dict | None = None, *, replica: int | None = None,
         context: str | None = None, variant: str | None = None, domain: str = "") -> Value:
     node = graph.add_node(op_type, inputs, attrs, domain=domain)
-    given = {"context": context, "replica": replica, "variant": variant}
+    node.replica = replica
+    given = {"context": context, "variant": variant}
     node.meta.update({k: v for k, v in given.items() if v is not None})
     return node.outputs[0]
 
@@ -95,7 +96,7 @@ def test_replication_record_maps_inputs_and_outputs() -> None:
     assert graph.outputs[record.output_map[0]].producer.op_type == "ReduceSum"
     for replica, position in record.replica_outputs[1].items():
         producer = graph.outputs[position].producer
-        assert (producer.op_type, producer.meta["replica"]) == ("Add", replica)
+        assert (producer.op_type, producer.replica) == ("Add", replica)
         assert producer.inputs[0].producer.inputs[0].name == record.input_map["x"][replica]
 
 

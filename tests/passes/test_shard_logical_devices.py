@@ -16,13 +16,13 @@ CORES = [["tpu:0", "tpu:1", "tpu:2", "tpu:3"]]  # one replica, four logical devi
 
 def _split(graph: Graph, value: Value, parts: list[int]) -> Value:
     node = graph.add_node(SPLIT_TO_LOGICAL_DEVICES, [value], {"partition_dimensions": parts}, domain=GRAPHDIST_DOMAIN)
-    node.meta["replica"] = 0
+    node.replica = 0
     return node.outputs[0]
 
 
 def _on(node: Node, device: str) -> Value:
     node.device, node.replica = device, 0
-    node.meta["replica"] = 0
+    node.replica = 0
     return node.outputs[0]
 
 
