@@ -197,9 +197,7 @@ class ReductionChunker(MicroBatchRewriter):
         node.op_type, node.attrs = "Gemm", {}
         for value in (a, b, left):
             node._append_input(value)
-        product.detach_inputs()
-        self.graph.nodes.remove(product)
-        product.graph = None
+        self.graph.remove(product)  # its one reader is now the Gemm: nothing reads it
 
     def _copy(self, node: Node, m: int) -> Node:
         summed = self._chunk_sums(node)

@@ -66,7 +66,7 @@ def get_lowering(op_type: str, name: str) -> Lowering:
 
 def participants(nodes: Sequence[Node]) -> list[Node]:
     """The members of one collective group in participant order (replica order, as the plan orders them)."""
-    return sorted(nodes, key=lambda n: n.replica if n.replica is not None else n.meta.get("replica", 0))
+    return sorted(nodes, key=lambda n: n.replica if n.replica is not None else 0)
 
 
 @register_lowering("AllReduce", "reduce_scatter_all_gather")

@@ -15,8 +15,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-# passes/ and models/ are the packages graphdist.passes / graphdist.models (read once, from their own folder).
-ROOTS = [REPO / "graphdist", REPO / "passes", REPO / "models"]
+ROOTS = [REPO / "graphdist"]  # graphdist/passes and graphdist/models included
 IR = REPO / "graphdist" / "ir"
 LIST_EDITS = {"append", "insert", "remove", "extend", "pop", "clear", "sort", "reverse"}
 
@@ -26,8 +25,8 @@ def _sources() -> list[Path]:
     for root in ROOTS:
         for path in sorted(root.rglob("*.py")):
             relative = path.relative_to(root)
-            if root.name == "graphdist" and relative.parts[0] in ("ir", "passes", "models"):
-                continue  # ir/ owns the pointers; passes/ and models/ are read from their own roots
+            if relative.parts[0] == "ir":
+                continue  # ir/ owns the pointers
             files.append(path)
     return files
 
