@@ -112,7 +112,7 @@ def measure_one(case_id: str) -> dict[str, Any]:
     import graphdist as gd
 
     import_s = time.perf_counter() - start
-    module = importlib.import_module(f"models.{model_name}")
+    module = importlib.import_module(f"graphdist.models.{model_name}")
     strategy = CASES[case][1](gd)
     step, args = module.make_step(strategy, batch=MODELS[model_name], seed=0)
     timings = _install_hooks(gd, type(step))

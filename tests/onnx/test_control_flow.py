@@ -144,12 +144,15 @@ def test_if_on_a_traced_condition_runs_on_ort_at_the_trace_opset(opset: int) -> 
     would be rejected by ORT in an opset-18 segment ("Unrecognized attribute: axes")."""
     model_proto = if_model(opset)
     model = gd.onnx.load(model_proto, trainable=False)
-    step = gd.function(lambda a, f: model(a, f))
+    # A flag computed in the step stays traced (a flag passed as a numpy array is specialised on its value).
+    step = gd.function(lambda a, f: model(a, np.logical_not(np.logical_not(f))))
     x = np.random.default_rng(2).standard_normal((4, 3)).astype(np.float32)
     for flag in (np.array(True), np.array(False)):
         want = run_ort(model_proto, {"x": x, "flag": flag})[0]
         np.testing.assert_allclose(step(x, flag), want, rtol=1e-6)
     assert "If" in traced_ops(step, x, np.array(True))  # decided at run time: one compiled step for both
+    specialised = gd.function(lambda a, f: model(a, f))
+    assert "If" not in traced_ops(specialised, x, np.array(True))  # the taken branch, inlined
     np.testing.assert_allclose(model(x, np.array(False)), run_ort(model_proto, {"x": x, "flag": np.array(False)})[0],
                                rtol=1e-6)  # eager: specialised on the flag
 
@@ -244,7 +247,7 @@ def test_loop_with_a_traced_trip_count_runs_with_a_dynamic_scan_length() -> None
     model_proto = for_loop_model(None)
     model = gd.onnx.load(model_proto, trainable=False)
     x, w = np.ones((2, 3), np.float32), np.arange(3, dtype=np.float32)
-    step = gd.function(lambda a, b, m: model(a, b, m))
+    step = gd.function(lambda a, b, m: model(a, b, m + 0))  # computed in the step: traced, not specialised
     for trips in (2, 7):
         got = step(x, w, np.array(trips, np.int64))
         for g, want in zip(got, for_loop_numpy(x, w, trips)):
@@ -336,12 +339,13 @@ def test_sequence_values_are_a_clear_refusal(name: str) -> None:
 
 
 def test_silero_vad_with_a_traced_sample_rate_keeps_the_if_and_says_why_ort_may_refuse_it(caplog) -> None:
-    """A traced sr keeps the top If; ORT types both branches with the replica's static shapes, and the
+    """A traced sr (computed in the step; a numpy sr passed to the step is specialised) keeps the top If; ORT
+    types both branches with the replica's static shapes, and the
     untaken 8 kHz network cannot be typed on 16 kHz-sized input (its LSTM would get a rank-5 input)."""
     path = str(model_path("silero_vad"))
     model = gd.onnx.load(path, trainable=False)
     audio, state = silero_inputs(2, 512)
-    step = gd.function(lambda a, s, r: model(a, s, r))
+    step = gd.function(lambda a, s, r: model(a, s, r + 0))  # computed in the step: traced, not specialised
     with caplog.at_level("WARNING", logger="graphdist.trace.control_flow"), pytest.raises(gd.BackendError):
         step(audio, state, np.array(16000, np.int64))
     assert "Give the inputs deciding the condition as numpy values" in caplog.text
