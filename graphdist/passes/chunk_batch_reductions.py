@@ -48,13 +48,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphdist.errors import PostconditionError, PreconditionError
+from graphdist.errors import PostconditionError
 from graphdist.ir.batch import BatchDim, elements
 from graphdist.ir.graph import Graph, Node, Value
 from graphdist.passes.accumulate_gradients import MicroBatchRewriter, _is_boundary
 from graphdist.passes.base import PassBase, PassContext, PassResult
 from graphdist.passes.row_layout import ELEMENTWISE, row_layouts
-from graphdist.passes.split_batch_chunks import chunks_per_replica
+from graphdist.passes.split_batch_chunks import check_batch_cuts, chunks_per_replica
 
 __all__ = ["ChunkBatchReductionsPass", "FUSED_ROWS"]
 
@@ -90,16 +90,7 @@ class ChunkBatchReductionsPass(PassBase):
         Raises:
             PreconditionError: It does not (naming the batch and the chunks).
         """
-        batch = graph.meta.get("batch")
-        if graph.meta.get("replica_variants"):
-            raise PreconditionError(f"it has per-replica batches of different sizes (a partial last batch); op "
-                                    f"determinism cuts the global batch into {self.chunks} equal chunks: batch the "
-                                    "dataset with drop_remainder=True")
-        if batch is not None and int(batch) % self.per_replica:
-            raise PreconditionError(f"a global batch of {int(batch) * self.replicas} rows does not cut into "
-                                    f"{self.chunks} equal chunks (op determinism); use a global batch divisible by "
-                                    f"{self.chunks}, or enable_op_determinism(chunks=N) with a power of two N that "
-                                    "divides it")
+        check_batch_cuts(graph, self.chunks, self.replicas)
 
     def ensures(self, graph: Graph, ctx: PassContext | None = None) -> None:
         """The meta says how the batch was cut.
