@@ -87,9 +87,8 @@ def _source_copy(destination: Path) -> Path:
     """The files a wheel is built from, copied so the build leaves nothing in the repository."""
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, destination / name)
-    for package in ("graphdist", "passes", "models"):  # graphdist/passes and graphdist/models stay links
-        shutil.copytree(REPO / package, destination / package, symlinks=True,
-                        ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "graphdist", destination / "graphdist", symlinks=True,
+                    ignore=shutil.ignore_patterns("__pycache__"))
     return destination
 
 
