@@ -52,9 +52,9 @@ from graphdist.errors import PostconditionError
 from graphdist.ir.batch import BatchDim, elements
 from graphdist.ir.graph import Graph, Node, Value
 from graphdist.passes.accumulate_gradients import MicroBatchRewriter, _is_boundary
-from graphdist.passes.base import PassBase, PassContext, PassResult
+from graphdist.passes.base import PassContext, PassResult
 from graphdist.passes.row_layout import ELEMENTWISE, row_layouts
-from graphdist.passes.split_batch_chunks import check_batch_cuts, chunks_per_replica
+from graphdist.passes.split_batch_chunks import BatchChunking
 
 __all__ = ["ChunkBatchReductionsPass", "FUSED_ROWS"]
 
@@ -67,7 +67,7 @@ _SHAPE_OPERANDS = frozenset({("Reshape", 1), ("Expand", 1), ("Tile", 1), ("Const
                              ("Slice", 2), ("Pad", 1), ("Split", 1), ("Range", 0), ("Range", 1)})
 
 
-class ChunkBatchReductionsPass(PassBase):
+class ChunkBatchReductionsPass(BatchChunking):
     """Cuts into the fixed chunks only what mixes the examples of a replica's batch (see the module docstring).
 
     Args:
@@ -76,21 +76,6 @@ class ChunkBatchReductionsPass(PassBase):
     """
 
     runs_after = ("AutodiffPass", "LowerStopGradientsPass")
-
-    def __init__(self, chunks: int, replicas: int) -> None:
-        self.per_replica = chunks_per_replica(chunks, replicas)
-        self.chunks, self.replicas = int(chunks), int(replicas)
-
-    def __repr__(self) -> str:
-        return f"{self.name}(chunks={self.chunks}, replicas={self.replicas})"
-
-    def requires(self, graph: Graph, ctx: PassContext | None = None) -> None:
-        """The global batch divides into ``chunks`` equal chunks.
-
-        Raises:
-            PreconditionError: It does not (naming the batch and the chunks).
-        """
-        check_batch_cuts(graph, self.chunks, self.replicas)
 
     def ensures(self, graph: Graph, ctx: PassContext | None = None) -> None:
         """The meta says how the batch was cut.

@@ -54,7 +54,7 @@ from graphdist.ir.graph import Graph
 from graphdist.passes.accumulate_gradients import MicroBatchRewriter
 from graphdist.passes.base import PassBase, PassContext, PassResult
 
-__all__ = ["check_batch_cuts", "SplitBatchChunksPass", "chunks_per_replica"]
+__all__ = ["BatchChunking", "SplitBatchChunksPass", "chunks_per_replica"]
 
 
 def chunks_per_replica(chunks: int, replicas: int) -> int:
@@ -75,23 +75,10 @@ def chunks_per_replica(chunks: int, replicas: int) -> int:
 
 
 
-def check_batch_cuts(graph: Graph, chunks: int, replicas: int) -> None:
-    """Raises :class:`PreconditionError` unless ``graph``'s global batch cuts into ``chunks`` equal chunks
-    over ``replicas`` replicas (op determinism's rule; shared by the passes that cut it).
-    """
-    batch = graph.meta.get("batch")
-    if graph.meta.get("replica_variants"):
-        raise PreconditionError(f"it has per-replica batches of different sizes (a partial last batch); op "
-                                f"determinism cuts the global batch into {chunks} equal chunks: batch the "
-                                "dataset with drop_remainder=True")
-    if batch is not None and int(batch) % chunks_per_replica(chunks, replicas):
-        raise PreconditionError(f"a global batch of {int(batch) * replicas} rows does not cut into "
-                                f"{chunks} equal chunks (op determinism); use a global batch divisible by "
-                                f"{chunks}, or enable_op_determinism(chunks=N) with a power of two N that "
-                                "divides it")
 
-class SplitBatchChunksPass(PassBase):
-    """Cuts each replica's batch into its fixed chunks of the global batch (see the module docstring).
+class BatchChunking(PassBase):
+    """What the passes that cut the global batch into op determinism's fixed chunks share: their arguments,
+    and the precondition that the batch cuts evenly.
 
     Args:
         chunks: Chunks of the global batch (a power of two).
@@ -109,9 +96,27 @@ class SplitBatchChunksPass(PassBase):
         """The global batch divides into ``chunks`` equal chunks.
 
         Raises:
-            PreconditionError: It does not (naming the pass, the batch and the chunks).
+            PreconditionError: It does not (naming the batch and the chunks).
         """
-        check_batch_cuts(graph, self.chunks, self.replicas)
+        batch = graph.meta.get("batch")
+        if graph.meta.get("replica_variants"):
+            raise PreconditionError(f"it has per-replica batches of different sizes (a partial last batch); op "
+                                    f"determinism cuts the global batch into {self.chunks} equal chunks: batch the "
+                                    "dataset with drop_remainder=True")
+        if batch is not None and int(batch) % self.per_replica:
+            raise PreconditionError(f"a global batch of {int(batch) * self.replicas} rows does not cut into "
+                                    f"{self.chunks} equal chunks (op determinism); use a global batch divisible by "
+                                    f"{self.chunks}, or enable_op_determinism(chunks=N) with a power of two N that "
+                                    "divides it")
+
+
+class SplitBatchChunksPass(BatchChunking):
+    """Cuts each replica's batch into its fixed chunks of the global batch (see the module docstring).
+
+    Args:
+        chunks: Chunks of the global batch (a power of two).
+        replicas: Replicas in sync over all workers (a power of two dividing ``chunks``).
+    """
 
     def ensures(self, graph: Graph, ctx: PassContext | None = None) -> None:
         """A graph this pass cut says so (one without batch inputs, or already cut into micro-batches by
