@@ -171,11 +171,9 @@ class OrtExecutable:
                 expected.
         """
         try:
-            outputs = self._run(self.output_names, feeds)
+            return self._run(self.output_names, feeds)
         except Exception as err:
             raise self._error(err, feeds) from err
-        # ORT gives a 0-d string tensor as a Python str: an array, as every other output.
-        return [o if isinstance(o, np.ndarray) else np.asarray(o, dtype=object) for o in outputs]
 
     def _error(self, err: Exception, feeds: dict[str, Any]) -> BackendError:
         names = set(self.input_names)

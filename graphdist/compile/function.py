@@ -38,7 +38,7 @@ from graphdist import nest, stats
 from graphdist.compile.build import compile_traced
 from graphdist.compile.gc_pause import paused_gc
 from graphdist.compile.guards import guarded_key, is_guarded, short_value
-from graphdist.compile.interface import Resolved, StepInterface, rebuild_results
+from graphdist.compile.interface import Resolved, StepInterface, rebuild_results, result_value
 from graphdist.compile.pipeline import PipelineConfig, build_pipeline, deterministic_config
 from graphdist.compile.step_io import is_distributed, make_inputs, per_replica_batch, result_leaf, specs_of
 from graphdist.compile.target import Communicator, CompileTarget
@@ -283,7 +283,7 @@ class ConcreteFunction:
                 variable.write_back_parts([updates[i] for i in indices])
         if self._updates:
             outputs = outputs[: self._num_results]
-        outputs = [out[()] if out.ndim == 0 else out for out in outputs]
+        outputs = [result_value(out) for out in outputs]
         if self._plain_outputs:
             return nest.unflatten(self._output_treedef, outputs)
         return rebuild_results(outputs, self._output_counts, self._output_treedef)

@@ -16,10 +16,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from graphdist.errors import PlanError
 from graphdist.ir.graph import Graph
 
-__all__ = ["ArgumentFeed", "ResultLeaf", "StepInterface", "Resolved", "rebuild_results"]
+__all__ = ["result_value", "ArgumentFeed", "ResultLeaf", "StepInterface", "Resolved", "rebuild_results"]
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,13 @@ class StepInterface:
         except (KeyError, TypeError, ValueError) as err:
             raise PlanError(f"the step interface in plan.json is malformed ({type(err).__name__}: {err})") from None
         return cls(arguments, results)
+
+
+def result_value(output: np.ndarray) -> Any:
+    """A step's output as it is returned: a 0-d numeric array as a numpy scalar (as numpy's reductions give
+    one); a 0-d string or object array stays an array (its element would be a bare Python object).
+    """
+    return output[()] if output.ndim == 0 and output.dtype != object else output
 
 
 def rebuild_results(outputs: Sequence[Any], counts: Sequence[int | None], treedef: Any) -> Any:

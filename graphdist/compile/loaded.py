@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 
 from graphdist import nest
-from graphdist.compile.interface import rebuild_results
+from graphdist.compile.interface import rebuild_results, result_value
 from graphdist.compile.plan import Plan
 from graphdist.compile.plan_files import (
     PLAN_FILE,
@@ -109,7 +109,7 @@ class LoadedPlan:
         for (_, variable), value in zip(self._updates, outputs[self._num_results:]):
             current = self._variables[variable]
             self._variables[variable] = np.array(value, dtype=current.dtype, order="C", copy=True)
-        outputs = [out[()] if out.ndim == 0 else out for out in outputs[: self._num_results]]
+        outputs = [result_value(out) for out in outputs[: self._num_results]]
         return rebuild_results(outputs, self._output_counts, self._output_treedef)
 
     def _tensor(self, value: Any, name: str, index: int) -> np.ndarray:

@@ -285,3 +285,13 @@ def test_a_flag_deciding_an_if_is_specialised_under_gd_function() -> None:
             for got, expected in zip(result, want):
                 np.testing.assert_allclose(got.values[replica], expected, rtol=1e-5, atol=1e-6)
     assert step.experimental_get_tracing_count() == 2
+
+
+def test_a_zero_dimensional_string_output_is_an_array() -> None:
+    """ONNX's StringConcat node test on 0-d strings: the output is a 0-d object array (numeric 0-d outputs are
+    numpy scalars), through the path that distributes a model.
+    """
+    from benchmarks.onnx_node_coverage import node_cases, run_case
+
+    (case,) = node_cases(["test_string_concat_zero_dimensional"])
+    assert run_case(case, "function:ort") == (True, "pass")
