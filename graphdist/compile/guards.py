@@ -15,7 +15,8 @@ import numpy as np
 from graphdist import nest
 from graphdist.compile.step_io import is_distributed
 
-__all__ = ["guarded_key", "is_guarded", "signature_of_key", "short_value"]
+__all__ = ["guarded_key", "is_guarded", "signature_of_key", "short_value", "specialised_to_json",
+           "specialised_from_json"]
 
 
 def guarded_key(key: Any, guard: tuple[int, ...], args: tuple, kwargs: dict) -> Any:
@@ -45,3 +46,17 @@ def short_value(value: np.ndarray) -> str:
 def signature_of_key(key: Any) -> Any:
     """The plain signature (treedef, leaf signatures) of a key, guarded or not."""
     return key[0] if is_guarded(key) else key
+
+
+def specialised_to_json(specialised: dict[str, tuple[str, np.ndarray]] | None) -> dict[str, Any]:
+    """The inputs a trace specialised on (``graph.meta["specialised"]``: name -> (argument, value)), for
+    ``plan.json``.
+    """
+    return {name: {"argument": hint, "dtype": np.asarray(value).dtype.str, "value": np.asarray(value).tolist()}
+            for name, (hint, value) in (specialised or {}).items()}
+
+
+def specialised_from_json(section: dict[str, Any] | None) -> dict[str, tuple[str, np.ndarray]]:
+    """The inverse of :func:`specialised_to_json`."""
+    return {name: (str(entry["argument"]), np.asarray(entry["value"], dtype=entry["dtype"]))
+            for name, entry in (section or {}).items()}

@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 
 from graphdist import nest
+from graphdist.compile.guards import specialised_from_json
 from graphdist.compile.interface import rebuild_results, result_value
 from graphdist.compile.plan import Plan
 from graphdist.compile.plan_files import (
@@ -83,8 +84,7 @@ class LoadedPlan:
         self._replica_offset = int(replicas.get("offset", 0))
         self._replicas_in_sync = replicas.get("in_sync")
         #: Inputs the step was specialised on (their values decided shapes): name -> (argument, value).
-        self._specialised = {name: (str(entry["argument"]), np.asarray(entry["value"], dtype=entry["dtype"]))
-                             for name, entry in ((doc.get("traced") or {}).get("specialised") or {}).items()}
+        self._specialised = specialised_from_json((doc.get("traced") or {}).get("specialised"))
         plan._owner = weakref.ref(self)
 
     # ------------------------------------------------------------ calling

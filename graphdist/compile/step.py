@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from graphdist import nest
-from graphdist.compile.guards import signature_of_key
+from graphdist.compile.guards import signature_of_key, specialised_from_json, specialised_to_json
 from graphdist.compile.interface import StepInterface
 from graphdist.compile.plan_files import KEY_TYPES, encode_treedef
 from graphdist.errors import GraphdistError, GraphError, PlanError
@@ -83,9 +83,7 @@ class StepRecord:
             "rebatch": dict(self.rebatch),
             "accumulate_steps": self.accumulate_steps,
             # Inputs whose values the trace used as constants (TraceContext.specialise): a call must repeat them.
-            "specialised": {name: {"argument": hint, "dtype": np.asarray(value).dtype.str,
-                                   "value": np.asarray(value).tolist()}
-                            for name, (hint, value) in (meta.get("specialised") or {}).items()},
+            "specialised": specialised_to_json(meta.get("specialised")),
             "deterministic_chunks": self.deterministic_chunks,
         }
 
@@ -111,8 +109,7 @@ class StepRecord:
             meta["replica_variants"] = {k: list(v) for k, v in section["replica_variants"].items()}
             meta["batch"] = section["batch"]
             meta["reads_num_replicas"] = list(section.get("reads_num_replicas", []))
-            meta["specialised"] = {name: (str(entry["argument"]), np.asarray(entry["value"], dtype=entry["dtype"]))
-                                   for name, entry in section.get("specialised", {}).items()}
+            meta["specialised"] = specialised_from_json(section.get("specialised"))
             meta["variables"] = variables
             for name, items in section["batch_constants"].items():
                 graph.initializers[name].meta["batch"] = [None if i is None else (int(i[0]), int(i[1]))
