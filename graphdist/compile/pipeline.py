@@ -28,6 +28,7 @@ slot                   passes                                               fill
 ``variable_updates``   ``LowerVariableUpdatesPass``                         always
 ``parameter_servers``  ``PlacePSVariablesPass``                             ``parameter_servers``
 ``collectives``        ``InsertCollectivesPass``                            always
+``shard_parameters``   ``ShardParametersPass``                              ``shard_parameters``
 ``shard_optimizer``    ``ShardOptimizerStatePass``                          ``shard_optimizer_state``
 ``balance_updates``    ``BalanceVariableUpdatesPass``                       ``replicas`` > 1, variables local
 ``single_readers``     ``LowerSingleReaderAllReducesPass``                  ``reduce_at_readers``, no packs
@@ -78,6 +79,7 @@ from graphdist.passes.rebatch import RebatchPass
 from graphdist.passes.replicate import ReplicatePass
 from graphdist.passes.shard_logical_devices import ShardLogicalDevicesPass
 from graphdist.passes.shard_optimizer_state import ShardOptimizerStatePass
+from graphdist.passes.shard_parameters import ShardParametersPass, normalise_variable_names
 from graphdist.passes.split_batch_chunks import SplitBatchChunksPass, chunks_per_replica
 
 __all__ = ["SLOTS", "STAGES", "PipelineConfig", "Pipeline", "build_pipeline", "deterministic_config", "pass_context"]
@@ -86,9 +88,9 @@ __all__ = ["SLOTS", "STAGES", "PipelineConfig", "Pipeline", "build_pipeline", "d
 STAGES: dict[str, tuple[str, ...]] = {
     "rebatched": ("rebatch",),
     "rewritten": ("accumulate", "differentiate", "chunk_reductions", "replicate", "variable_updates",
-                  "parameter_servers", "collectives", "shard_optimizer", "balance_updates", "single_readers",
-                  "central_storage", "cross_worker", "lower_collectives", "bucketing", "deterministic",
-                  "logical_devices", "cleanup", "devices", "index_checks"),
+                  "parameter_servers", "collectives", "shard_parameters", "shard_optimizer", "balance_updates",
+                  "single_readers", "central_storage", "cross_worker", "lower_collectives", "bucketing",
+                  "deterministic", "logical_devices", "cleanup", "devices", "index_checks"),
     "partitioned": ("partition",),
 }
 SLOTS = tuple(slot for slots in STAGES.values() for slot in slots)
@@ -110,6 +112,10 @@ class PipelineConfig:
             ``cross_device_ops`` was given) and no packs were asked for.
         shard_optimizer_state: ZeRO-1: each replica keeps and updates its 1/N slice of the optimizer
             slots (``ShardOptimizerStatePass``).
+        shard_parameters: FSDP / ZeRO-3: names of the variables (``VariableSpec.name``, ``gd.Variable.name``
+            without ``":0"``) each replica stores ``1/N`` of, gathered before use, their gradients
+            reduce-scattered and their optimizer slots sharded (``ShardParametersPass``); ``()``: none.
+            Filled from a layout map (a weight laid out over the batch axis); normalised to a sorted tuple.
         parameter_device: Central storage: the device holding every variable.
         parameter_servers: Variables live on ps tasks (``graph.meta["placement"]`` has the shards).
         multi_worker: ``{"num_workers", "comm_group", "algorithm"}`` of a
@@ -139,6 +145,7 @@ class PipelineConfig:
     bucketing: Mapping[str, Any] | None = None
     reduce_at_readers: bool = False
     shard_optimizer_state: bool = False
+    shard_parameters: tuple[str, ...] = ()
     parameter_device: str | None = None
     parameter_servers: bool = False
     multi_worker: Mapping[str, Any] | None = None
@@ -149,6 +156,9 @@ class PipelineConfig:
     deterministic_chunks: int | None = None
     rebatch: Mapping[str, Any] | None = None
     deterministic_whole_rows: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shard_parameters", normalise_variable_names(self.shard_parameters))
 
     @property
     def replicas(self) -> int:
@@ -240,6 +250,11 @@ def build_pipeline(config: PipelineConfig) -> Pipeline:
         slots["deterministic"] = [LowerDeterministicReductionsPass()]
     elif config.accumulate_steps > 1:
         slots["accumulate"] = [AccumulateGradientsPass(config.accumulate_steps)]
+    if config.shard_parameters:
+        workers = dict(config.multi_worker or {})
+        slots["shard_parameters"] = [ShardParametersPass(
+            config.shard_parameters, config.num_workers, config.replica_offset // max(config.replicas, 1),
+            str(workers.get("comm_group", "")))]
     if config.shard_optimizer_state:
         workers = dict(config.multi_worker or {})
         slots["shard_optimizer"] = [ShardOptimizerStatePass(
@@ -300,7 +315,9 @@ def deterministic_config(config: PipelineConfig, chunks: int, accumulate_steps: 
                (bool(config.logical_cores), f"{config.strategy} compiles whole programs for TPU-like cores, "
                                             "whose reductions graphdist does not order"),
                (config.shard_optimizer_state, "a sharded optimizer state (ZeRO-1) reduce-scatters the gradients "
-                                              "in the ring's order")]
+                                              "in the ring's order"),
+               (bool(config.shard_parameters), "sharded parameters (FSDP) reduce-scatter the gradients in the "
+                                               "ring's order")]
     for refuse, why in refused:
         if refuse:
             raise NotImplementedError(f"op determinism (gd.config.experimental.enable_op_determinism()) is not "

@@ -110,6 +110,10 @@ class _Update:
     results: list[tuple[Value, str, bool]]  # (updated value, variable uid, trainable)
     dead: list[Node] = field(default_factory=list)  # other replicas' unused copies of the update
     parts: bool = False  # its slots are stored in per-replica parts (else whole)
+    # FSDP (ShardParametersPass): uid -> per-local-replica shards of a trainable variable that keeps them
+    # (never all-gathered), as values made by the caller; written back in parts when params_in_parts, else joined.
+    params: dict[str, list[Value]] = field(default_factory=dict)
+    params_in_parts: bool = False
 
 
 class ShardOptimizerStatePass(PassBase):
@@ -124,7 +128,7 @@ class ShardOptimizerStatePass(PassBase):
             ``PassContext.options[REPLICA_PARTS_OPTION]`` says, else whole). Across workers they always are.
     """
 
-    runs_after = ("InsertCollectivesPass",)
+    runs_after = ("InsertCollectivesPass", "ShardParametersPass")
 
     def __init__(self, num_workers: int = 1, worker: int = 0, comm_group: str = "",
                  replica_parts: bool | None = None) -> None:
@@ -163,8 +167,8 @@ class ShardOptimizerStatePass(PassBase):
         return PassResult(graph, modified=True)
 
     def _analyse(self, graph: Graph, members: list[Node], live: set[int], updated: dict[str, str],
-                 specs: dict[str, Any], parts: bool = False) -> _Update | None:
-        """The group's update when it can be sharded, else ``None`` (the reason logged)."""
+                 specs: dict[str, Any], parts: bool = False, why: list[str] | None = None) -> _Update | None:
+        """The group's update when it can be sharded, else ``None`` (the reason logged, and appended to ``why``)."""
         first = members[0]
         key = first.attrs.get("group_key")
         reason = _group_problem(members, self.workers.count)
@@ -173,6 +177,8 @@ class ShardOptimizerStatePass(PassBase):
             reason = None if len(readers) == 1 else f"{len(readers)} replicas read the sum"
         if reason is not None:
             logger.debug("ShardOptimizerStatePass: group %s left unsharded: %s", key, reason)
+            if why is not None:
+                why.append(reason)
             return None
         owner = readers[0]
         shape = owner.outputs[0].shape
@@ -207,6 +213,8 @@ class ShardOptimizerStatePass(PassBase):
                 dead += [n for n in _dead_readers(slots, live) if id(n) not in known]
         if reason is not None:
             logger.debug("ShardOptimizerStatePass: group %s left unsharded: %s", key, reason)
+            if why is not None:
+                why.append(reason)
             return None
         return _Update(members, owner, nodes, results, dead, parts)
 
@@ -358,6 +366,9 @@ class _Rewrite:
         self._slot_inputs = slots
         self._parts = {id(value): [graph.add_input(f"{value.name}/part{r}", value.dtype, (self.shard,))
                                    for r in range(self.local)] for value in slots}
+        inputs = {v.name: v for v in graph.inputs}
+        for uid, parts in update.params.items():  # an FSDP weight: its shards as the caller made them
+            self._parts[id(inputs[self.specs[uid][0]])] = parts
 
     def _shard_of(self, replica: int) -> int:
         """The shard local replica ``replica`` updates: across workers ``replica * workers + worker``, so that a
@@ -391,17 +402,21 @@ class _Rewrite:
                 finals: dict[int, Value | list[Value]] = {}
                 for value, uid, trainable in self.update.results:
                     parts = outputs[id(value)]
-                    if trainable:
+                    kept = uid in self.update.params  # an FSDP weight keeps its shards: no all-gather
+                    in_parts = self.update.params_in_parts if kept else self.update.parts
+                    if trainable and not kept:
                         finals[id(value)] = self._gather(parts, value)
-                    elif self.update.parts:  # each replica writes back its own shard
+                    elif in_parts:  # each replica writes back its own shard
                         finals[id(value)] = parts
                     else:
                         finals[id(value)] = self._concat(parts, value)
-                    if not trainable:
+                    if not trainable or kept:
                         sharded[uid] = {"replicas": self.count, "shard": self.shard, "size": self.size}
                         if self.across:
                             sharded[uid].update(workers=self.workers.count, worker=self.workers.index, local=self.local)
-                        if self.update.parts:
+                        if kept and in_parts:
+                            sharded[uid]["parts"] = [v.name for v in self.update.params[uid]]
+                        elif in_parts:
                             slot = input_of.get(self.specs[uid][0]) if uid in self.specs else None
                             sharded[uid]["parts"] = [v.name for v in self._parts[id(slot)]] if slot is not None else []
         self._rewire(finals)
