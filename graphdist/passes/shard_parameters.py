@@ -294,6 +294,10 @@ def _unshardable(graph: Graph, item: _Selected, reasons: dict[str, list[str]]) -
         seen.add(id(node))
         if node.domain == GRAPHDIST_DOMAIN and node.op_type == "AllReduce":
             groups.add(str(node.attrs.get("group_key") or node.name))
+        if node.domain == GRAPHDIST_DOMAIN and node.op_type in ("ReduceScatter", "CrossWorkerReduceScatter"):
+            return (f"ShardParametersPass: variable {item.spec.name} is already sharded by ZeRO-1 (its update reads "
+                    f"the reduce-scattered gradient {node.name}: ShardOptimizerStatePass ran first); shard the "
+                    "parameters before the optimizer state")
         stack.extend(v.producer for v in node.inputs if v is not None)
     why = "; ".join(f"{reason}" for key in sorted(groups) for reason in reasons.get(key, [])) or (
         "it is not updated from a summed gradient (an assign of a computed value)")
@@ -357,11 +361,10 @@ class _Builder:
         """
         value, update = item.value, item.update
         doomed = set() if update is None else {id(n) for n in [*update.nodes, *update.dead, *update.members]}
-        made = {id(p.producer) for p in item.parts or [] if p.producer is not None}
         readers: dict[str, list[tuple[Node, int]]] = {}
         dead: list[tuple[Node, int]] = []
         for node, index in list(value.uses):
-            if id(node) in doomed or id(node) in made:
+            if id(node) in doomed or node.meta.get(_PART_META):  # the update's, or the cut into parts
                 continue
             if id(node) not in self.live:
                 dead.append((node, index))
