@@ -31,8 +31,9 @@ WEIGHTS = tuple(f"mlp/dense_{i}/{kind}" for i in range(len(SIZES) - 1) for kind 
 class _FSDPStrategy(gd.MirroredStrategy):
     """MirroredStrategy whose pipeline stores ``names`` sharded (the configuration a layout map will give)."""
 
-    def __init__(self, devices: list[str], names: tuple[str, ...] = WEIGHTS) -> None:
-        super().__init__(devices)
+    def __init__(self, devices: list[str], names: tuple[str, ...] = WEIGHTS,
+                 cross_device_ops: gd.CrossDeviceOps | None = None) -> None:
+        super().__init__(devices, cross_device_ops)
         self._names = names
 
     def pipeline_config(self) -> PipelineConfig:
@@ -169,3 +170,42 @@ def test_an_exported_or_replanned_plan_stores_the_weights_whole_and_trains_on_al
         rows = slice(step * BATCH, (step + 1) * BATCH)
         for other in (loaded, replanned):
             np.testing.assert_allclose(other(DATA.x_train[rows], DATA.y_train[rows]), want, rtol=1e-6)
+
+
+def test_some_weights_sharded_the_others_mirrored_with_zero1_slots(one_device) -> None:
+    """Only the kernels are FSDP; the biases stay mirrored, their Adam slots sharded by ZeRO-1 (which runs
+    after ShardParametersPass and finds only the biases' gradients left to shard)."""
+    single, single_losses = one_device
+    kernels = ("mlp/dense_0/kernel", "mlp/dense_1/kernel")
+    strategy = _FSDPStrategy(["cpu:0", "cpu:1"], kernels, gd.NcclAllReduce(shard_optimizer_state=True))
+    mixed = _Trainer(strategy)
+    losses = [mixed.step(i) for i in range(STEPS)]
+    np.testing.assert_allclose(losses, single_losses, rtol=1e-5)
+    _assert_close(mixed.state(), single.state())
+    layouts = mixed.rewritten().meta["sharded_state"]
+    parameters = {uid.split("#")[0] for uid, layout in layouts.items() if layout.get("parameter")}
+    assert parameters == set(kernels)
+    assert len(layouts) == 2 + 8  # the kernels, and the m and v of every weight
+    biases = [v for v in mixed.model.trainable_variables if v.name.endswith("bias:0")]
+    assert all(v.worker_shard is None for v in biases)  # stored whole, all-gathered after their update
+
+
+def test_an_evaluation_step_reads_the_sharded_weights_through_gathers(one_device) -> None:
+    """A forward-only step under the FSDP strategy feeds the parts and gathers them; its logits are one
+    device's; a step of another strategy reads the weights whole (joined from their parts, in one process)."""
+    single, _ = one_device
+    sharded, _ = _trained(2)
+    x = DATA.x_test[:BATCH]
+
+    @gd.function
+    def logits(batch):
+        return sharded.strategy.gather(sharded.strategy.run(sharded.model.forward, args=(batch,)), axis=0)
+
+    dataset = gd.data.Dataset.from_tensors(x)
+    got = logits(next(iter(sharded.strategy.experimental_distribute_dataset(dataset))))
+    want = gd.function(single.model.forward)(x)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    graph = logits.get_concrete_function(next(iter(sharded.strategy.experimental_distribute_dataset(dataset))))
+    inputs = {v.name for v in graph.graph("rewritten").inputs}
+    assert {f"{name}/part{r}" for name in WEIGHTS for r in range(2)} <= inputs
+    np.testing.assert_allclose(gd.function(sharded.model.forward)(x), want, rtol=1e-5, atol=1e-5)
