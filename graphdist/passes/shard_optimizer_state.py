@@ -46,6 +46,10 @@ stored in parts (above): this worker's L shards, so the process stores only thos
 (``sharded_state`` records ``workers``, ``worker`` and ``local``; the compiled function converts
 the variable's storage, see :meth:`graphdist.trace.variables.Variable.store_in_parts`).
 
+:class:`graphdist.passes.shard_parameters.ShardParametersPass` (FSDP / ZeRO-3, which runs first) reuses
+this analysis and rewrite for the weights it shards: ``_Update.params`` hands it each such weight's
+per-replica shards, which the update reads and writes back instead of all-gathering the new weight.
+
 Cases:
 
 * a group whose update is elementwise (``_ELEMENTWISE``) over the summed
