@@ -284,6 +284,10 @@ class ShardParametersPass(PassBase):
 
 def _unshardable(graph: Graph, item: _Selected, reasons: dict[str, list[str]]) -> str:
     """The message for a selected variable written back by something ZeRO's rewrite cannot shard."""
+    if not item.spec.trainable:
+        return (f"ShardParametersPass: variable {item.spec.name} is not trainable and the step updates it: an "
+                "optimizer slot is sharded with its weight (name the weight, not its slots), and other updated "
+                "non-trainable variables (moving statistics, counters) cannot be sharded yet; leave it replicated")
     out = next(name for name, uid in graph.meta.get("variable_updates", []) if uid == item.uid)
     producer = {v.name: v.producer for n in graph.nodes for v in n.outputs}.get(out)
     groups, stack, seen = set(), [producer], set()

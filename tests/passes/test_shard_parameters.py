@@ -278,6 +278,11 @@ def test_an_assigned_weight_is_refused() -> None:
         ShardParametersPass(["w"])(graph, PARTS_CTX)
 
 
+def test_an_updated_non_trainable_variable_is_refused() -> None:
+    with pytest.raises(NotImplementedError, match="m is not trainable and the step updates it.*name the weight"):
+        ShardParametersPass(["w", "m"])(_before(), PARTS_CTX)
+
+
 def test_zero1_runs_after_and_finds_nothing_left_of_the_sharded_weight() -> None:
     graph = _shard(_before())
     check_pass(ShardOptimizerStatePass(), graph, modified=False, ctx=PARTS_CTX, numerics=False)

@@ -209,3 +209,21 @@ def test_an_evaluation_step_reads_the_sharded_weights_through_gathers(one_device
     inputs = {v.name for v in graph.graph("rewritten").inputs}
     assert {f"{name}/part{r}" for name in WEIGHTS for r in range(2)} <= inputs
     np.testing.assert_allclose(gd.function(sharded.model.forward)(x), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("option", ["packs", "hierarchical_copy", "reduce_to_one", "accumulate_steps"])
+def test_fsdp_with_other_gradient_options_equals_one_device(option: str, one_device) -> None:
+    """Gradient packs, other all-reduce algorithms (for the values left all-reduced) and micro-batches."""
+    single, _ = one_device
+    ops = {"packs": gd.NcclAllReduce(num_packs=2), "hierarchical_copy": gd.HierarchicalCopyAllReduce(),
+           "reduce_to_one": gd.ReductionToOneDevice()}.get(option)
+    trainer = _Trainer(_FSDPStrategy(["cpu:0", "cpu:1"], WEIGHTS, ops))
+    if option == "accumulate_steps":
+        replica_step = trainer.model.make_train_step(trainer.optimizer, BATCH)
+        strategy = trainer.strategy
+        trainer.train = gd.function(lambda x, y: strategy.reduce("SUM", strategy.run(replica_step, args=(x, y)),
+                                                                 axis=None), accumulate_steps=2)
+    for i in range(STEPS):
+        trainer.step(i)
+    _assert_close(trainer.state(), single.state())
+    assert all(v.worker_shard is not None for v in trainer.model.trainable_variables)
