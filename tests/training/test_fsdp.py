@@ -227,3 +227,16 @@ def test_fsdp_with_other_gradient_options_equals_one_device(option: str, one_dev
         trainer.step(i)
     _assert_close(trainer.state(), single.state())
     assert all(v.worker_shard is not None for v in trainer.model.trainable_variables)
+
+
+def test_the_configuration_field_names_variables_and_fills_its_slot() -> None:
+    from graphdist.compile.pipeline import build_pipeline, deterministic_config
+
+    config = PipelineConfig(devices=("cpu:0", "cpu:1"), shard_parameters=["b:0", "a", "b"])
+    assert config.shard_parameters == ("a", "b")  # gd.Variable.name works too; sorted, unique
+    assert "shard_parameters: ShardParametersPass(['a', 'b'])" in build_pipeline(config).describe()
+    assert "shard_parameters" not in build_pipeline(PipelineConfig(devices=("cpu:0", "cpu:1"))).describe()
+    with pytest.raises(gd.errors.InvalidArgumentError, match="got the string 'a'"):
+        PipelineConfig(shard_parameters="a")
+    with pytest.raises(NotImplementedError, match="sharded parameters \\(FSDP\\)"):
+        deterministic_config(config, 4)
