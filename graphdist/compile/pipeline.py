@@ -29,7 +29,8 @@ slot                   passes                                               fill
 ``parameter_servers``  ``PlacePSVariablesPass``                             ``parameter_servers``
 ``collectives``        ``InsertCollectivesPass``                            always
 ``shard_optimizer``    ``ShardOptimizerStatePass``                          ``shard_optimizer_state``
-``balance_updates``    ``BalanceVariableUpdatesPass``                       ``replicas`` > 1, variables local
+``balance_updates``    ``BalanceVariableUpdatesPass``                       ``replicas`` > 1, variables local,
+                                                                            no ``layouts``
 ``single_readers``     ``LowerSingleReaderAllReducesPass``                  ``reduce_at_readers``, no packs
 ``central_storage``    ``PlaceVariablesPass``                               ``parameter_device``
 ``cross_worker``       ``InsertCrossWorkerCollectivesPass``                 ``multi_worker``
@@ -37,6 +38,7 @@ slot                   passes                                               fill
 ``bucketing``          ``BucketCollectivesPass``                            ``bucketing``
 ``deterministic``      ``LowerDeterministicReductionsPass``                 ``deterministic_chunks``
 ``logical_devices``    ``ShardLogicalDevicesPass``, ``PlaceLogicalDevicesPass``  ``logical_cores``
+``layouts``            ``PropagateLayoutsPass``, ``LowerLayoutsPass``       ``layouts``
 ``cleanup``            ``FoldConstantsPass``, ``EliminateDeadNodesPass``    always
 ``devices``            ``AssignDevicesPass``                                always
 ``index_checks``       ``LowerIndexChecksPass``                             always
@@ -53,6 +55,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from graphdist.ir.layouts import MeshSpec
 from graphdist.passes.accumulate_gradients import AccumulateGradientsPass
 from graphdist.passes.assign_devices import AssignDevicesPass
 from graphdist.passes.autodiff import AutodiffPass
@@ -67,6 +70,7 @@ from graphdist.passes.insert_cross_worker_collectives import InsertCrossWorkerCo
 from graphdist.passes.lower_collectives import LowerCollectivesPass
 from graphdist.passes.lower_deterministic_reductions import LowerDeterministicReductionsPass
 from graphdist.passes.lower_index_checks import LowerIndexChecksPass
+from graphdist.passes.lower_layouts import LowerLayoutsPass
 from graphdist.passes.lower_single_reader_all_reduces import LowerSingleReaderAllReducesPass
 from graphdist.passes.lower_stop_gradients import LowerStopGradientsPass
 from graphdist.passes.lower_variable_updates import LowerVariableUpdatesPass
@@ -74,6 +78,7 @@ from graphdist.passes.partition import PartitionPass
 from graphdist.passes.place_logical_devices import PlaceLogicalDevicesPass
 from graphdist.passes.place_ps_variables import PlacePSVariablesPass
 from graphdist.passes.place_variables import PlaceVariablesPass
+from graphdist.passes.propagate_layouts import PropagateLayoutsPass
 from graphdist.passes.rebatch import RebatchPass
 from graphdist.passes.replicate import ReplicatePass
 from graphdist.passes.shard_logical_devices import ShardLogicalDevicesPass
@@ -88,7 +93,7 @@ STAGES: dict[str, tuple[str, ...]] = {
     "rewritten": ("accumulate", "differentiate", "chunk_reductions", "replicate", "variable_updates",
                   "parameter_servers", "collectives", "shard_optimizer", "balance_updates", "single_readers",
                   "central_storage", "cross_worker", "lower_collectives", "bucketing", "deterministic",
-                  "logical_devices", "cleanup", "devices", "index_checks"),
+                  "logical_devices", "layouts", "cleanup", "devices", "index_checks"),
     "partitioned": ("partition",),
 }
 SLOTS = tuple(slot for slots in STAGES.values() for slot in slots)
@@ -130,6 +135,9 @@ class PipelineConfig:
             everything per chunk (``SplitBatchChunksPass``: one chunk's activations alive at a time; its sums
             are ``ReduceSum`` per chunk, not the same bits as the whole-rows form, so the two do not mix).
             :func:`deterministic_config` sets it.
+        layouts: Tensor parallelism (``ModelParallelStrategy``): ``{"mesh": MeshSpec.to_json(), "variables":
+            {uid: [mesh axis or None per dimension]}}``; each replica's computation is split over the mesh's
+            non-batch axes (``PropagateLayoutsPass``, ``LowerLayoutsPass``). ``None``: off.
     """
 
     devices: tuple[str, ...] = ("cpu:0",)
@@ -149,6 +157,7 @@ class PipelineConfig:
     deterministic_chunks: int | None = None
     rebatch: Mapping[str, Any] | None = None
     deterministic_whole_rows: bool = False
+    layouts: Mapping[str, Any] | None = None
 
     @property
     def replicas(self) -> int:
@@ -244,7 +253,8 @@ def build_pipeline(config: PipelineConfig) -> Pipeline:
         workers = dict(config.multi_worker or {})
         slots["shard_optimizer"] = [ShardOptimizerStatePass(
             config.num_workers, config.replica_offset // max(config.replicas, 1), str(workers.get("comm_group", "")))]
-    if config.replicas > 1 and config.parameter_device is None and not config.parameter_servers:
+    if config.replicas > 1 and config.parameter_device is None and not config.parameter_servers \
+            and not config.layouts:  # the layout passes split each replica's update over its devices
         slots["balance_updates"] = [BalanceVariableUpdatesPass()]
         if config.reduce_at_readers and not config.bucketing:
             slots["single_readers"] = [LowerSingleReaderAllReducesPass()]
@@ -262,6 +272,9 @@ def build_pipeline(config: PipelineConfig) -> Pipeline:
     if config.logical_cores:
         cores = [list(c) for c in config.logical_cores]
         slots["logical_devices"] = [ShardLogicalDevicesPass(cores), PlaceLogicalDevicesPass(cores)]
+    if config.layouts:
+        mesh = MeshSpec.from_json(config.layouts["mesh"])
+        slots["layouts"] = [PropagateLayoutsPass(mesh, config.layouts.get("variables", {})), LowerLayoutsPass()]
     return Pipeline(config, slots)
 
 

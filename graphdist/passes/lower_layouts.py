@@ -1,0 +1,335 @@
+"""LowerLayoutsPass: per-device programs on local shapes, with the collectives the layouts need.
+
+Reads what :class:`graphdist.passes.propagate_layouts.PropagateLayoutsPass`
+wrote (``value.meta["layout"]``, ``node.meta["input_layouts"]``,
+``graph.meta["mesh"]``).
+
+Invariant established: every node of replica ``r`` is replaced by one copy per
+device of the replica (``mesh.devices[r][i]``), computing that device's block
+of each value (local shapes: a dimension split over an axis of size ``n`` is
+``1/n`` as long; a ``Reshape`` or ``Expand`` gets its local target shape); no
+``ShardingConstraint`` remains; no node keeps ``meta["input_layouts"]``. Where
+a node reads an input in another layout than the input has, the pass reshards
+it, per mesh axis (collectives among the devices that differ only along that
+axis; one group per replica and per position on the other axes):
+
+* partial over ``X`` -> a ``ReduceScatter`` when the reader wants the value
+  split over ``X`` along a dimension whose leading dimensions are 1 on each
+  device (the flattened chunks are then the blocks), else an ``AllReduce``;
+* split over ``X`` -> not split: ``AllGather`` along that dimension;
+* not split -> split over ``Y``: a local ``Slice`` by the device's coordinate
+  (no communication);
+* split over ``X`` -> split over ``Y`` elsewhere: ``AllGather`` then ``Slice``
+  (no ``AllToAll`` yet).
+
+Cost model (bytes each device sends, ring algorithms, ``S`` the value's bytes
+on a device, ``n`` the group's size): ``AllReduce`` ``2 (n-1)/n S``,
+``ReduceScatter`` ``(n-1)/n S``, ``AllGather`` ``(n-1) S``, ``Slice`` 0. Of the
+two ways to reduce a partial value a split reader wants, the reduce-scatter
+(half the all-reduce's bytes, no slice after) is taken whenever it applies.
+Each collective's node has ``meta["bytes_per_device"]`` by this model.
+
+A graph output (a step result, a variable's new value) is made whole on the
+replica's first device: partial sums are added up (``Sum``) and blocks joined
+(``Concat``) there, reading the other devices' values (``PartitionPass``
+inserts the transfers): one copy of the value moves, not one per device.
+A variable split over the mesh is read by each device as its block (a
+``Slice`` of the whole stored value); its new value is joined for the
+write-back.
+
+Cases:
+* a node outside the replicas (cross-replica context): one copy on the first
+  replica's first device, reading whole values;
+* a collective between replicas (``AllReduce`` of the batch axis): one copy
+  per device, each in its own group (``group_key`` suffixed with the device
+  index);
+* a mesh whose replicas have one device each: only ``ShardingConstraint``
+  nodes are removed (they are the identity there);
+* a graph already lowered (no ``input_layouts``), or without a mesh: unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from graphdist.errors import GraphError
+from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
+from graphdist.ir.layouts import INPUT_LAYOUTS_KEY, MESH_KEY, RESHARDS_KEY, Layout, MeshSpec
+from graphdist.ir.placement_ops import SHARDING_CONSTRAINT
+from graphdist.passes.base import PassBase, PassContext, PassResult
+from graphdist.passes.propagate_layouts import layout_of
+
+__all__ = ["GLOBAL_LAYOUT_KEY", "LowerLayoutsPass", "collective_bytes"]
+
+#: ``value.meta`` key of a lowered value: the layout of the whole value it is a block of (for summaries).
+GLOBAL_LAYOUT_KEY = "global_layout"
+_LAYOUT_META = (INPUT_LAYOUTS_KEY, RESHARDS_KEY)
+#: Ops with a target-shape input (position 1), rewritten to the local shape.
+_SHAPE_INPUT_OPS = frozenset({"Reshape", "Expand"})
+
+
+def collective_bytes(op_type: str, local_bytes: int, group: int) -> int:
+    """Bytes each device sends for one collective of the cost model (see the module docstring)."""
+    if group <= 1:
+        return 0
+    if op_type == "AllReduce":
+        return 2 * (group - 1) * local_bytes // group
+    if op_type == "ReduceScatter":
+        return (group - 1) * local_bytes // group
+    if op_type == "AllGather":
+        return (group - 1) * local_bytes
+    return 0
+
+
+class LowerLayoutsPass(PassBase):
+    """Rewrites a graph with layouts into per-device programs (see the module docstring)."""
+
+    runs_after = ("PropagateLayoutsPass",)
+
+    def call(self, graph: Graph, ctx: PassContext) -> PassResult:
+        mesh: MeshSpec | None = graph.meta.get(MESH_KEY)
+        pending = any(INPUT_LAYOUTS_KEY in n.meta for n in graph.nodes)
+        constraints = graph.find_nodes(SHARDING_CONSTRAINT, GRAPHDIST_DOMAIN)
+        if mesh is None or not pending or mesh.devices_per_replica == 1:
+            for node in graph.nodes:
+                for key in _LAYOUT_META:
+                    node.meta.pop(key, None)
+            graph.replace_all_uses_with_many([(n.outputs[0], n.inputs[0]) for n in constraints])
+            graph.remove_nodes(constraints)
+            return PassResult(graph, modified=bool(constraints))
+        _Lowering(graph, mesh).run()
+        return PassResult(graph, modified=True)
+
+    def ensures(self, graph: Graph, ctx: PassContext) -> None:
+        from graphdist.errors import PostconditionError
+
+        left = [n.name for n in graph.nodes if INPUT_LAYOUTS_KEY in n.meta
+                or (n.domain == GRAPHDIST_DOMAIN and n.op_type == SHARDING_CONSTRAINT)]
+        if left:
+            raise PostconditionError(f"LowerLayoutsPass left nodes with layouts to lower: {left[:5]}")
+
+
+class _Lowering:
+    """One run of the pass over a graph."""
+
+    def __init__(self, graph: Graph, mesh: MeshSpec) -> None:
+        self.graph = graph
+        self.mesh = mesh
+        self.count = mesh.devices_per_replica
+        self.local: dict[int, list[Value]] = {}  # node outputs -> a value per device of their replica
+        self.sources: dict[tuple[int, int], list[Value]] = {}  # (graph input or constant, replica) -> per device
+        self.resharded: dict[tuple[int, Layout, int], list[Value]] = {}
+        self.created: list[Node] = []
+        self.groups = 0
+
+    # ---------------------------------------------------------------- driver
+    def run(self) -> None:
+        for node in list(self.graph.nodes):
+            self._lower(node)
+        renamed: dict[str, str] = {}
+        for position, value in enumerate(self.graph.outputs):
+            whole = self._whole(value)
+            if whole is not value:
+                renamed[value.name] = whole.name
+            self.graph.outputs[position] = whole
+        self.graph.set_nodes(self.created, safe=False)
+        updates = self.graph.meta.get("variable_updates")
+        if updates:
+            self.graph.meta["variable_updates"] = [(renamed.get(name, name), uid) for name, uid in updates]
+
+    def _add(self, op_type: str, inputs: Sequence[Value | None], attrs: dict[str, Any] | None, device: str,
+             replica: int | None, name: str, domain: str = "", num_outputs: int | None = None,
+             meta: dict[str, Any] | None = None) -> Node:
+        node = self.graph.add_node(op_type, list(inputs), attrs, domain=domain, num_outputs=num_outputs, name=name)
+        node.device, node.replica = device, replica
+        node.meta.update(meta or {})
+        self.created.append(node)
+        return node
+
+    def _const(self, name: str, values: Sequence[int]) -> Value:
+        return self.graph.add_initializer(name, np.asarray(list(values), np.int64))
+
+    # -------------------------------------------------------------- per node
+    def _lower(self, node: Node) -> None:
+        replica = node.replica if node.replica is not None else 0
+        wanted = node.meta.get(INPUT_LAYOUTS_KEY) or [None] * len(node.inputs)
+        columns: list[list[Value | None]] = []
+        for value, want in zip(node.inputs, wanted):
+            if value is None:
+                columns.append([None] * self.count)
+            else:
+                columns.append(list(self._reshard(value, want or Layout.replicated(value.rank), replica)))
+        if node.domain == GRAPHDIST_DOMAIN and node.op_type == SHARDING_CONSTRAINT:
+            self.local[id(node.outputs[0])] = columns[0]  # type: ignore[assignment]
+            return
+        meta = {k: v for k, v in node.meta.items() if k not in _LAYOUT_META}
+        if node.replica is None:
+            copy = self._copy(node, [c[0] for c in columns], self.mesh.devices[0][0], None, meta, None)
+            for out, new in zip(node.outputs, copy.outputs):
+                self.local[id(out)] = [new] * self.count
+            return
+        for out in node.outputs:
+            self.local[id(out)] = []
+        for index in range(self.count):
+            copy = self._copy(node, [c[index] for c in columns], self.mesh.devices[replica][index], node.replica,
+                              meta, index)
+            for out, new in zip(node.outputs, copy.outputs):
+                self._check_local(out, new)
+                self.local[id(out)].append(new)
+
+    def _copy(self, node: Node, inputs: list[Value | None], device: str, replica: int | None,
+              meta: dict[str, Any], index: int | None) -> Node:
+        attrs = dict(node.attrs)
+        if index is not None and "group_key" in attrs and self.count > 1:
+            attrs["group_key"] = f"{attrs['group_key']}/d{index}"  # one group per device of the replicas
+        if node.op_type in _SHAPE_INPUT_OPS and not node.domain and index is not None:
+            out = node.outputs[0]
+            local = self.mesh.local_shape(out.shape, layout_of(out))
+            if local != tuple(out.shape):
+                inputs = [inputs[0], self._const(f"{node.name}_local_shape", local), *inputs[2:]]
+        copy = self._add(node.op_type, inputs, attrs, device, replica, node.name, node.domain, len(node.outputs),
+                         dict(meta))
+        for out, new in zip(node.outputs, copy.outputs):
+            new.meta[GLOBAL_LAYOUT_KEY] = layout_of(out)
+        return copy
+
+    def _check_local(self, whole: Value, local: Value) -> None:
+        expected = self.mesh.local_shape(whole.shape, layout_of(whole))
+        if whole.is_static and tuple(local.shape) != tuple(expected):
+            raise GraphError(f"LowerLayoutsPass: %{whole.name} laid out {layout_of(whole)} should be {expected} on "
+                             f"each device, its copy %{local.name} is {local.type_str()}")
+
+    # ------------------------------------------------------------ reshards
+    def _values(self, value: Value, replica: int) -> list[Value]:
+        if value.producer is not None:
+            return self.local[id(value)]
+        key = (id(value), replica)
+        if key not in self.sources:
+            layout = layout_of(value)
+            whole = [value] * self.count
+            self.sources[key] = whole if layout.is_replicated else self._split(
+                whole, Layout.replicated(value.rank), layout, replica)
+        return self.sources[key]
+
+    def _reshard(self, value: Value, want: Layout, replica: int) -> list[Value]:
+        """``value``'s blocks on the replica's devices as ``want`` lays it out (made once per layout)."""
+        values = self._values(value, replica)
+        have = layout_of(value)
+        if have == want:
+            return values
+        key = (id(value), want, replica)
+        if key not in self.resharded:
+            self.resharded[key] = self._resharded(values, value, have, want, replica)
+        return self.resharded[key]
+
+    def _resharded(self, values: list[Value], value: Value, have: Layout, want: Layout,
+                   replica: int) -> list[Value]:
+        values, current = self._reduce(values, have, want, replica)
+        if want.partial - current.partial:
+            raise GraphError(f"LowerLayoutsPass: %{value.name} is {current}, a reader wants it partial ({want}); "
+                             "no rule asks a whole value to become partial")
+        dims = list(current.dims)
+        for dim, axis in enumerate(current.dims):
+            if axis is not None and want.dims[dim] != axis:
+                values = self._collective("AllGather", values, axis, replica, {"axis": dim})
+                dims[dim] = None
+        return self._split(values, Layout(tuple(dims), current.partial), want, replica)
+
+    def _reduce(self, values: list[Value], have: Layout, want: Layout, replica: int) -> tuple[list[Value], Layout]:
+        """Sums the partial axes ``want`` does not keep: reduce-scatter where it gives ``want``'s block, else
+        all-reduce.
+        """
+        current = have
+        for axis in sorted(have.partial - want.partial):
+            dim = self._scatter_dim(values[0], current, want, axis)
+            if dim is None:
+                values = self._collective("AllReduce", values, axis, replica, {"reduce_op": "SUM",
+                                                                               "algorithm": "ring"})
+                current = Layout(current.dims, current.partial - {axis})
+                continue
+            scattered = self._collective("ReduceScatter", values, axis, replica, {"reduce_op": "SUM"},
+                                         shard=True)
+            dims = tuple(axis if d == dim else a for d, a in enumerate(current.dims))
+            shape = list(values[0].shape)
+            shape[dim] //= self.mesh.size(axis)
+            values = [self._add("Reshape", [v, self._const("scatter_shape", shape)], None, v.producer.device,
+                                v.producer.replica, f"{v.name}_block").outputs[0] for v in scattered]
+            current = Layout(dims, current.partial - {axis})
+        return values, current
+
+    def _scatter_dim(self, local: Value, current: Layout, want: Layout, axis: str) -> int | None:
+        if not local.is_static or axis in current.dims:
+            return None
+        for dim, wanted in enumerate(want.dims):
+            if wanted == axis and current.dims[dim] is None:
+                leading = int(np.prod(local.shape[:dim], dtype=np.int64))
+                return dim if leading == 1 and local.shape[dim] % self.mesh.size(axis) == 0 else None
+        return None
+
+    def _split(self, values: list[Value], current: Layout, want: Layout, replica: int) -> list[Value]:
+        """Slices the dimensions ``want`` splits and ``current`` does not, each device its block."""
+        out = list(values)
+        for dim, axis in enumerate(want.dims):
+            if axis is None or current.dims[dim] == axis:
+                continue
+            parts = self.mesh.size(axis)
+            for index in range(self.count):
+                value = out[index]
+                block = int(value.shape[dim]) // parts
+                start = self.mesh.coordinates(index)[axis] * block
+                bounds = [self._const(name, [at]) for name, at in
+                          (("block_start", start), ("block_stop", start + block), ("block_axis", dim))]
+                node = self._add("Slice", [value, *bounds], None, self.mesh.devices[replica][index], replica,
+                                 f"{value.name}_block")
+                out[index] = node.outputs[0]
+        return out
+
+    def _collective(self, op_type: str, values: list[Value], axis: str, replica: int, attrs: dict[str, Any],
+                    shard: bool = False) -> list[Value]:
+        """One collective over ``axis``: a group per position on the other axes, members in axis order."""
+        self.groups += 1
+        size = self.mesh.size(axis)
+        out = []
+        for index in range(self.count):
+            value = values[index]
+            key = f"layout{self.groups}.{values[0].name}/{self.mesh.group_name(index, axis)}/r{replica}"
+            extra = {"shard": self.mesh.coordinates(index)[axis]} if shard else {}
+            nbytes = int(value.nbytes or 0)
+            node = self._add(op_type, [value], {**attrs, **extra, "group_key": key, "group_size": size},
+                             self.mesh.devices[replica][index], replica, f"{value.name}_{op_type.lower()}",
+                             GRAPHDIST_DOMAIN, meta={"side_effect": True,
+                                                     "bytes_per_device": collective_bytes(op_type, nbytes, size)})
+            out.append(node.outputs[0])
+        return out
+
+    # --------------------------------------------------------------- outputs
+    def _whole(self, value: Value) -> Value:
+        """``value`` whole on its replica's first device (partial sums added, blocks joined there)."""
+        producer = value.producer
+        replica = producer.replica if producer is not None and producer.replica is not None else 0
+        values = self._values(value, replica)
+        current = layout_of(value)
+        if current.is_replicated:
+            return values[0]
+        values = list(values)
+        for axis in sorted(current.partial):
+            values = self._to_first(values, axis, replica, lambda group: ("Sum", group, None))
+        for dim, axis in enumerate(current.dims):
+            if axis is not None:
+                values = self._to_first(values, axis, replica, lambda group, d=dim: ("Concat", group, {"axis": d}))
+        return values[0]
+
+    def _to_first(self, values: list[Value], axis: str, replica: int, make: Any) -> list[Value]:
+        """For each group over ``axis``, its members' values combined on its first member's device."""
+        out = list(values)
+        for index in range(self.count):
+            if self.mesh.coordinates(index)[axis] != 0:
+                continue
+            members = [values[m] for m in self.mesh.group(index, axis)]
+            op_type, inputs, attrs = make(members)
+            out[index] = self._add(op_type, inputs, attrs, self.mesh.devices[replica][index], replica,
+                                   f"{values[index].name}_whole").outputs[0]
+        return out

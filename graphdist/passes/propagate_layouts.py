@@ -1,0 +1,402 @@
+"""PropagateLayoutsPass: a layout over the device mesh for every value, GSPMD style, by a rule per op family.
+
+Invariant established: every value read or made by a node has
+``value.meta["layout"]`` (a :class:`graphdist.ir.layouts.Layout`: per dimension
+a mesh axis or ``None``, plus the axes it is a pending partial sum over), and
+every node has ``node.meta["input_layouts"]``: the layout it reads each input
+in. Where that differs from the input's own layout, the node's
+``meta["reshards"]`` lists the input position (``LowerLayoutsPass`` makes
+the collective or slice). ``graph.meta["mesh"]`` is the mesh. Only the
+mesh's non-batch axes of size above one appear in layouts: the batch axis
+makes the replicas (``ReplicatePass``), so inside a replica it splits
+nothing.
+
+Seeds: the variables' layouts (the strategy's ``LayoutMap``; an optimizer slot
+takes its variable's), ``ShardingConstraint`` nodes
+(``with_sharding_constraint``); every other graph input and constant is
+replicated. Propagation runs forward in graph order, through the gradients
+too (after ``AutodiffPass`` they are ordinary nodes). Rules:
+
+* elementwise ops (with broadcasting): an output dimension takes the axis of
+  an input split along it (first input first; an axis used once); ``Add`` /
+  ``Sub`` / ``Sum`` of inputs partial over the same axes, ``Neg`` /
+  ``Identity`` of one, ``Mul`` with one partial input and ``Div`` with a
+  partial numerator stay partial (they are linear there); any other partial
+  input is reduced first;
+* ``MatMul`` (ranks >= 2): rows from the left operand, columns from the
+  right; a contracting dimension split on either side is split on both (the
+  replicated side is sliced) and the result is partial over that axis; one
+  partial operand times an unsplit-sum operand stays partial;
+* reductions (``ReduceSum``, ``ReduceMean``, ``ReduceMax``, ...): kept
+  dimensions keep their axes; a reduced split dimension makes ``ReduceSum``
+  partial, the others read it gathered; ``ReduceSum`` of a partial value
+  stays partial;
+* ``Transpose``: axes permuted; ``Reshape`` / ``Squeeze`` / ``Unsqueeze`` /
+  ``Expand`` that only add or drop size-1 dimensions (or broadcast them):
+  axes follow their dimensions; any other reshape reads its input
+  replicated;
+* ``Softmax`` / ``LogSoftmax`` / ``LayerNormalization``: the normalised
+  dimensions are read whole (gathered), the others keep their axes;
+* ``Gather``: the gathered dimension of the data is read whole, the others
+  and the indices' keep their axes; ``Concat`` / ``Split``: the joined or cut
+  dimension is read whole;
+* ``ShardingConstraint``: reads its input in its layout, which its output has;
+* ``graphdist.AllReduce`` / ``AllGather`` between replicas: per device, as the
+  input is laid out (``AllGather``'s axis whole);
+* any other op, and a node outside the replicas (cross-replica context):
+  reads every input replicated and makes replicated outputs (always correct,
+  only slower).
+
+Cases:
+* a mesh whose non-batch axes all have size one: every layout replicated;
+* a second run: recomputes the same layouts, ``modified`` is ``False``.
+
+Not built: backward propagation of a consumer's preference into its producers
+(a ``ShardingConstraint`` reshards where it is, it does not move the split
+earlier), ``Gemm``, ``Conv``, reshapes that merge or split a split dimension,
+and ``AllToAll`` (a change of split axis is an all-gather and a slice).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
+from graphdist.ir.layouts import INPUT_LAYOUTS_KEY, LAYOUT_KEY, MESH_KEY, RESHARDS_KEY, Layout, MeshSpec
+from graphdist.ir.placement import variable_specs
+from graphdist.ir.placement_ops import SHARDING_CONSTRAINT
+from graphdist.passes.base import PassBase, PassContext, PassResult
+from graphdist.passes.shard_logical_devices import ELEMENTWISE_OPS
+
+__all__ = ["PropagateLayoutsPass", "layout_of"]
+
+Rule = tuple[list[Layout | None], list[Layout]]
+
+_REDUCTIONS = frozenset({"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+                         "ReduceLogSumExp", "ReduceSumSquare"})
+_SIZE_ONE_RESHAPES = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten"})
+_NORMALISING = frozenset({"Softmax", "LogSoftmax"})
+
+
+def layout_of(value: Value) -> Layout:
+    """The value's layout (replicated when it has none)."""
+    layout = value.meta.get(LAYOUT_KEY)
+    return layout if layout is not None else Layout.replicated(value.rank)
+
+
+class PropagateLayoutsPass(PassBase):
+    """Gives every value a layout over the mesh (see the module docstring).
+
+    Args:
+        mesh: The mesh (axes, sizes, the batch axis, each replica's devices).
+        variables: Variable uid -> a mesh axis or ``None`` per dimension (absent: replicated).
+    """
+
+    runs_after = ("AutodiffPass", "ReplicatePass", "InsertCollectivesPass", "LowerCollectivesPass")
+
+    def __init__(self, mesh: MeshSpec, variables: Mapping[str, Sequence[str | None]] | None = None) -> None:
+        self.mesh = mesh
+        self.variables = {uid: tuple(layout) for uid, layout in (variables or {}).items()}
+
+    def __repr__(self) -> str:
+        split = {uid: layout for uid, layout in self.variables.items() if any(layout)}
+        return f"{self.name}(mesh={dict(zip(self.mesh.axis_names, self.mesh.shape))}, variables={split})"
+
+    def call(self, graph: Graph, ctx: PassContext) -> PassResult:
+        before = _snapshot(graph)
+        graph.meta[MESH_KEY] = self.mesh
+        seeds = {name: self.mesh.normalised(Layout(self.variables[spec.uid]))
+                 for name, spec in variable_specs(graph) if spec.uid in self.variables}
+        for value in graph.inputs:
+            _set(value, seeds.get(value.name, Layout.replicated(value.rank)))
+        for value in graph.initializers.values():
+            _set(value, Layout.replicated(value.rank))
+        for node in graph.nodes:
+            wanted, outputs = self._rule(node)
+            node.meta[INPUT_LAYOUTS_KEY] = wanted
+            node.meta[RESHARDS_KEY] = [i for i, (v, w) in enumerate(zip(node.inputs, wanted))
+                                       if v is not None and w is not None and layout_of(v) != w]
+            for out, layout in zip(node.outputs, outputs):
+                _set(out, layout)
+        return PassResult(graph, modified=_snapshot(graph) != before)
+
+    # ---------------------------------------------------------------- rules
+    def _rule(self, node: Node) -> Rule:
+        layouts = [None if v is None else layout_of(v) for v in node.inputs]
+        if node.replica is None:  # cross-replica context: runs once, on whole values
+            return _replicated(node)
+        rule = self._rule_for(node)
+        result = rule(node, layouts) if rule is not None else None
+        return result if result is not None else _replicated(node)
+
+    def _rule_for(self, node: Node) -> Any:
+        if node.domain == GRAPHDIST_DOMAIN:
+            return {SHARDING_CONSTRAINT: self._constraint, "AllReduce": _per_device,
+                    "AllGather": _per_device_gathered}.get(node.op_type)
+        if node.domain:
+            return None
+        if node.op_type in ELEMENTWISE_OPS or node.op_type == "Sum":
+            return _elementwise
+        if node.op_type in _REDUCTIONS:
+            return _reduction
+        return {"MatMul": _matmul, "Transpose": _transpose, "Expand": _expand, "Softmax": _normalising,
+                "LogSoftmax": _normalising, "LayerNormalization": _layer_norm, "Gather": _gather,
+                "Concat": _concat, "Split": _split, **dict.fromkeys(_SIZE_ONE_RESHAPES, _size_one_reshape)
+                }.get(node.op_type)
+
+    def _constraint(self, node: Node, layouts: list[Layout | None]) -> Rule:
+        pinned = self.mesh.normalised(Layout.from_attr(node.attrs.get("layout", [])))
+        if len(pinned.dims) != node.inputs[0].rank:
+            pinned = Layout.replicated(node.inputs[0].rank)
+        return [pinned], [pinned]
+
+
+# -------------------------------------------------------------------- helpers
+def _set(value: Value, layout: Layout) -> None:
+    value.meta[LAYOUT_KEY] = layout
+
+
+def _snapshot(graph: Graph) -> list[Any]:
+    values = [*graph.inputs, *graph.initializers.values(), *(o for n in graph.nodes for o in n.outputs)]
+    return [v.meta.get(LAYOUT_KEY) for v in values] + [n.meta.get(INPUT_LAYOUTS_KEY) for n in graph.nodes]
+
+
+def _replicated(node: Node) -> Rule:
+    return ([None if v is None else Layout.replicated(v.rank) for v in node.inputs],
+            [Layout.replicated(out.rank) for out in node.outputs])
+
+
+def _aligned(value: Value, out: Value, dims: Sequence[str | None]) -> tuple[str | None, ...]:
+    """``dims`` (the output's) as the input ``value`` reads them: trailing alignment, broadcast dims unsplit."""
+    offset = out.rank - value.rank
+    return tuple(dims[i + offset] if value.shape[i] == out.shape[i + offset] else None for i in range(value.rank))
+
+
+def _partial_kept(node: Node, layouts: list[Layout | None]) -> tuple[frozenset[str], set[int]]:
+    """The partial axes the output keeps (the op is linear in those inputs) and which inputs keep them."""
+    present = [(i, lay) for i, lay in enumerate(layouts) if lay is not None]
+    partial = [(i, lay.partial) for i, lay in present if lay.partial]
+    if not partial:
+        return frozenset(), set()
+    op = node.op_type
+    if op in ("Add", "Sub", "Sum") and len(partial) == len(present) and len({p for _, p in partial}) == 1:
+        return partial[0][1], {i for i, _ in partial}
+    if op in ("Neg", "Identity") and len(present) == 1:
+        return partial[0][1], {0}
+    if op == "Mul" and len(partial) == 1:
+        return partial[0][1], {partial[0][0]}
+    if op == "Div" and len(partial) == 1 and partial[0][0] == 0:
+        return partial[0][1], {0}
+    return frozenset(), set()
+
+
+def _elementwise(node: Node, layouts: list[Layout | None]) -> Rule | None:
+    if len(node.outputs) != 1:
+        return None
+    out = node.outputs[0]
+    dims: list[str | None] = [None] * out.rank
+    used: set[str] = set()
+    for value, layout in zip(node.inputs, layouts):
+        if value is None or layout is None:
+            continue
+        offset = out.rank - value.rank
+        for i, axis in enumerate(layout.dims):
+            if axis is None or axis in used or value.shape[i] != out.shape[i + offset] or dims[i + offset]:
+                continue
+            dims[i + offset] = axis
+            used.add(axis)
+    partial, keepers = _partial_kept(node, layouts)
+    dims = [None if d in partial else d for d in dims]
+    wanted = [None if v is None else Layout(_aligned(v, out, dims), partial if i in keepers else frozenset())
+              for i, v in enumerate(node.inputs)]
+    return wanted, [Layout(tuple(dims), partial)]
+
+
+def _per_device(node: Node, layouts: list[Layout | None]) -> Rule:
+    layout = (layouts[0] or Layout.replicated(node.inputs[0].rank)).without_partial()
+    return [layout], [layout]
+
+
+def _per_device_gathered(node: Node, layouts: list[Layout | None]) -> Rule:
+    layout = (layouts[0] or Layout.replicated(node.inputs[0].rank)).without_partial()
+    axis = int(node.attrs.get("axis", 0)) % max(node.inputs[0].rank, 1)
+    dims = tuple(None if d == axis else a for d, a in enumerate(layout.dims))
+    return [Layout(dims)], [Layout(dims)]
+
+
+def _matmul(node: Node, layouts: list[Layout | None]) -> Rule | None:
+    a, b = node.inputs[0], node.inputs[1]
+    la, lb = layouts[0], layouts[1]
+    out = node.outputs[0]
+    if a.rank < 2 or b.rank < 2 or la is None or lb is None:
+        return None
+    batch = [None] * (out.rank - 2)
+    for value, layout in ((a, la), (b, lb)):
+        offset = out.rank - value.rank
+        for i in range(value.rank - 2):
+            if layout.dims[i] and value.shape[i] == out.shape[i + offset] and batch[i + offset] is None \
+                    and layout.dims[i] not in batch:
+                batch[i + offset] = layout.dims[i]
+    rows, cols = la.dims[-2], lb.dims[-1]
+    rows = None if rows in batch else rows
+    cols = None if cols in batch or cols == rows else cols
+    taken = {*batch, rows, cols} - {None}
+    contract = next((k for k in (la.dims[-1], lb.dims[-2]) if k is not None and k not in taken), None)
+    keep_a = bool(la.partial) and not lb.partial and not (la.partial & (taken | {contract}))
+    keep_b = bool(lb.partial) and not la.partial and not (lb.partial & (taken | {contract}))
+    carried = la.partial if keep_a else lb.partial if keep_b else frozenset()
+    out_dims = (*batch, rows, cols)
+    wanted_a = Layout((*_aligned_batch(a, out, batch), rows, contract), la.partial if keep_a else frozenset())
+    wanted_b = Layout((*_aligned_batch(b, out, batch), contract, cols), lb.partial if keep_b else frozenset())
+    partial = carried | ({contract} if contract else set())
+    return [wanted_a, wanted_b], [Layout(out_dims, frozenset(partial))]
+
+
+def _aligned_batch(value: Value, out: Value, batch: Sequence[str | None]) -> tuple[str | None, ...]:
+    offset = out.rank - value.rank
+    return tuple(batch[i + offset] if value.shape[i] == out.shape[i + offset] else None
+                 for i in range(value.rank - 2))
+
+
+def _axes_of(node: Node) -> list[int] | None:
+    """A reduction's axes (normalised), ``None`` when they are not known statically; ``[]``: all."""
+    rank = node.inputs[0].rank
+    axes: Any = node.attrs.get("axes")
+    if axes is None and len(node.inputs) > 1 and node.inputs[1] is not None:
+        if node.inputs[1].const_value is None:
+            return None
+        axes = node.inputs[1].const_value.reshape(-1).tolist()
+    if not axes:
+        return [] if int(node.attrs.get("noop_with_empty_axes", 0)) == 0 else None
+    return sorted({int(a) % rank for a in axes})
+
+
+def _reduction(node: Node, layouts: list[Layout | None]) -> Rule | None:
+    axes = _axes_of(node)
+    layout = layouts[0]
+    if axes is None or layout is None:
+        return None
+    value = node.inputs[0]
+    reduced = set(axes) if axes else set(range(value.rank))
+    summed = node.op_type == "ReduceSum"
+    partial = set(layout.partial) if summed else set()
+    wanted_dims = []
+    for d, axis in enumerate(layout.dims):
+        if d in reduced and axis is not None and summed and axis not in partial:
+            partial.add(axis)
+            wanted_dims.append(axis)
+        elif d in reduced:
+            wanted_dims.append(None)
+        else:
+            wanted_dims.append(axis if axis not in partial else None)
+    keepdims = int(node.attrs.get("keepdims", 1))
+    out_dims = [None if d in reduced else a for d, a in enumerate(wanted_dims)]
+    if not keepdims:
+        out_dims = [a for d, a in enumerate(out_dims) if d not in reduced]
+    wanted = [Layout(tuple(wanted_dims), layout.partial if summed else frozenset())]
+    wanted += [None if v is None else Layout.replicated(v.rank) for v in node.inputs[1:]]
+    return wanted, [Layout(tuple(out_dims), frozenset(partial))]
+
+
+def _transpose(node: Node, layouts: list[Layout | None]) -> Rule | None:
+    layout = layouts[0]
+    if layout is None:
+        return None
+    perm = node.attrs.get("perm") or list(reversed(range(node.inputs[0].rank)))
+    return [layout], [Layout(tuple(layout.dims[p] for p in perm), layout.partial)]
+
+
+def _size_one_reshape(node: Node, layouts: list[Layout | None]) -> Rule | None:
+    """Reshapes that only add or drop size-1 dimensions: each other dimension keeps its axis."""
+    value, out, layout = node.inputs[0], node.outputs[0], layouts[0]
+    if layout is None or not value.is_static or not out.is_static:
+        return None
+    kept_in = [i for i, s in enumerate(value.shape) if s != 1]
+    kept_out = [j for j, s in enumerate(out.shape) if s != 1]
+    rest = [None if v is None else Layout.replicated(v.rank) for v in node.inputs[1:]]
+    if [value.shape[i] for i in kept_in] != [out.shape[j] for j in kept_out]:
+        return [Layout((None,) * value.rank, layout.partial), *rest], [Layout((None,) * out.rank, layout.partial)]
+    dims: list[str | None] = [None] * out.rank
+    for i, j in zip(kept_in, kept_out):
+        dims[j] = layout.dims[i]
+    return [layout, *rest], [Layout(tuple(dims), layout.partial)]
+
+
+def _expand(node: Node, layouts: list[Layout | None]) -> Rule | None:
+    value, out, layout = node.inputs[0], node.outputs[0], layouts[0]
+    if layout is None or not out.is_static or not value.is_static:
+        return None
+    offset = out.rank - value.rank
+    dims: list[str | None] = [None] * out.rank
+    wanted = []
+    for i, axis in enumerate(layout.dims):
+        keep = axis if value.shape[i] == out.shape[i + offset] else None
+        wanted.append(keep)
+        dims[i + offset] = keep
+    return [Layout(tuple(wanted), layout.partial), Layout.replicated(node.inputs[1].rank)], \
+        [Layout(tuple(dims), layout.partial)]
+
+
+def _whole(layout: Layout, dims: set[int]) -> tuple[str | None, ...]:
+    return tuple(None if d in dims else a for d, a in enumerate(layout.dims))
+
+
+def _normalising(node: Node, layouts: list[Layout | None]) -> Rule | None:
+    layout = layouts[0]
+    if layout is None:
+        return None
+    axis = int(node.attrs.get("axis", -1)) % node.inputs[0].rank
+    dims = _whole(layout, {axis})
+    return [Layout(dims)], [Layout(dims)]
+
+
+def _layer_norm(node: Node, layouts: list[Layout | None]) -> Rule | None:
+    layout = layouts[0]
+    if layout is None:
+        return None
+    rank = node.inputs[0].rank
+    axis = int(node.attrs.get("axis", -1)) % rank
+    dims = _whole(layout, set(range(axis, rank)))
+    wanted = [Layout(dims)] + [None if v is None else Layout.replicated(v.rank) for v in node.inputs[1:]]
+    outputs = [Layout(dims)] + [Layout(dims[:axis] + (None,) * (out.rank - axis)) for out in node.outputs[1:]]
+    return wanted, outputs
+
+
+def _gather(node: Node, layouts: list[Layout | None]) -> Rule | None:
+    data, indices = layouts[0], layouts[1]
+    if data is None or indices is None:
+        return None
+    axis = int(node.attrs.get("axis", 0)) % node.inputs[0].rank
+    data_dims = _whole(data, {axis})
+    index_dims = tuple(None if a in data_dims else a for a in indices.dims)
+    out = data_dims[:axis] + index_dims + data_dims[axis + 1:]
+    return [Layout(data_dims), Layout(index_dims)], [Layout(out)]
+
+
+def _concat(node: Node, layouts: list[Layout | None]) -> Rule | None:
+    present = [lay for lay in layouts if lay is not None]
+    if not present:
+        return None
+    rank = node.outputs[0].rank
+    axis = int(node.attrs.get("axis", 0)) % rank
+    dims: list[str | None] = [None] * rank
+    for layout in present:
+        for d, a in enumerate(layout.dims):
+            if d != axis and dims[d] is None and a is not None and a not in dims:
+                dims[d] = a
+    same = {lay.partial for lay in present}
+    partial = present[0].partial if len(same) == 1 else frozenset()
+    wanted = [None if v is None else Layout(tuple(dims), partial) for v in node.inputs]
+    return wanted, [Layout(tuple(dims), partial)]
+
+
+def _split(node: Node, layouts: list[Layout | None]) -> Rule | None:
+    layout = layouts[0]
+    if layout is None:
+        return None
+    axis = int(node.attrs.get("axis", 0)) % node.inputs[0].rank
+    dims = _whole(layout, {axis})
+    wanted = [Layout(dims, layout.partial)] + [None if v is None else Layout.replicated(v.rank)
+                                               for v in node.inputs[1:]]
+    return wanted, [Layout(dims, layout.partial) for _ in node.outputs]
