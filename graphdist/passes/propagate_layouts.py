@@ -15,7 +15,9 @@ Seeds: the variables' layouts (the strategy's ``LayoutMap``; an optimizer slot
 takes its variable's), ``ShardingConstraint`` nodes
 (``with_sharding_constraint``); every other graph input and constant is
 replicated. Propagation runs forward in graph order, through the gradients
-too (after ``AutodiffPass`` they are ordinary nodes). Rules:
+too (after ``AutodiffPass`` they are ordinary nodes), and again while some
+reader of a partial value sums it: then every reader reads it summed (one
+reduction, shared, instead of a reduction per reader downstream). Rules:
 
 * elementwise ops (with broadcasting): an output dimension takes the axis of
   an input split along it (first input first; an axis used once); ``Add`` /
@@ -112,18 +114,29 @@ class PropagateLayoutsPass(PassBase):
             _set(value, seeds.get(value.name, Layout.replicated(value.rank)))
         for value in graph.initializers.values():
             _set(value, Layout.replicated(value.rank))
-        for node in graph.nodes:
-            wanted, outputs = self._rule(node)
-            node.meta[INPUT_LAYOUTS_KEY] = wanted
-            node.meta[RESHARDS_KEY] = [i for i, (v, w) in enumerate(zip(node.inputs, wanted))
-                                       if v is not None and w is not None and layout_of(v) != w]
-            for out, layout in zip(node.outputs, outputs):
-                _set(out, layout)
+        summed: set[int] = set()  # partial values some reader sums: every reader reads them summed
+        while True:
+            for node in graph.nodes:
+                self._propagate(node, summed)
+            more = {id(v) for node in graph.nodes for v, w in zip(node.inputs, node.meta[INPUT_LAYOUTS_KEY])
+                    if v is not None and w is not None and layout_of(v).partial - w.partial} - summed
+            if not more:
+                break
+            summed |= more
         return PassResult(graph, modified=_snapshot(graph) != before)
 
+    def _propagate(self, node: Node, summed: set[int]) -> None:
+        wanted, outputs = self._rule(node, summed)
+        node.meta[INPUT_LAYOUTS_KEY] = wanted
+        node.meta[RESHARDS_KEY] = [i for i, (v, w) in enumerate(zip(node.inputs, wanted))
+                                   if v is not None and w is not None and layout_of(v) != w]
+        for out, layout in zip(node.outputs, outputs):
+            _set(out, layout)
+
     # ---------------------------------------------------------------- rules
-    def _rule(self, node: Node) -> Rule:
-        layouts = [None if v is None else layout_of(v) for v in node.inputs]
+    def _rule(self, node: Node, summed: set[int]) -> Rule:
+        layouts = [None if v is None else layout_of(v).without_partial() if id(v) in summed else layout_of(v)
+                   for v in node.inputs]
         if node.replica is None:  # cross-replica context: runs once, on whole values
             return _replicated(node)
         rule = self._rule_for(node)

@@ -1,0 +1,210 @@
+"""ModelParallelStrategy (tensor parallelism, issue 27): the Keras 3 API, its errors, and training that equals
+OneDeviceStrategy on the same data, with the collectives the Megatron layout needs and no more."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+import graphdist as gd
+from graphdist.errors import InvalidArgumentError
+
+X_DIGITS, Y_DIGITS = None, None
+
+
+def _digits(count: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    return (x[:count] / 16).astype(np.float32), y[:count].astype(np.int64)
+
+
+def _mesh(shape: tuple[int, ...] = (1, 2), names: tuple[str, ...] = ("batch", "model")) -> gd.experimental.DeviceMesh:
+    return gd.experimental.DeviceMesh(shape, names, [f"cpu:{i}" for i in range(int(np.prod(shape)))])
+
+
+def _megatron_map(mesh: gd.experimental.DeviceMesh, blocks: int = 1) -> gd.experimental.LayoutMap:
+    """Block b is layers 2b (columns split, and its bias) and 2b + 1 (rows split); the last layer replicated."""
+    layout_map = gd.experimental.LayoutMap(mesh)
+    for block in range(blocks):
+        layout_map[f"dense_{2 * block}/kernel"] = (None, "model")
+        layout_map[f"dense_{2 * block}/bias"] = ("model",)
+        layout_map[f"dense_{2 * block + 1}/kernel"] = ("model", None)
+    return layout_map
+
+
+def _train(strategy: gd.Strategy, sizes: list[int], x: np.ndarray, y: np.ndarray, steps: int = 5,
+           batch: int = 16, constrain: bool = False) -> tuple[list[float], list[np.ndarray], object]:
+    """``steps`` Adam steps of an MLP (ReLU between layers, softmax cross-entropy) in a custom loop."""
+    rng = np.random.default_rng(0)
+    with strategy.scope():
+        params = []
+        for i, (fan_in, fan_out) in enumerate(zip(sizes, sizes[1:])):
+            params.append(gd.Variable(rng.standard_normal((fan_in, fan_out)).astype(np.float32) / np.sqrt(fan_in),
+                                      name=f"dense_{i}/kernel"))
+            params.append(gd.Variable(rng.standard_normal(fan_out).astype(np.float32) * 0.1, name=f"dense_{i}/bias"))
+        optimizer = gd.optimizers.Adam(0.01)
+
+    def replica_step(xb: np.ndarray, yb: np.ndarray) -> np.ndarray:
+        with gd.GradientTape() as tape:
+            h = xb
+            for layer in range(len(sizes) - 1):
+                h = h @ params[2 * layer] + params[2 * layer + 1]
+                if layer < len(sizes) - 2:
+                    h = gd.nn.relu(h)
+                    if constrain:
+                        h = gd.experimental.with_sharding_constraint(h, (None, "model") if layer % 2 == 0
+                                                                     else (None, None))
+            per_example = gd.nn.sparse_softmax_cross_entropy(yb, h)
+            loss = gd.nn.compute_average_loss(per_example, global_batch_size=batch)
+        optimizer.apply_gradients(zip(tape.gradient(loss, params), params))
+        return loss
+
+    @gd.function
+    def step(xb: np.ndarray, yb: np.ndarray) -> np.ndarray:
+        return strategy.reduce("SUM", strategy.run(replica_step, args=(xb, yb)), axis=None)
+
+    losses = []
+    for s in range(steps):
+        start = (s * batch) % len(x)
+        losses.append(float(step(x[start:start + batch], y[start:start + batch])))
+    concrete = step.get_concrete_function(x[:batch], y[:batch])
+    return losses, [p.numpy() for p in params] + [v.numpy() for v in optimizer.variables()], concrete
+
+
+def _assert_same_training(one: tuple, tp: tuple, rtol: float = 1e-5, atol: float = 1e-6) -> None:
+    np.testing.assert_allclose(tp[0], one[0], rtol=rtol, atol=atol)
+    assert len(tp[1]) == len(one[1])
+    for got, want in zip(tp[1], one[1]):
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+
+
+def _collectives(concrete: object, op_type: str) -> dict[str, list[str]]:
+    """Group key -> the value names its members reduce, for ``op_type`` nodes of the rewritten graph."""
+    groups: dict[str, list[str]] = {}
+    for node in concrete.graph("rewritten").nodes:
+        if node.op_type == op_type:
+            groups.setdefault(node.attrs["group_key"], []).append(node.inputs[0].name)
+    return groups
+
+
+# ------------------------------------------------------------------ training
+def test_megatron_mlp_on_digits_equals_one_device_with_one_all_reduce_forward() -> None:
+    x, y = _digits()
+    sizes = [64, 32, 32, 10]
+    one = _train(gd.OneDeviceStrategy("cpu:0"), sizes, x, y)
+    mesh = _mesh()
+    tp = _train(gd.experimental.ModelParallelStrategy(layout_map=_megatron_map(mesh), batch_dim_name="batch"),
+                sizes, x, y)
+    _assert_same_training(one, tp)
+    groups = _collectives(tp[2], "AllReduce")
+    forward = [k for k, names in groups.items() if not names[0].startswith("grad_")]
+    backward = [k for k, names in groups.items() if names[0].startswith("grad_")]
+    # The block's output (a row-split product) is summed once; its input x needs no gradient, so the
+    # backward pass has nothing to sum (the weights' gradients come out split like the weights).
+    assert (len(forward), len(backward)) == (1, 0)
+    assert all(len(names) == 2 for names in groups.values())
+    assert not _collectives(tp[2], "AllGather")
+
+
+def test_two_megatron_blocks_sum_once_per_block_forward_and_once_backward() -> None:
+    x, y = _digits()
+    sizes = [64, 32, 16, 32, 16, 10]
+    one = _train(gd.OneDeviceStrategy("cpu:0"), sizes, x, y, steps=3)
+    mesh = _mesh()
+    tp = _train(gd.experimental.ModelParallelStrategy(layout_map=_megatron_map(mesh, blocks=2)), sizes, x, y, steps=3)
+    _assert_same_training(one, tp)
+    groups = _collectives(tp[2], "AllReduce")
+    forward = [k for k, names in groups.items() if not names[0].startswith("grad_")]
+    backward = [k for k, names in groups.items() if names[0].startswith("grad_")]
+    # Block 2's input gradient contracts over its split hidden dimension: one all-reduce (Megatron's `f`).
+    assert (len(forward), len(backward)) == (2, 1)
+
+
+def test_megatron_784_1024_1024_10_equals_one_device() -> None:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((64, 784)).astype(np.float32)
+    y = rng.integers(0, 10, 64).astype(np.int64)
+    sizes = [784, 1024, 1024, 10]
+    one = _train(gd.OneDeviceStrategy("cpu:0"), sizes, x, y, batch=32)
+    tp = _train(gd.experimental.ModelParallelStrategy(layout_map=_megatron_map(_mesh())), sizes, x, y, batch=32)
+    _assert_same_training(one, tp, rtol=1e-4, atol=1e-5)
+
+
+def test_sharding_constraints_keep_the_numbers_and_are_identity_elsewhere() -> None:
+    x, y = _digits()
+    sizes = [64, 32, 32, 10]
+    one = _train(gd.OneDeviceStrategy("cpu:0"), sizes, x, y, steps=2, constrain=True)
+    tp = _train(gd.experimental.ModelParallelStrategy(device_mesh=_mesh()), sizes, x, y, steps=2, constrain=True)
+    _assert_same_training(one, tp)
+    assert not any(n.op_type == "ShardingConstraint" for n in one[2].graph("traced").nodes)
+    assert any(n.op_type == "ShardingConstraint" for n in tp[2].graph("traced").nodes)
+    # Every weight replicated, the first hidden activation pinned split by columns: the second MatMul
+    # contracts over that split (its replicated weight sliced by rows), so its product is summed, not gathered.
+    assert _collectives(tp[2], "AllReduce") and not _collectives(tp[2], "AllGather")
+
+
+# -------------------------------------------------------------------- errors
+def test_mesh_needing_more_devices_than_given() -> None:
+    with pytest.raises(InvalidArgumentError, match=r"needs 4 devices, devices lists 3"):
+        gd.experimental.DeviceMesh((2, 2), ("batch", "model"), ["cpu:0", "cpu:1", "cpu:2"])
+
+
+def test_unknown_axis_name() -> None:
+    layout_map = gd.experimental.LayoutMap(_mesh())
+    with pytest.raises(InvalidArgumentError, match=r"unknown mesh axis 'modle'.*batch, model"):
+        layout_map["dense.*kernel"] = (None, "modle")
+    with pytest.raises(InvalidArgumentError, match=r"batch_dim_name 'data' is not an axis"):
+        gd.experimental.ModelParallelStrategy(layout_map=layout_map, batch_dim_name="data")
+
+
+def test_layout_rank_differs_from_the_variable() -> None:
+    layout_map = gd.experimental.LayoutMap(_mesh())
+    layout_map["dense.*kernel"] = ("model",)
+    strategy = gd.experimental.ModelParallelStrategy(layout_map=layout_map)
+    with strategy.scope(), pytest.raises(InvalidArgumentError, match=r"'dense/kernel' has rank 2.*1 entries"):
+        gd.Variable(np.zeros((4, 6), np.float32), name="dense/kernel")
+
+
+def test_axis_that_does_not_divide_a_dimension_names_variable_and_dimension() -> None:
+    layout_map = gd.experimental.LayoutMap(_mesh())
+    layout_map["dense.*kernel"] = (None, "model")
+    strategy = gd.experimental.ModelParallelStrategy(layout_map=layout_map)
+    with strategy.scope(), pytest.raises(InvalidArgumentError,
+                                         match=r"'dense/kernel': dimension 1 \(size 5\) is not divisible by mesh "
+                                               r"axis 'model' \(size 2\)"):
+        gd.Variable(np.zeros((4, 5), np.float32), name="dense/kernel")
+
+
+def test_pattern_matching_no_variable_warns(caplog: pytest.LogCaptureFixture) -> None:
+    layout_map = _megatron_map(_mesh())
+    layout_map["conv.*kernel"] = (None, None, None, "model")
+    x, y = _digits(16)
+    with caplog.at_level(logging.WARNING, logger="graphdist.distribute.model_parallel"):
+        _train(gd.experimental.ModelParallelStrategy(layout_map=layout_map), [64, 32, 32, 10], x, y, steps=1)
+    warnings = [r.getMessage() for r in caplog.records if "matches none" in r.getMessage()]
+    assert len(warnings) == 1 and "'conv.*kernel'" in warnings[0]
+
+
+def test_weight_split_over_the_batch_axis_is_fsdp_not_built_here() -> None:
+    layout_map = gd.experimental.LayoutMap(_mesh((2, 1)))
+    layout_map["dense.*kernel"] = ("batch", None)
+    strategy = gd.experimental.ModelParallelStrategy(layout_map=layout_map, batch_dim_name="batch")
+    with strategy.scope(), pytest.raises(NotImplementedError, match="FSDP"):
+        gd.Variable(np.zeros((4, 6), np.float32), name="dense/kernel")
+
+
+def test_sharding_constraint_rank_must_match() -> None:
+    strategy = gd.experimental.ModelParallelStrategy(device_mesh=_mesh())
+    with strategy.scope(), pytest.raises(InvalidArgumentError, match=r"has 1 entries but the value has rank 2"):
+        gd.experimental.with_sharding_constraint(np.zeros((4, 6), np.float32), ("model",))
+
+
+def test_two_patterns_matching_one_variable() -> None:
+    layout_map = gd.experimental.LayoutMap(_mesh())
+    layout_map["dense"] = (None, "model")
+    layout_map["kernel"] = ("model", None)
+    with pytest.raises(InvalidArgumentError, match="matches several LayoutMap patterns"):
+        layout_map["dense/kernel"]
