@@ -57,12 +57,14 @@ import numpy as np
 
 from graphdist.errors import GraphError
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
-from graphdist.ir.layouts import INPUT_LAYOUTS_KEY, MESH_KEY, RESHARDS_KEY, Layout, MeshSpec
+from graphdist.ir.layouts import INPUT_LAYOUTS_KEY, MESH_KEY, RESHARDS_KEY, Layout, MeshSpec, local_slices
+from graphdist.ir.placement import PlacementSpec, VariablePlacement, variable_specs
 from graphdist.ir.placement_ops import SHARDING_CONSTRAINT
 from graphdist.passes.base import PassBase, PassContext, PassResult
 from graphdist.passes.propagate_layouts import layout_of
+from graphdist.passes.shard_optimizer_state import REPLICA_PARTS_OPTION
 
-__all__ = ["GLOBAL_LAYOUT_KEY", "LowerLayoutsPass", "collective_bytes"]
+__all__ = ["GLOBAL_LAYOUT_KEY", "LowerLayoutsPass", "collective_bytes", "variable_bytes_per_device"]
 
 #: ``value.meta`` key of a lowered value: the layout of the whole value it is a block of (for summaries).
 GLOBAL_LAYOUT_KEY = "global_layout"
@@ -84,10 +86,36 @@ def collective_bytes(op_type: str, local_bytes: int, group: int) -> int:
     return 0
 
 
+def variable_bytes_per_device(graph: Graph) -> int:
+    """Bytes of variables (parameters and optimizer state) one device of a replica keeps.
+
+    A variable stored in parts (split by its layout here, or a ZeRO-1 slot) counts one part; any other
+    counts whole (every device holds a copy).
+    """
+    sharded = graph.meta.get("sharded_state", {})
+    total = 0
+    for _, spec in variable_specs(graph):
+        layout = sharded.get(spec.uid)
+        elements = int(layout["shard"]) if layout else int(np.prod(spec.shape, dtype=np.int64))
+        total += elements * np.dtype(spec.dtype).itemsize
+    return total
+
+
 class LowerLayoutsPass(PassBase):
-    """Rewrites a graph with layouts into per-device programs (see the module docstring)."""
+    """Rewrites a graph with layouts into per-device programs (see the module docstring).
+
+    Args:
+        replica_parts: Store each split variable as one part per device of a replica (``None``: as
+            ``PassContext.options[REPLICA_PARTS_OPTION]`` says, which ``gd.function`` sets; else whole).
+    """
 
     runs_after = ("PropagateLayoutsPass",)
+
+    def __init__(self, replica_parts: bool | None = None) -> None:
+        self.replica_parts = replica_parts
+
+    def __repr__(self) -> str:
+        return f"{self.name}()" if self.replica_parts is None else f"{self.name}(replica_parts={self.replica_parts})"
 
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
         mesh: MeshSpec | None = graph.meta.get(MESH_KEY)
@@ -100,7 +128,9 @@ class LowerLayoutsPass(PassBase):
             graph.replace_all_uses_with_many([(n.outputs[0], n.inputs[0]) for n in constraints])
             graph.remove_nodes(constraints)
             return PassResult(graph, modified=bool(constraints))
-        _Lowering(graph, mesh).run()
+        parts = self.replica_parts if self.replica_parts is not None else bool(
+            ctx.options.get(REPLICA_PARTS_OPTION, False))
+        _Lowering(graph, mesh, parts).run()
         return PassResult(graph, modified=True)
 
     def ensures(self, graph: Graph, ctx: PassContext) -> None:
@@ -115,30 +145,90 @@ class LowerLayoutsPass(PassBase):
 class _Lowering:
     """One run of the pass over a graph."""
 
-    def __init__(self, graph: Graph, mesh: MeshSpec) -> None:
+    def __init__(self, graph: Graph, mesh: MeshSpec, parts: bool = False) -> None:
         self.graph = graph
         self.mesh = mesh
         self.count = mesh.devices_per_replica
+
         self.local: dict[int, list[Value]] = {}  # node outputs -> a value per device of their replica
         self.sources: dict[tuple[int, int], list[Value]] = {}  # (graph input or constant, replica) -> per device
         self.resharded: dict[tuple[int, Layout, int], list[Value]] = {}
         self.created: list[Node] = []
         self.groups = 0
+        self.parts: dict[str, tuple[Value, str, list[Value]]] = {}  # uid -> (whole input, name, part inputs)
+        if parts:
+            self._make_parts()
 
     # ---------------------------------------------------------------- driver
     def run(self) -> None:
         for node in list(self.graph.nodes):
             self._lower(node)
-        renamed: dict[str, str] = {}
+        updates = list(self.graph.meta.get("variable_updates", []))
+        first_update = len(self.graph.outputs) - len(updates)  # the write-backs are the last outputs, in order
+        outputs: list[Value] = []
+        new_updates: list[tuple[str, str]] = []
         for position, value in enumerate(self.graph.outputs):
+            uid = updates[position - first_update][1] if position >= first_update else None
+            if uid in self.parts:  # each device writes back its own block
+                whole_input, _, _ = self.parts[uid]
+                blocks = self._reshard(value, layout_of(whole_input), self._replica_of(value))
+                outputs += blocks
+                new_updates += [(block.name, uid) for block in blocks]
+                continue
             whole = self._whole(value)
-            if whole is not value:
-                renamed[value.name] = whole.name
-            self.graph.outputs[position] = whole
+            outputs.append(whole)
+            if uid is not None:
+                new_updates.append((whole.name, uid))
+        self.graph.outputs = outputs
         self.graph.set_nodes(self.created, safe=False)
-        updates = self.graph.meta.get("variable_updates")
         if updates:
-            self.graph.meta["variable_updates"] = [(renamed.get(name, name), uid) for name, uid in updates]
+            self.graph.meta["variable_updates"] = new_updates
+        self._record_parts()
+
+    # ------------------------------------------------------------------ parts
+    def _make_parts(self) -> None:
+        """One input per device of a replica for each split variable: its block (the whole input goes)."""
+        inputs = {v.name: v for v in self.graph.inputs}
+        for name, spec in variable_specs(self.graph):
+            value = inputs.get(name)
+            if value is None or layout_of(value).is_replicated or layout_of(value).partial:
+                continue
+            shape = self.mesh.local_shape(value.shape, layout_of(value))
+            parts = [self.graph.add_input(f"{value.name}/part{i}", value.dtype, shape) for i in range(self.count)]
+            self.parts[spec.uid] = (value, name, parts)
+            for replica in range(len(self.mesh.devices)):
+                self.sources[(id(value), replica)] = parts
+
+    def _record_parts(self) -> None:
+        """Drops the whole inputs the parts replace; records the parts as ``sharded_state`` and their placement."""
+        if not self.parts:
+            return
+        doomed = {id(whole) for whole, _, _ in self.parts.values()}
+        self.graph.inputs = [v for v in self.graph.inputs if id(v) not in doomed]
+        sharded = dict(self.graph.meta.get("sharded_state", {}))
+        placements = dict(getattr(self.graph.meta.get("placement"), "variables", {}))
+        for uid, (whole, _, parts) in self.parts.items():
+            layout = layout_of(whole)
+            blocks = [[list(block) for block in self._block(whole, layout, index)] for index in range(self.count)]
+            size = int(np.prod(whole.shape, dtype=np.int64))
+            sharded[uid] = {"replicas": self.count, "local": self.count, "shard": size // self._blocks_of(layout),
+                            "size": size, "parts": [p.name for p in parts], "blocks": blocks,
+                            "layout": layout.to_attr()}
+            placements[uid] = VariablePlacement("sharded", tuple(self.mesh.devices[0]))
+        self.graph.meta["sharded_state"] = sharded
+        self.graph.meta["placement"] = PlacementSpec(placements)
+
+    def _block(self, whole: Value, layout: Layout, index: int) -> list[tuple[int, int]]:
+        spans = {dim: (start, stop) for dim, start, stop in local_slices(self.mesh, whole.shape, layout, index)}
+        return [spans.get(dim, (0, int(size))) for dim, size in enumerate(whole.shape)]
+
+    def _blocks_of(self, layout: Layout) -> int:
+        return int(np.prod([self.mesh.size(a) for a in layout.dims if a is not None], dtype=np.int64))
+
+    @staticmethod
+    def _replica_of(value: Value) -> int:
+        producer = value.producer
+        return producer.replica if producer is not None and producer.replica is not None else 0
 
     def _add(self, op_type: str, inputs: Sequence[Value | None], attrs: dict[str, Any] | None, device: str,
              replica: int | None, name: str, domain: str = "", num_outputs: int | None = None,
@@ -308,8 +398,7 @@ class _Lowering:
     # --------------------------------------------------------------- outputs
     def _whole(self, value: Value) -> Value:
         """``value`` whole on its replica's first device (partial sums added, blocks joined there)."""
-        producer = value.producer
-        replica = producer.replica if producer is not None and producer.replica is not None else 0
+        replica = self._replica_of(value)
         values = self._values(value, replica)
         current = layout_of(value)
         if current.is_replicated:

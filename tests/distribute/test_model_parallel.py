@@ -10,8 +10,7 @@ import pytest
 
 import graphdist as gd
 from graphdist.errors import InvalidArgumentError
-
-X_DIGITS, Y_DIGITS = None, None
+from graphdist.passes.lower_layouts import variable_bytes_per_device
 
 
 def _digits(count: int = 64) -> tuple[np.ndarray, np.ndarray]:
@@ -42,7 +41,7 @@ def _train(strategy: gd.Strategy, sizes: list[int], x: np.ndarray, y: np.ndarray
     with strategy.scope():
         params = []
         for i, (fan_in, fan_out) in enumerate(zip(sizes, sizes[1:])):
-            params.append(gd.Variable(rng.standard_normal((fan_in, fan_out)).astype(np.float32) / np.sqrt(fan_in),
+            params.append(gd.Variable((rng.standard_normal((fan_in, fan_out)) / np.sqrt(fan_in)).astype(np.float32),
                                       name=f"dense_{i}/kernel"))
             params.append(gd.Variable(rng.standard_normal(fan_out).astype(np.float32) * 0.1, name=f"dense_{i}/bias"))
         optimizer = gd.optimizers.Adam(0.01)
@@ -123,7 +122,7 @@ def test_two_megatron_blocks_sum_once_per_block_forward_and_once_backward() -> N
     assert (len(forward), len(backward)) == (2, 1)
 
 
-def test_megatron_784_1024_1024_10_equals_one_device() -> None:
+def test_megatron_784_1024_1024_10_equals_one_device_at_half_the_bytes_per_device() -> None:
     rng = np.random.default_rng(1)
     x = rng.standard_normal((64, 784)).astype(np.float32)
     y = rng.integers(0, 10, 64).astype(np.int64)
@@ -131,6 +130,26 @@ def test_megatron_784_1024_1024_10_equals_one_device() -> None:
     one = _train(gd.OneDeviceStrategy("cpu:0"), sizes, x, y, batch=32)
     tp = _train(gd.experimental.ModelParallelStrategy(layout_map=_megatron_map(_mesh())), sizes, x, y, batch=32)
     _assert_same_training(one, tp, rtol=1e-4, atol=1e-5)
+    # Parameters and Adam slots: the split ones (w1, b1, w2 and their m, v) are stored as one block per device.
+    whole = variable_bytes_per_device(one[2].graph("rewritten"))
+    per_device = variable_bytes_per_device(tp[2].graph("rewritten"))
+    split = 784 * 1024 + 1024 + 1024 * 1024
+    replicated = 1024 + 1024 * 10 + 10
+    assert whole == 3 * 4 * (split + replicated) + 8  # three copies (weights, m, v) in float32, plus the counter
+    assert per_device == 3 * 4 * (split // 2 + replicated) + 8
+    assert 0.50 < per_device / whole < 0.51
+    stored = _stored_bytes_per_device(tp[2].variables, devices=2)
+    assert stored == [per_device, per_device]  # what the variables really hold, part by part
+
+
+def _stored_bytes_per_device(variables: list, devices: int) -> list[int]:
+    """Bytes each device's share of ``variables`` holds: a part where stored in parts, else the whole value."""
+    totals = [0] * devices
+    for variable in variables:
+        stored = variable.stored_value()
+        for device in range(devices):
+            totals[device] += stored[device].nbytes if isinstance(stored, tuple) else stored.nbytes
+    return totals
 
 
 def test_sharding_constraints_keep_the_numbers_and_are_identity_elsewhere() -> None:
