@@ -34,9 +34,11 @@ reduction, shared, instead of a reduction per reader downstream). Rules:
   partial, the others read it gathered; ``ReduceSum`` of a partial value
   stays partial;
 * ``Transpose``: axes permuted; ``Reshape`` / ``Squeeze`` / ``Unsqueeze`` /
-  ``Expand`` that only add or drop size-1 dimensions (or broadcast them):
-  axes follow their dimensions; any other reshape reads its input
-  replicated;
+  ``Flatten``: a split dimension keeps its axis where it is the outermost of a
+  run of dimensions merged or cut into others (``(N, T, D) -> (N, T, H, D/H)``
+  with ``D`` split splits ``H``) and the axis divides the new outermost one;
+  other split dimensions are read whole; ``Expand``: axes follow the input's
+  dimensions, broadcast ones unsplit;
 * ``Softmax`` / ``LogSoftmax`` / ``LayerNormalization``: the normalised
   dimensions are read whole (gathered), the others keep their axes;
 * ``Gather``: the gathered dimension of the data is read whole, the others
@@ -55,12 +57,12 @@ Cases:
 
 Not built: backward propagation of a consumer's preference into its producers
 (a ``ShardingConstraint`` reshards where it is, it does not move the split
-earlier), ``Gemm``, ``Conv``, reshapes that merge or split a split dimension,
-and ``AllToAll`` (a change of split axis is an all-gather and a slice).
+earlier), ``Gemm``, ``Conv``, and ``AllToAll`` (a change of split axis is an all-gather and a slice).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -77,7 +79,7 @@ Rule = tuple[list[Layout | None], list[Layout]]
 
 _REDUCTIONS = frozenset({"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
                          "ReduceLogSumExp", "ReduceSumSquare"})
-_SIZE_ONE_RESHAPES = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten"})
+_RESHAPES = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten"})
 _NORMALISING = frozenset({"Softmax", "LogSoftmax"})
 
 
@@ -155,8 +157,8 @@ class PropagateLayoutsPass(PassBase):
             return _reduction
         return {"MatMul": _matmul, "Transpose": _transpose, "Expand": _expand, "Softmax": _normalising,
                 "LogSoftmax": _normalising, "LayerNormalization": _layer_norm, "Gather": _gather,
-                "Concat": _concat, "Split": _split, **dict.fromkeys(_SIZE_ONE_RESHAPES, _size_one_reshape)
-                }.get(node.op_type)
+                "Concat": _concat, "Split": _split,
+                **dict.fromkeys(_RESHAPES, functools.partial(_reshape, mesh=self.mesh))}.get(node.op_type)
 
     def _constraint(self, node: Node, layouts: list[Layout | None]) -> Rule:
         pinned = self.mesh.normalised(Layout.from_attr(node.attrs.get("layout", [])))
@@ -320,20 +322,67 @@ def _transpose(node: Node, layouts: list[Layout | None]) -> Rule | None:
     return [layout], [Layout(tuple(layout.dims[p] for p in perm), layout.partial)]
 
 
-def _size_one_reshape(node: Node, layouts: list[Layout | None]) -> Rule | None:
-    """Reshapes that only add or drop size-1 dimensions: each other dimension keeps its axis."""
+def _reshape_groups(source: Sequence[int], target: Sequence[int]) -> list[tuple[list[int], list[int]]] | None:
+    """The smallest runs of dimensions of ``source`` and ``target`` with equal products, in order."""
+    groups = []
+    i = j = 0
+    while i < len(source) or j < len(target):
+        ins: list[int] = []
+        outs: list[int] = []
+        size_in = size_out = 1
+        if i < len(source):
+            ins.append(i)
+            size_in *= int(source[i])
+            i += 1
+        if j < len(target):
+            outs.append(j)
+            size_out *= int(target[j])
+            j += 1
+        while size_in != size_out:
+            if size_in < size_out and i < len(source):
+                ins.append(i)
+                size_in *= int(source[i])
+                i += 1
+            elif size_out < size_in and j < len(target):
+                outs.append(j)
+                size_out *= int(target[j])
+                j += 1
+            else:
+                return None
+        groups.append((ins, outs))
+    return groups
+
+
+def _first_not_one(shape: Sequence[int], dims: list[int]) -> int | None:
+    return next((d for d in dims if int(shape[d]) != 1), None)
+
+
+def _reshape(node: Node, layouts: list[Layout | None], mesh: MeshSpec) -> Rule | None:
+    """A reshape keeps a split where it splits the outermost dimension of a run of merged or cut dimensions
+    (each device's block is then a contiguous run of the run's elements) into a dimension the axis divides;
+    any other split dimension is read whole.
+    """
     value, out, layout = node.inputs[0], node.outputs[0], layouts[0]
     if layout is None or not value.is_static or not out.is_static:
         return None
-    kept_in = [i for i, s in enumerate(value.shape) if s != 1]
-    kept_out = [j for j, s in enumerate(out.shape) if s != 1]
+    groups = _reshape_groups(value.shape, out.shape)
     rest = [None if v is None else Layout.replicated(v.rank) for v in node.inputs[1:]]
-    if [value.shape[i] for i in kept_in] != [out.shape[j] for j in kept_out]:
+    if groups is None:
         return [Layout((None,) * value.rank, layout.partial), *rest], [Layout((None,) * out.rank, layout.partial)]
+    wanted = list(layout.dims)
     dims: list[str | None] = [None] * out.rank
-    for i, j in zip(kept_in, kept_out):
-        dims[j] = layout.dims[i]
-    return [layout, *rest], [Layout(tuple(dims), layout.partial)]
+    for ins, outs in groups:
+        split = [i for i in ins if layout.dims[i] is not None]
+        if not split:
+            continue
+        axis = layout.dims[split[0]]
+        first_in, first_out = _first_not_one(value.shape, ins), _first_not_one(out.shape, outs)
+        if split == [first_in] and first_out is not None and int(out.shape[first_out]) % mesh.size(axis) == 0:
+            dims[first_out] = axis
+        else:
+            for i in split:
+                wanted[i] = None
+    return [Layout(tuple(wanted), layout.partial), *rest], [Layout(tuple(dims), layout.partial)]
 
 
 def _expand(node: Node, layouts: list[Layout | None]) -> Rule | None:

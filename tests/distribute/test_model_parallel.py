@@ -152,6 +152,73 @@ def _stored_bytes_per_device(variables: list, devices: int) -> list[int]:
     return totals
 
 
+def _train_on_dataset(strategy: gd.Strategy, make: object, x: np.ndarray, y: np.ndarray, batch: int = 16
+                      ) -> tuple[list[float], list[np.ndarray], object]:
+    """Adam steps of the model ``make()`` builds over ``x, y`` in global batches of ``batch`` (split over the
+    replicas by ``experimental_distribute_dataset``)."""
+    with strategy.scope():
+        model = make()
+        optimizer = gd.optimizers.Adam(0.01)
+    replica_step = model.make_train_step(optimizer, global_batch_size=batch)
+
+    @gd.function
+    def step(xb: object, yb: object) -> np.ndarray:
+        return strategy.reduce("SUM", strategy.run(replica_step, args=(xb, yb)), axis=None)
+
+    dataset = strategy.experimental_distribute_dataset(gd.data.Dataset.from_tensor_slices((x, y)).batch(batch))
+    losses = []
+    for xb, yb in dataset:
+        losses.append(float(step(xb, yb)))
+    values = [v.numpy() for v in model.trainable_variables] + [v.numpy() for v in optimizer.variables()]
+    return losses, values, step.get_concrete_function(xb, yb)
+
+
+def test_mlp_on_mesh_2x2_batch_and_model_equals_one_device() -> None:
+    from graphdist.models.mlp import MLP
+
+    x, y = _digits()
+    mesh = _mesh((2, 2))
+    layout_map = gd.experimental.LayoutMap(mesh)
+    layout_map["dense_0/kernel"] = (None, "model")
+    layout_map["dense_0/bias"] = ("model",)
+    layout_map["dense_1/kernel"] = ("model", None)
+
+    def make() -> object:
+        return MLP([64, 32, 10], trainable=True, seed=0)
+
+    one = _train_on_dataset(gd.OneDeviceStrategy("cpu:0"), make, x, y)
+    tp = _train_on_dataset(gd.experimental.ModelParallelStrategy(layout_map=layout_map), make, x, y)
+    _assert_same_training(one, tp)
+    # Each device sums its gradient blocks with the device of the other batch group that holds the same block.
+    gradient_sums = {k: n for k, n in _collectives(tp[2], "AllReduce").items() if "/d" in k}
+    assert gradient_sums and all(len(names) == 2 for names in gradient_sums.values())
+
+
+def test_transformer_block_heads_split_on_mesh_2x2_equals_one_device() -> None:
+    from graphdist.models.transformer import TransformerBlock
+
+    ids, labels = TransformerBlock.example_data(n=64)
+    mesh = _mesh((2, 2))
+    layout_map = gd.experimental.LayoutMap(mesh)
+    layout_map["attention/(query|key|value)/kernel"] = (None, "model")  # heads split over "model"
+    layout_map["attention/(query|key|value)/bias"] = ("model",)
+    layout_map["attention/output/kernel"] = ("model", None)
+    layout_map["mlp/dense1/kernel"] = (None, "model")
+    layout_map["mlp/dense1/bias"] = ("model",)
+    layout_map["mlp/dense2/kernel"] = ("model", None)
+
+    def make() -> object:
+        return TransformerBlock(num_heads=4)
+
+    one = _train_on_dataset(gd.OneDeviceStrategy("cpu:0"), make, ids, labels)
+    tp = _train_on_dataset(gd.experimental.ModelParallelStrategy(layout_map=layout_map), make, ids, labels)
+    _assert_same_training(one, tp, rtol=1e-4, atol=1e-5)
+    layout_sums = [k for k in _collectives(tp[2], "AllReduce") if k.startswith("layout") and k.endswith("/r0")]
+    forward = [k for k in layout_sums if ".grad_" not in k]
+    assert len(forward) == 2  # the attention block's output projection and the MLP's second layer
+    assert not _collectives(tp[2], "AllGather")
+
+
 def test_sharding_constraints_keep_the_numbers_and_are_identity_elsewhere() -> None:
     x, y = _digits()
     sizes = [64, 32, 32, 10]

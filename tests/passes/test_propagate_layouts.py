@@ -113,14 +113,18 @@ def test_transpose_reshape_and_broadcasting_follow_their_dimensions() -> None:
     row = _variable(graph, "b1", (6,))
     added = _node(graph, "Add", [w, row])  # b1 broadcast along the rows, split like w1's columns
     merged = _node(graph, "Reshape", [w, graph.add_initializer("flat", np.array([48], np.int64))])
-    graph.outputs = [reshaped, added, merged]
+    heads = _node(graph, "Reshape", [w, graph.add_initializer("heads", np.array([8, 2, 3], np.int64))])
+    joined = _node(graph, "Reshape", [heads, graph.add_initializer("join", np.array([8, 6], np.int64))])
+    graph.outputs = [reshaped, added, merged, joined]
     check_pass(PropagateLayoutsPass(MESH, LAYOUTS), graph, modified=True)
     assert transposed.meta[LAYOUT_KEY] == Layout(("model", None))
     assert reshaped.meta[LAYOUT_KEY] == Layout((None, "model", None))
     assert added.meta[LAYOUT_KEY] == Layout((None, "model"))
     assert added.producer.meta[RESHARDS_KEY] == []
-    assert merged.meta[LAYOUT_KEY] == Layout((None,))  # not a size-one reshape: read whole
+    assert merged.meta[LAYOUT_KEY] == Layout((None,))  # the split dimension is not the outer one: read whole
     assert merged.producer.meta[RESHARDS_KEY] == [0]
+    assert heads.meta[LAYOUT_KEY] == Layout((None, "model", None))  # 6 columns cut into 2 heads of 3
+    assert joined.meta[LAYOUT_KEY] == Layout((None, "model"))  # and merged back
 
 
 def test_sharding_constraint_pins_its_output() -> None:
