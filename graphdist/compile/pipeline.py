@@ -136,7 +136,8 @@ class PipelineConfig:
             are ``ReduceSum`` per chunk, not the same bits as the whole-rows form, so the two do not mix).
             :func:`deterministic_config` sets it.
         layouts: Tensor parallelism (``ModelParallelStrategy``): ``{"mesh": MeshSpec.to_json(), "variables":
-            {uid: [mesh axis or None per dimension]}}``; each replica's computation is split over the mesh's
+            {uid: [mesh axis or None per dimension]}, "patterns": [(regex, layout), ...]}`` (patterns for the
+            variables not listed by uid, e.g. a re-planned step's); each replica's computation is split over the mesh's
             non-batch axes (``PropagateLayoutsPass``, ``LowerLayoutsPass``). ``None``: off.
     """
 
@@ -274,7 +275,8 @@ def build_pipeline(config: PipelineConfig) -> Pipeline:
         slots["logical_devices"] = [ShardLogicalDevicesPass(cores), PlaceLogicalDevicesPass(cores)]
     if config.layouts:
         mesh = MeshSpec.from_json(config.layouts["mesh"])
-        slots["layouts"] = [PropagateLayoutsPass(mesh, config.layouts.get("variables", {})), LowerLayoutsPass()]
+        slots["layouts"] = [PropagateLayoutsPass(mesh, config.layouts.get("variables", {}),
+                                                 config.layouts.get("patterns", ())), LowerLayoutsPass()]
     return Pipeline(config, slots)
 
 

@@ -252,6 +252,8 @@ class ModelParallelStrategy(Strategy):
         return alive
 
     def _warn_unmatched_patterns(self, variables: Sequence[Any]) -> None:
+        if not variables:  # a re-planned step: its variables are matched by name in the pass
+            return
         for pattern in self._layout_map:
             if pattern in self._warned_patterns:
                 continue
@@ -267,9 +269,10 @@ class ModelParallelStrategy(Strategy):
         variables = self._live_variables()
         self._warn_unmatched_patterns(variables)
         layouts = {v.uid: list(self.variable_layout(v)) for v in variables}
+        patterns = [(pattern, list(self._layout_map._layouts[pattern])) for pattern in self._layout_map]
         return PipelineConfig(devices=self.extended.worker_devices, strategy=type(self).__name__,
                               collective_attrs={"algorithm": "ring"},
-                              layouts={"mesh": self._spec.to_json(), "variables": layouts})
+                              layouts={"mesh": self._spec.to_json(), "variables": layouts, "patterns": patterns})
 
     def variable_placement(self, spec: VariableSpec, variable: Any = None) -> VariablePlacement:
         """Mirrored on every mesh device (a split variable's devices each use their block of it)."""

@@ -11,8 +11,10 @@ mesh's non-batch axes of size above one appear in layouts: the batch axis
 makes the replicas (``ReplicatePass``), so inside a replica it splits
 nothing.
 
-Seeds: the variables' layouts (the strategy's ``LayoutMap``; an optimizer slot
-takes its variable's), ``ShardingConstraint`` nodes
+Seeds: the variables' layouts (by uid, as the strategy resolved its ``LayoutMap``
+against its variables, an optimizer slot taking its variable's; a variable
+it did not list, as in a re-planned step, by the first pattern its name
+matches), ``ShardingConstraint`` nodes
 (``with_sharding_constraint``); every other graph input and constant is
 replicated. Propagation runs forward in graph order, through the gradients
 too (after ``AutodiffPass`` they are ordinary nodes), and again while some
@@ -53,6 +55,8 @@ reduction, shared, instead of a reduction per reader downstream). Rules:
 
 Cases:
 * a mesh whose non-batch axes all have size one: every layout replicated;
+* a variable split over the batch axis: ``NotImplementedError`` (FSDP is not
+  built here); an axis that does not divide its dimension: ``GraphError``;
 * a second run: recomputes the same layouts, ``modified`` is ``False``.
 
 Not built: backward propagation of a consumer's preference into its producers
@@ -63,12 +67,14 @@ earlier), ``Gemm``, ``Conv``, and ``AllToAll`` (a change of split axis is an all
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from graphdist.errors import GraphError
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
 from graphdist.ir.layouts import INPUT_LAYOUTS_KEY, LAYOUT_KEY, MESH_KEY, RESHARDS_KEY, Layout, MeshSpec
-from graphdist.ir.placement import variable_specs
+from graphdist.ir.placement import VariableSpec, variable_specs
 from graphdist.ir.placement_ops import SHARDING_CONSTRAINT
 from graphdist.passes.base import PassBase, PassContext, PassResult
 from graphdist.passes.shard_logical_devices import ELEMENTWISE_OPS
@@ -99,9 +105,38 @@ class PropagateLayoutsPass(PassBase):
 
     runs_after = ("AutodiffPass", "ReplicatePass", "InsertCollectivesPass", "LowerCollectivesPass")
 
-    def __init__(self, mesh: MeshSpec, variables: Mapping[str, Sequence[str | None]] | None = None) -> None:
+    def __init__(self, mesh: MeshSpec, variables: Mapping[str, Sequence[str | None]] | None = None,
+                 patterns: Sequence[tuple[str, Sequence[str | None]]] = ()) -> None:
         self.mesh = mesh
         self.variables = {uid: tuple(layout) for uid, layout in (variables or {}).items()}
+        self.patterns = [(str(pattern), tuple(layout)) for pattern, layout in patterns]
+
+    def _layout_of_variable(self, spec: VariableSpec) -> tuple[str | None, ...] | None:
+        """The variable's layout: by uid, else the pattern its name matches (exactly, else ``re.search``)."""
+        if spec.uid in self.variables:
+            return self.variables[spec.uid]
+        exact = [layout for pattern, layout in self.patterns if pattern == spec.name]
+        found = exact or [layout for pattern, layout in self.patterns if re.search(pattern, spec.name)]
+        if len(found) > 1:
+            raise GraphError(f"PropagateLayoutsPass: variable {spec.name!r} matches several layout patterns "
+                             f"({', '.join(p for p, _ in self.patterns if re.search(p, spec.name))}); make them "
+                             "exclusive")
+        if not found or len(found[0]) != len(spec.shape):
+            return None  # matched for another rank (a slot of another shape): replicated
+        return found[0]
+
+    def _seed(self, spec: VariableSpec, layout: tuple[str | None, ...]) -> Layout:
+        for dim, (size, axis) in enumerate(zip(spec.shape, layout)):
+            if axis is None:
+                continue
+            if axis == self.mesh.batch_axis and self.mesh.size(axis) > 1:
+                raise NotImplementedError(f"variable {spec.name!r} is split over the batch axis {axis!r}: weights "
+                                          "sharded over the batch axis are FSDP (ZeRO-3), not built by the layout "
+                                          "passes")
+            if int(size) % self.mesh.size(axis):
+                raise GraphError(f"variable {spec.name!r}: dimension {dim} (size {size}) is not divisible by mesh "
+                                 f"axis {axis!r} (size {self.mesh.size(axis)}); pad it or leave it unsplit")
+        return self.mesh.normalised(Layout(layout))
 
     def __repr__(self) -> str:
         split = {uid: layout for uid, layout in self.variables.items() if any(layout)}
@@ -110,8 +145,11 @@ class PropagateLayoutsPass(PassBase):
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
         before = _snapshot(graph)
         graph.meta[MESH_KEY] = self.mesh
-        seeds = {name: self.mesh.normalised(Layout(self.variables[spec.uid]))
-                 for name, spec in variable_specs(graph) if spec.uid in self.variables}
+        seeds = {}
+        for name, spec in variable_specs(graph):
+            layout = self._layout_of_variable(spec)
+            if layout is not None:
+                seeds[name] = self._seed(spec, layout)
         for value in graph.inputs:
             _set(value, seeds.get(value.name, Layout.replicated(value.rank)))
         for value in graph.initializers.values():

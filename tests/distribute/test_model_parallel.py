@@ -232,6 +232,22 @@ def test_sharding_constraints_keep_the_numbers_and_are_identity_elsewhere() -> N
     assert _collectives(tp[2], "AllReduce") and not _collectives(tp[2], "AllGather")
 
 
+def test_a_one_device_step_replans_onto_a_mesh_and_trains_the_same() -> None:
+    """A stored traced step has no gd.Variables to match: the LayoutMap's patterns are matched by name. (The
+    step takes plain arrays, so it is re-planned onto one batch group: mesh (1, 2).)"""
+    x, y = _digits()
+    sizes = [64, 32, 32, 10]
+    once = _train(gd.OneDeviceStrategy("cpu:0"), sizes, x, y, steps=1)
+    twice = _train(gd.OneDeviceStrategy("cpu:0"), sizes, x, y, steps=3)
+    plan = once[2].replan(gd.experimental.ModelParallelStrategy(layout_map=_megatron_map(_mesh())))
+    for step in (1, 2):
+        plan(x[step * 16:(step + 1) * 16], y[step * 16:(step + 1) * 16])
+    rewritten = plan.graph("rewritten")
+    assert any(n.op_type == "AllReduce" and n.attrs["group_key"].startswith("layout") for n in rewritten.nodes)
+    for got, want in zip(plan.variables.values(), twice[1]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 # -------------------------------------------------------------------- errors
 def test_mesh_needing_more_devices_than_given() -> None:
     with pytest.raises(InvalidArgumentError, match=r"needs 4 devices, devices lists 3"):
