@@ -4,11 +4,14 @@ a second run changes nothing, numerics unchanged (the pass only annotates)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from graphdist.errors import GraphError
 from graphdist.ir import GRAPHDIST_DOMAIN, Graph, Value
 from graphdist.ir.layouts import INPUT_LAYOUTS_KEY, LAYOUT_KEY, MESH_KEY, RESHARDS_KEY, Layout, MeshSpec
 from graphdist.ir.placement import VariableSpec
 from graphdist.ir.placement_ops import SHARDING_CONSTRAINT
+from graphdist.passes.base import PassContext
 from graphdist.passes.propagate_layouts import PropagateLayoutsPass
 from tests.passes.pass_checks import check_pass
 
@@ -147,11 +150,27 @@ def test_op_without_a_rule_reads_replicated_inputs() -> None:
     assert graph.outputs[0].meta[LAYOUT_KEY] == Layout((None, None))
 
 
-def test_axes_of_size_one_and_the_batch_axis_split_nothing() -> None:
+def test_axes_of_size_one_split_nothing() -> None:
     mesh = MeshSpec.build(("batch", "model"), (2, 1), ["cpu:0", "cpu:1"], "batch")
     graph, values = _mlp()
-    check_pass(PropagateLayoutsPass(mesh, {**LAYOUTS, "w1#1": ("batch", "model")}), graph, modified=True)
+    check_pass(PropagateLayoutsPass(mesh, LAYOUTS), graph, modified=True)
     assert all(v.meta[LAYOUT_KEY].is_replicated for v in values.values())
+
+
+def test_weight_split_over_the_batch_axis_is_fsdp_not_built_here() -> None:
+    mesh = MeshSpec.build(("batch", "model"), (2, 1), ["cpu:0", "cpu:1"], "batch")
+    with pytest.raises(NotImplementedError, match="FSDP"):
+        PropagateLayoutsPass(mesh, {"w1#1": ("batch", None)})(_mlp()[0], PassContext())
+
+
+def test_variables_without_a_uid_entry_match_patterns_by_name() -> None:
+    graph, values = _mlp()
+    patterns = [("w1", (None, "model")), ("b1", ("model",)), ("w2", ("model", None))]
+    check_pass(PropagateLayoutsPass(MESH, patterns=patterns), graph, modified=True)
+    assert values["out"].meta[LAYOUT_KEY] == Layout((None, None), M)
+    with pytest.raises(GraphError, match=r"'w1': dimension 1 \(size 6\) is not divisible by mesh axis 'model'"):
+        three = MeshSpec.build(("model",), (3,), ["cpu:0", "cpu:1", "cpu:2"], None)
+        PropagateLayoutsPass(three, patterns=[("w1", (None, "model"))])(_mlp()[0], PassContext())
 
 
 def test_gather_and_concat_read_their_axis_whole() -> None:
