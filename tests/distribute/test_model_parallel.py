@@ -248,6 +248,34 @@ def test_a_one_device_step_replans_onto_a_mesh_and_trains_the_same() -> None:
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+def test_keras_fit_under_model_parallel_equals_one_device() -> None:
+    x, y = _digits()
+
+    def fit(strategy: gd.Strategy) -> tuple[list[float], list[np.ndarray], list]:
+        with strategy.scope():
+            model = gd.keras.Sequential([
+                gd.keras.layers.Dense(32, activation="relu", input_shape=(64,), name="up"),
+                gd.keras.layers.Dense(16, activation="relu", name="down"),
+                gd.keras.layers.Dense(10, activation="softmax", name="classes")])
+            model.compile(loss="sparse_categorical_crossentropy", optimizer="adam")
+        rng = np.random.default_rng(0)
+        for variable in model.trainable_variables:
+            variable.assign((rng.standard_normal(variable.shape) * 0.1).astype(np.float32))
+        history = model.fit(x, y, epochs=2, batch_size=16, shuffle=False, verbose=0)
+        return history.history["loss"], [v.numpy() for v in model.trainable_variables], model.trainable_variables
+
+    layout_map = gd.experimental.LayoutMap(_mesh())
+    layout_map["up/kernel"] = (None, "model")
+    layout_map["up/bias"] = ("model",)
+    layout_map["down/kernel"] = ("model", None)
+    one = fit(gd.OneDeviceStrategy("cpu:0"))
+    tp = fit(gd.experimental.ModelParallelStrategy(layout_map=layout_map))
+    np.testing.assert_allclose(tp[0], one[0], rtol=1e-5)
+    for got, want in zip(tp[1], one[1]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert tp[2][0].worker_shard is not None and tp[2][0].worker_shard.blocks is not None  # stored in blocks
+
+
 # -------------------------------------------------------------------- errors
 def test_mesh_needing_more_devices_than_given() -> None:
     with pytest.raises(InvalidArgumentError, match=r"needs 4 devices, devices lists 3"):
