@@ -29,6 +29,9 @@ two ways to reduce a partial value a split reader wants, the reduce-scatter
 (half the all-reduce's bytes, no slice after) is taken whenever it applies.
 Each collective's node has ``meta["bytes_per_device"]`` by this model.
 
+``graph.meta["layouts"]`` lists every value split or partial over the mesh
+(type, layout, block per device); ``Graph.summary()`` shows it.
+
 A graph output (a step result, a variable's new value) is made whole on the
 replica's first device: partial sums are added up (``Sum``) and blocks joined
 (``Concat``) there, reading the other devices' values (``PartitionPass``
@@ -64,10 +67,13 @@ from graphdist.passes.base import PassBase, PassContext, PassResult
 from graphdist.passes.propagate_layouts import layout_of
 from graphdist.passes.shard_optimizer_state import REPLICA_PARTS_OPTION
 
-__all__ = ["GLOBAL_LAYOUT_KEY", "LowerLayoutsPass", "collective_bytes", "variable_bytes_per_device"]
+__all__ = ["GLOBAL_LAYOUT_KEY", "LAYOUTS_META", "LowerLayoutsPass", "collective_bytes", "variable_bytes_per_device"]
 
 #: ``value.meta`` key of a lowered value: the layout of the whole value it is a block of (for summaries).
 GLOBAL_LAYOUT_KEY = "global_layout"
+#: ``graph.meta`` key: ``value name -> [type, layout, block per device]`` of the values the pass split or left
+#: partial (the others are replicated), for :meth:`Graph.summary`.
+LAYOUTS_META = "layouts"
 _LAYOUT_META = (INPUT_LAYOUTS_KEY, RESHARDS_KEY)
 #: Ops with a target-shape input (position 1), rewritten to the local shape.
 _SHAPE_INPUT_OPS = frozenset({"Reshape", "Expand"})
@@ -180,10 +186,23 @@ class _Lowering:
             if uid is not None:
                 new_updates.append((whole.name, uid))
         self.graph.outputs = outputs
+        self.graph.meta[LAYOUTS_META] = self._layout_table()
         self.graph.set_nodes(self.created, safe=False)
         if updates:
             self.graph.meta["variable_updates"] = new_updates
         self._record_parts()
+
+    def _layout_table(self) -> dict[str, list[str]]:
+        """``value -> [type, layout, block]`` of the values split or partial over the mesh (for summaries)."""
+        table = {}
+        values = [*self.graph.inputs, *(out for node in self.graph.nodes if node not in self.created
+                                        for out in node.outputs)]
+        for value in values:
+            layout = layout_of(value)
+            if not layout.is_replicated:
+                block = "x".join(str(d) for d in self.mesh.local_shape(value.shape, layout))
+                table[value.name] = [value.type_str(), str(layout), f"[{block}]"]
+        return table
 
     # ------------------------------------------------------------------ parts
     def _make_parts(self) -> None:
