@@ -276,6 +276,31 @@ def test_keras_fit_under_model_parallel_equals_one_device() -> None:
     assert tp[2][0].worker_shard is not None and tp[2][0].worker_shard.blocks is not None  # stored in blocks
 
 
+def test_summary_export_and_checkpoint_of_a_split_step(tmp_path: object) -> None:
+    x, y = _digits()
+    sizes = [64, 32, 32, 10]
+    tp = _train(gd.experimental.ModelParallelStrategy(layout_map=_megatron_map(_mesh())), sizes, x, y, steps=2)
+    concrete = tp[2]
+    summary = concrete.graph("rewritten").summary()
+    assert "layouts over the mesh batch=1 x model=2" in summary
+    assert "%dense_0/kernel" in summary and "[-, model]" in summary and "partial(model)" in summary
+    assert "graphdist.AllReduce" in summary and "in 2 parts" in summary
+    # An exported plan stores each variable whole (its devices slice their blocks) and trains on.
+    loaded = gd.load_plan(concrete.plan.export(str(tmp_path / "plan")))
+    after_export = float(loaded(x[32:48], y[32:48]))
+    more = _train(gd.OneDeviceStrategy("cpu:0"), sizes, x, y, steps=3)
+    np.testing.assert_allclose(after_export, more[0][2], rtol=1e-5)
+    # A checkpoint of blocks-stored variables restores under OneDevice whole.
+    variables = concrete.variables
+    path = gd.train.Checkpoint(**{f"v{i}": v for i, v in enumerate(variables)}).save(str(tmp_path / "ckpt"))
+    with gd.OneDeviceStrategy("cpu:0").scope():
+        fresh = [gd.Variable(np.zeros(v.shape, v.dtype), name=v._name) for v in variables]
+    gd.train.Checkpoint(**{f"v{i}": v for i, v in enumerate(fresh)}).restore(path)
+    assert any(v.worker_shard is not None for v in variables)
+    for got, want in zip(fresh, variables):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
 # -------------------------------------------------------------------- errors
 def test_mesh_needing_more_devices_than_given() -> None:
     with pytest.raises(InvalidArgumentError, match=r"needs 4 devices, devices lists 3"):
