@@ -43,6 +43,9 @@ write-back.
 Cases:
 * a node outside the replicas (cross-replica context): one copy on the first
   replica's first device, reading whole values;
+* an ``Add`` / ``Sub`` / ``Sum`` that keeps a partial sum while adding whole
+  values (``meta["add_once"]``): only the first device of each group adds
+  them; the others pass their summand on (negated for ``whole - partial``);
 * a collective between replicas (``AllReduce`` of the batch axis): one copy
   per device, each in its own group (``group_key`` suffixed with the device
   index);
@@ -64,7 +67,7 @@ from graphdist.ir.layouts import INPUT_LAYOUTS_KEY, MESH_KEY, RESHARDS_KEY, Layo
 from graphdist.ir.placement import PlacementSpec, VariablePlacement, variable_specs
 from graphdist.ir.placement_ops import SHARDING_CONSTRAINT
 from graphdist.passes.base import PassBase, PassContext, PassResult
-from graphdist.passes.propagate_layouts import layout_of
+from graphdist.passes.propagate_layouts import ADD_ONCE_KEY, layout_of
 from graphdist.passes.shard_optimizer_state import REPLICA_PARTS_OPTION
 
 __all__ = ["GLOBAL_LAYOUT_KEY", "LAYOUTS_META", "LowerLayoutsPass", "collective_bytes", "variable_bytes_per_device"]
@@ -74,7 +77,7 @@ GLOBAL_LAYOUT_KEY = "global_layout"
 #: ``graph.meta`` key: ``value name -> [type, layout, block per device]`` of the values the pass split or left
 #: partial (the others are replicated), for :meth:`Graph.summary`.
 LAYOUTS_META = "layouts"
-_LAYOUT_META = (INPUT_LAYOUTS_KEY, RESHARDS_KEY)
+_LAYOUT_META = (INPUT_LAYOUTS_KEY, RESHARDS_KEY, "add_once")
 #: Ops with a target-shape input (position 1), rewritten to the local shape.
 _SHAPE_INPUT_OPS = frozenset({"Reshape", "Expand"})
 
@@ -282,12 +285,33 @@ class _Lowering:
             return
         for out in node.outputs:
             self.local[id(out)] = []
+        once = node.meta.get(ADD_ONCE_KEY)
         for index in range(self.count):
+            if once and not self._first_of_groups(index, layout_of(node.outputs[0]).partial):
+                self.local[id(node.outputs[0])].append(self._without(node, columns, once, replica, index, meta))
+                continue
             copy = self._copy(node, [c[index] for c in columns], self.mesh.devices[replica][index], node.replica,
                               meta, index)
             for out, new in zip(node.outputs, copy.outputs):
                 self._check_local(out, new)
                 self.local[id(out)].append(new)
+
+    def _first_of_groups(self, index: int, axes: frozenset[str]) -> bool:
+        coords = self.mesh.coordinates(index)
+        return all(coords[axis] == 0 for axis in axes)
+
+    def _without(self, node: Node, columns: list[list[Value | None]], once: list[int], replica: int, index: int,
+                 meta: dict[str, Any]) -> Value:
+        """Device ``index``'s summand of a partial ``Add``/``Sub``/``Sum`` whose whole operands (``once``) only
+        the first device of the group adds: the partial operands' sum (negated when subtracted).
+        """
+        kept = [c[index] for position, c in enumerate(columns) if position not in once]
+        device = self.mesh.devices[replica][index]
+        if node.op_type == "Sub" and once == [0]:
+            return self._add("Neg", kept, None, device, replica, node.name, meta=dict(meta)).outputs[0]
+        if len(kept) == 1:
+            return kept[0]  # type: ignore[return-value]
+        return self._add("Sum", kept, None, device, replica, node.name, meta=dict(meta)).outputs[0]
 
     def _copy(self, node: Node, inputs: list[Value | None], device: str, replica: int | None,
               meta: dict[str, Any], index: int | None) -> Node:

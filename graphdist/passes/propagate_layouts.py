@@ -19,11 +19,15 @@ matches), ``ShardingConstraint`` nodes
 replicated. Propagation runs forward in graph order, through the gradients
 too (after ``AutodiffPass`` they are ordinary nodes), and again while some
 reader of a partial value sums it: then every reader reads it summed (one
-reduction, shared, instead of a reduction per reader downstream). Rules:
+reduction, shared, instead of a reduction per reader downstream), and the sum
+moves up through the reshapes and copies that made the value. Rules:
 
 * elementwise ops (with broadcasting): an output dimension takes the axis of
   an input split along it (first input first; an axis used once); ``Add`` /
-  ``Sub`` / ``Sum`` of inputs partial over the same axes, ``Neg`` /
+  ``Sub`` / ``Sum`` of inputs partial over the same axes, or of such partial
+  inputs (not broadcast) and whole ones (float; the whole ones are added by
+  the first device of each group only, ``meta["add_once"]``: a residual
+  connection's gradient then waits for one sum), ``Neg`` /
   ``Identity`` of one, ``Mul`` with one partial input and ``Div`` with a
   partial numerator stay partial (they are linear there); any other partial
   input is reduced first;
@@ -79,7 +83,11 @@ from graphdist.ir.placement_ops import SHARDING_CONSTRAINT
 from graphdist.passes.base import PassBase, PassContext, PassResult
 from graphdist.passes.shard_logical_devices import ELEMENTWISE_OPS
 
-__all__ = ["PropagateLayoutsPass", "layout_of"]
+__all__ = ["ADD_ONCE_KEY", "PropagateLayoutsPass", "layout_of"]
+
+#: ``node.meta`` key of an ``Add`` / ``Sub`` / ``Sum`` of a partial sum and whole values that stays partial:
+#: the input positions of the whole values, which only the first device of each group adds.
+ADD_ONCE_KEY = "add_once"
 
 Rule = tuple[list[Layout | None], list[Layout]]
 
@@ -158,7 +166,7 @@ class PropagateLayoutsPass(PassBase):
         while True:
             for node in graph.nodes:
                 self._propagate(node, summed)
-            more = {id(v) for node in graph.nodes for v, w in zip(node.inputs, node.meta[INPUT_LAYOUTS_KEY])
+            more = {id(_sum_at(v)) for node in graph.nodes for v, w in zip(node.inputs, node.meta[INPUT_LAYOUTS_KEY])
                     if v is not None and w is not None and layout_of(v).partial - w.partial} - summed
             if not more:
                 break
@@ -206,6 +214,22 @@ class PropagateLayoutsPass(PassBase):
 
 
 # -------------------------------------------------------------------- helpers
+#: Ops that move or copy a partial sum's elements without reducing them: summing their input costs no more
+#: than summing their output, and serves the input's other readers too.
+_SUM_BEFORE = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Expand"})
+
+
+def _sum_at(value: Value) -> Value:
+    """Where to sum a partial ``value`` a reader needs summed: before the reshapes and copies that made it."""
+    while True:
+        producer = value.producer
+        if producer is None or producer.domain or producer.op_type not in _SUM_BEFORE:
+            return value
+        source = producer.inputs[0]
+        if source is None or layout_of(source).partial != layout_of(value).partial:
+            return value
+        value = source
+
 def _set(value: Value, layout: Layout) -> None:
     value.meta[LAYOUT_KEY] = layout
 
@@ -233,7 +257,14 @@ def _partial_kept(node: Node, layouts: list[Layout | None]) -> tuple[frozenset[s
     if not partial:
         return frozenset(), set()
     op = node.op_type
-    if op in ("Add", "Sub", "Sum") and len(partial) == len(present) and len({p for _, p in partial}) == 1:
+    same = len({p for _, p in partial}) == 1
+    if op in ("Add", "Sub", "Sum") and len(partial) == len(present) and same:
+        return partial[0][1], {i for i, _ in partial}
+    if op in ("Add", "Sub", "Sum") and same and len(present) == len(node.inputs) \
+            and all(tuple(node.inputs[i].shape) == tuple(node.outputs[0].shape) for i, _ in partial) \
+            and node.outputs[0].dtype.kind == "f":
+        # partial + whole: the whole operands are added on the first device of each group only.
+        node.meta[ADD_ONCE_KEY] = [i for i, _ in present if not layouts[i].partial]
         return partial[0][1], {i for i, _ in partial}
     if op in ("Neg", "Identity") and len(present) == 1:
         return partial[0][1], {0}
@@ -245,6 +276,7 @@ def _partial_kept(node: Node, layouts: list[Layout | None]) -> tuple[frozenset[s
 
 
 def _elementwise(node: Node, layouts: list[Layout | None]) -> Rule | None:
+    node.meta.pop(ADD_ONCE_KEY, None)
     if len(node.outputs) != 1:
         return None
     out = node.outputs[0]

@@ -216,6 +216,9 @@ def test_transformer_block_heads_split_on_mesh_2x2_equals_one_device() -> None:
     layout_sums = [k for k in _collectives(tp[2], "AllReduce") if k.startswith("layout") and k.endswith("/r0")]
     forward = [k for k in layout_sums if ".grad_" not in k]
     assert len(forward) == 2  # the attention block's output projection and the MLP's second layer
+    # Backward: the MLP block's input gradient (its residual added on one device only), and the attention
+    # block's input gradient, summed only after the embeddings' gradients reduce it (two smaller sums).
+    assert len(layout_sums) - len(forward) == 3
     assert not _collectives(tp[2], "AllGather")
 
 

@@ -171,3 +171,17 @@ def test_one_device_per_replica_only_removes_constraints() -> None:
 
 def test_graph_without_layouts_is_unchanged() -> None:
     check_pass(LowerLayoutsPass(), _column_split(True), modified=False, expected=_column_split(True), placement=True)
+
+
+def test_whole_value_added_to_a_partial_sum_is_added_on_the_first_device_only() -> None:
+    graph = Graph("residual")
+    a = graph.add_input("a", np.float32, (3, 6))
+    w2 = _variable(graph, "w2", (6, 4))
+    bias = graph.add_input("bias", np.float32, (4,))
+    biased = _node(graph, "Add", [_node(graph, "MatMul", [a, w2]), bias])
+    graph.outputs = [_node(graph, "Tanh", [biased])]
+    graph = check_pass(LowerLayoutsPass(), _propagated(graph), modified=True, numerics=False)
+    adds = [n for n in graph.nodes if n.op_type == "Add"]
+    assert [n.device for n in adds] == ["cpu:0"]  # cpu:1 passes its summand on
+    (first, second) = [n for n in graph.nodes if n.op_type == "AllReduce"]
+    assert first.inputs[0] is adds[0].outputs[0] and second.inputs[0].producer.op_type == "MatMul"

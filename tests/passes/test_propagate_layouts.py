@@ -184,3 +184,22 @@ def test_gather_and_concat_read_their_axis_whole() -> None:
         "w1": np.arange(48, dtype=np.float32).reshape(8, 6), "ids": np.array([0, 7, 2])})
     assert rows.meta[LAYOUT_KEY] == Layout((None, "model"))
     assert joined.producer.meta[INPUT_LAYOUTS_KEY] == [Layout((None, None))] * 2
+
+
+def test_partial_plus_a_whole_value_stays_partial_and_is_summed_before_a_reshape() -> None:
+    graph = Graph("residual")
+    a = graph.add_input("a", np.float32, (3, 6))
+    w = _variable(graph, "w2", (6, 4))
+    bias = graph.add_input("bias", np.float32, (4,))
+    partial = _node(graph, "MatMul", [a, w])
+    biased = _node(graph, "Add", [partial, bias])
+    flat = _node(graph, "Reshape", [biased, graph.add_initializer("flat", np.array([12], np.int64))])
+    graph.outputs = [_node(graph, "Exp", [flat]), _node(graph, "Tanh", [biased])]
+    check_pass(PropagateLayoutsPass(MESH, LAYOUTS), graph, modified=True)
+    add = biased.producer
+    assert add.meta["add_once"] == [1] and add.meta[INPUT_LAYOUTS_KEY][1] == Layout((None,))
+    # Exp needs the sum after the reshape: it is taken before it, once, for the Tanh too.
+    assert biased.meta[LAYOUT_KEY] == Layout((None, None), M)
+    assert flat.producer.meta[INPUT_LAYOUTS_KEY][0] == Layout((None, None))
+    assert flat.meta[LAYOUT_KEY] == Layout((None,))
+    assert graph.outputs[1].producer.meta[INPUT_LAYOUTS_KEY] == [Layout((None, None))]
