@@ -222,6 +222,20 @@ def test_transformer_block_heads_split_on_mesh_2x2_equals_one_device() -> None:
     assert not _collectives(tp[2], "AllGather")
 
 
+def test_kernels_split_over_two_model_axes_on_mesh_1x2x2_equal_one_device() -> None:
+    x, y = _digits()
+    sizes = [64, 32, 32, 10]
+    mesh = gd.experimental.DeviceMesh((1, 2, 2), ("batch", "model", "x"), [f"cpu:{i}" for i in range(4)])
+    layout_map = gd.experimental.LayoutMap(mesh)
+    layout_map["dense_0/kernel"] = ("x", "model")  # a 2-D block per device
+    layout_map["dense_1/kernel"] = ("model", "x")
+    layout_map["dense_2/kernel"] = ("x", None)
+    one = _train(gd.OneDeviceStrategy("cpu:0"), sizes, x, y, steps=3)
+    tp = _train(gd.experimental.ModelParallelStrategy(layout_map=layout_map), sizes, x, y, steps=3)
+    _assert_same_training(one, tp)
+    assert [v.worker_shard.part_shape(3) for v in tp[2].variables[:1]] == [(32, 16)]
+
+
 def test_sharding_constraints_keep_the_numbers_and_are_identity_elsewhere() -> None:
     x, y = _digits()
     sizes = [64, 32, 32, 10]
