@@ -46,6 +46,8 @@ Cases:
 * an ``Add`` / ``Sub`` / ``Sum`` that keeps a partial sum while adding whole
   values (``meta["add_once"]``): only the first device of each group adds
   them; the others pass their summand on (negated for ``whole - partial``);
+  a ``Gemm`` / ``Conv`` / ``ConvTranspose`` whose contraction is split: only the
+  first device of each group adds the bias (``C``);
 * a collective between replicas (``AllReduce`` of the batch axis): one copy
   per device, each in its own group (``group_key`` suffixed with the device
   index);
@@ -307,6 +309,9 @@ class _Lowering:
         """
         kept = [c[index] for position, c in enumerate(columns) if position not in once]
         device = self.mesh.devices[replica][index]
+        if node.op_type in ("Gemm", "Conv", "ConvTranspose"):  # the optional bias input left out
+            return self._add(node.op_type, kept, dict(node.attrs), device, replica, node.name,
+                             meta=dict(meta)).outputs[0]
         if node.op_type == "Sub" and once == [0]:
             return self._add("Neg", kept, None, device, replica, node.name, meta=dict(meta)).outputs[0]
         if len(kept) == 1:

@@ -34,7 +34,12 @@ moves up through the reshapes and copies that made the value. Rules:
 * ``MatMul`` (ranks >= 2): rows from the left operand, columns from the
   right; a contracting dimension split on either side is split on both (the
   replicated side is sliced) and the result is partial over that axis; one
-  partial operand times an unsplit-sum operand stays partial;
+  partial operand times an unsplit-sum operand stays partial; ``Gemm`` the
+  same (``transA`` / ``transB``), its ``C`` added by one device per group when
+  the contraction is split;
+* ``Conv`` / ``ConvTranspose`` (``group`` 1): batch and output channels keep
+  their axes, split input channels make a partial sum (the bias added once),
+  spatial dimensions are read whole;
 * reductions (``ReduceSum``, ``ReduceMean``, ``ReduceMax``, ...): kept
   dimensions keep their axes; a reduced split dimension makes ``ReduceSum``
   partial, the others read it gathered; ``ReduceSum`` of a partial value
@@ -65,7 +70,7 @@ Cases:
 
 Not built: backward propagation of a consumer's preference into its producers
 (a ``ShardingConstraint`` reshards where it is, it does not move the split
-earlier), ``Gemm``, ``Conv``, and ``AllToAll`` (a change of split axis is an all-gather and a slice).
+earlier), grouped convolutions, and ``AllToAll`` (a change of split axis is an all-gather and a slice).
 """
 
 from __future__ import annotations
@@ -183,6 +188,7 @@ class PropagateLayoutsPass(PassBase):
 
     # ---------------------------------------------------------------- rules
     def _rule(self, node: Node, summed: set[int]) -> Rule:
+        node.meta.pop(ADD_ONCE_KEY, None)
         layouts = [None if v is None else layout_of(v).without_partial() if id(v) in summed else layout_of(v)
                    for v in node.inputs]
         if node.replica is None:  # cross-replica context: runs once, on whole values
@@ -201,9 +207,9 @@ class PropagateLayoutsPass(PassBase):
             return _elementwise
         if node.op_type in _REDUCTIONS:
             return _reduction
-        return {"MatMul": _matmul, "Transpose": _transpose, "Expand": _expand, "Softmax": _normalising,
-                "LogSoftmax": _normalising, "LayerNormalization": _layer_norm, "Gather": _gather,
-                "Concat": _concat, "Split": _split,
+        return {"MatMul": _matmul, "Gemm": _gemm, "Conv": _conv, "ConvTranspose": _conv, "Transpose": _transpose,
+                "Expand": _expand, "Softmax": _normalising, "LogSoftmax": _normalising,
+                "LayerNormalization": _layer_norm, "Gather": _gather, "Concat": _concat, "Split": _split,
                 **dict.fromkeys(_RESHAPES, functools.partial(_reshape, mesh=self.mesh))}.get(node.op_type)
 
     def _constraint(self, node: Node, layouts: list[Layout | None]) -> Rule:
@@ -276,7 +282,6 @@ def _partial_kept(node: Node, layouts: list[Layout | None]) -> tuple[frozenset[s
 
 
 def _elementwise(node: Node, layouts: list[Layout | None]) -> Rule | None:
-    node.meta.pop(ADD_ONCE_KEY, None)
     if len(node.outputs) != 1:
         return None
     out = node.outputs[0]
@@ -336,6 +341,59 @@ def _matmul(node: Node, layouts: list[Layout | None]) -> Rule | None:
     wanted_b = Layout((*_aligned_batch(b, out, batch), contract, cols), lb.partial if keep_b else frozenset())
     partial = carried | ({contract} if contract else set())
     return [wanted_a, wanted_b], [Layout(out_dims, frozenset(partial))]
+
+
+def _contraction(rows: str | None, cols: str | None, k_left: str | None, k_right: str | None
+                 ) -> tuple[str | None, str | None, str | None]:
+    """``rows, cols, contract`` axes of a product: an axis splits one of them; the contraction is split where
+    either operand splits it (the other is sliced to match).
+    """
+    cols = None if cols == rows else cols
+    contract = next((k for k in (k_left, k_right) if k is not None and k not in (rows, cols)), None)
+    return rows, cols, contract
+
+
+def _gemm(node: Node, layouts: list[Layout | None]) -> Rule | None:
+    """``alpha * A' @ B' + beta * C``: as ``MatMul``; with a split contraction, ``C`` is added once."""
+    a, b = layouts[0], layouts[1]
+    if a is None or b is None:
+        return None
+    trans_a, trans_b = int(node.attrs.get("transA", 0)), int(node.attrs.get("transB", 0))
+    rows, k_a = (a.dims[1], a.dims[0]) if trans_a else (a.dims[0], a.dims[1])
+    cols, k_b = (b.dims[0], b.dims[1]) if trans_b else (b.dims[1], b.dims[0])
+    rows, cols, contract = _contraction(rows, cols, k_a, k_b)
+    out = node.outputs[0]
+    wanted_a = Layout((contract, rows) if trans_a else (rows, contract))
+    wanted_b = Layout((cols, contract) if trans_b else (contract, cols))
+    wanted: list[Layout | None] = [wanted_a, wanted_b]
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    if bias is not None:
+        wanted.append(Layout(_aligned(bias, out, (rows, cols))))
+        if contract is not None:
+            node.meta[ADD_ONCE_KEY] = [2]
+    return wanted, [Layout((rows, cols), frozenset({contract} if contract else ()))]
+
+
+def _conv(node: Node, layouts: list[Layout | None]) -> Rule | None:
+    """``Conv`` / ``ConvTranspose`` (``group`` 1): batch from the input, output channels from the weights,
+    the contracted channels split on both sides make a partial sum (its bias added once); spatial dimensions
+    are read whole.
+    """
+    x, w = layouts[0], layouts[1]
+    if x is None or w is None or int(node.attrs.get("group", 1)) != 1:
+        return None
+    spatial = (None,) * (node.inputs[0].rank - 2)
+    k_w, c_w = (w.dims[1], w.dims[0]) if node.op_type == "Conv" else (w.dims[0], w.dims[1])
+    batch, channels, contract = _contraction(x.dims[0], c_w, x.dims[1], k_w)
+    wanted: list[Layout | None] = [Layout((batch, contract, *spatial))]
+    weight_spatial = (None,) * (node.inputs[1].rank - 2)
+    wanted.append(Layout((channels, contract, *weight_spatial) if node.op_type == "Conv"
+                         else (contract, channels, *weight_spatial)))
+    if len(node.inputs) > 2 and node.inputs[2] is not None:
+        wanted.append(Layout((channels,)))
+        if contract is not None:
+            node.meta[ADD_ONCE_KEY] = [2]
+    return wanted, [Layout((batch, channels, *spatial), frozenset({contract} if contract else ()))]
 
 
 def _aligned_batch(value: Value, out: Value, batch: Sequence[str | None]) -> tuple[str | None, ...]:

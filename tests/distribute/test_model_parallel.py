@@ -236,6 +236,115 @@ def test_kernels_split_over_two_model_axes_on_mesh_1x2x2_equal_one_device() -> N
     assert [v.worker_shard.part_shape(3) for v in tp[2].variables[:1]] == [(32, 16)]
 
 
+def _train_params(strategy: gd.Strategy, make: object, forward: object, x: np.ndarray, y: np.ndarray
+                  ) -> tuple[list[float], list[np.ndarray], object]:
+    """Adam steps on 16-row batches of ``forward(params, xb) -> logits`` over the params ``make()`` creates."""
+    with strategy.scope():
+        params = make()
+        optimizer = gd.optimizers.Adam(0.01)
+
+    def replica_step(xb: np.ndarray, yb: np.ndarray) -> np.ndarray:
+        with gd.GradientTape() as tape:
+            per_example = gd.nn.sparse_softmax_cross_entropy(yb, forward(params, xb))
+            loss = gd.nn.compute_average_loss(per_example, global_batch_size=16)
+        optimizer.apply_gradients(zip(tape.gradient(loss, params), params))
+        return loss
+
+    @gd.function
+    def step(xb: np.ndarray, yb: np.ndarray) -> np.ndarray:
+        return strategy.reduce("SUM", strategy.run(replica_step, args=(xb, yb)), axis=None)
+
+    losses = [float(step(x[i:i + 16], y[i:i + 16])) for i in range(0, len(x), 16)]
+    values = [v.numpy() for v in params] + [v.numpy() for v in optimizer.variables()]
+    return losses, values, step.get_concrete_function(x[:16], y[:16])
+
+
+def _layout_ops(concrete: object) -> dict[tuple[str, str], int]:
+    counts: dict[tuple[str, str], int] = {}
+    for node in concrete.graph("rewritten").nodes:
+        counts[(node.op_type, node.device)] = counts.get((node.op_type, node.device), 0) + 1
+    return counts
+
+
+def test_imported_onnx_gemm_model_splits_by_initializer_names() -> None:
+    from onnx import TensorProto, helper, numpy_helper
+
+    x, y = _digits()
+    rng = np.random.default_rng(0)
+    initializers = [numpy_helper.from_array((rng.standard_normal((32, 64)) * 0.1).astype(np.float32), "w1"),
+                    numpy_helper.from_array(np.zeros(32, np.float32), "b1"),
+                    numpy_helper.from_array((rng.standard_normal((10, 32)) * 0.1).astype(np.float32), "w2"),
+                    numpy_helper.from_array(np.full(10, 0.1, np.float32), "b2")]
+    nodes = [helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], transB=1), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Gemm", ["r", "w2", "b2"], ["logits"], transB=1)]
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 64])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [16, 10])], initializers)
+    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+    def make() -> list:
+        return gd.onnx.load(onnx_model).trainable_variables
+
+    def forward(params: list, xb: object) -> object:  # the imported graph's own ops, written out
+        return gd.nn.relu(xb @ params[0].T + params[1]) @ params[2].T + params[3]
+
+    layout_map = gd.experimental.LayoutMap(_mesh())
+    layout_map["^w1$"] = ("model", None)  # Gemm transB=1: rows of w1 are the hidden units
+    layout_map["^b1$"] = ("model",)
+    layout_map["^w2$"] = (None, "model")
+    strategy = gd.experimental.ModelParallelStrategy(layout_map=layout_map)
+    with strategy.scope():
+        model = gd.onnx.load(onnx_model)
+        optimizer = gd.optimizers.Adam(0.01)
+
+    def replica_step(xb: np.ndarray, yb: np.ndarray) -> np.ndarray:
+        with gd.GradientTape() as tape:
+            per_example = gd.nn.sparse_softmax_cross_entropy(yb, model(xb))
+            loss = gd.nn.compute_average_loss(per_example, global_batch_size=16)
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    @gd.function
+    def step(xb: np.ndarray, yb: np.ndarray) -> np.ndarray:
+        return strategy.reduce("SUM", strategy.run(replica_step, args=(xb, yb)), axis=None)
+
+    losses = [float(step(x[i:i + 16], y[i:i + 16])) for i in range(0, 64, 16)]
+    one = _train_params(gd.OneDeviceStrategy("cpu:0"), make, forward, x, y)
+    np.testing.assert_allclose(losses, one[0], rtol=1e-5)
+    for got, want in zip([v.numpy() for v in model.trainable_variables], one[1]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    counts = _layout_ops(step.get_concrete_function(x[:16], y[:16]))
+    assert counts[("Gemm", "cpu:0")] == counts[("Gemm", "cpu:1")] > 0  # Gemms on blocks, C added once
+    assert counts[("AllReduce", "cpu:0")] == 1
+
+
+def test_convolutions_split_by_output_then_input_channels_equal_one_device() -> None:
+    x, y = _digits()
+    images = x.reshape(-1, 1, 8, 8)
+
+    def make() -> list:
+        rng = np.random.default_rng(0)
+        shapes = [("conv1/kernel", (8, 1, 3, 3), 0.3), ("conv1/bias", (8,), 0.0), ("conv2/kernel", (8, 8, 3, 3), 0.1),
+                  ("conv2/bias", (8,), 0.0), ("dense/kernel", (8 * 64, 10), 0.05)]
+        return [gd.Variable((rng.standard_normal(shape) * scale + (0.1 if name == "conv2/bias" else 0.0))
+                            .astype(np.float32), name=name) for name, shape, scale in shapes]
+
+    def forward(params: list, xb: object) -> object:
+        h = gd.nn.relu(gd.nn.conv2d(xb, params[0], params[1], padding="SAME", data_format="NCHW"))
+        h = gd.nn.relu(gd.nn.conv2d(h, params[2], params[3], padding="SAME", data_format="NCHW"))
+        return h.reshape(16, 8 * 64) @ params[4]
+
+    layout_map = gd.experimental.LayoutMap(_mesh())
+    layout_map["conv1/kernel"] = ("model", None, None, None)  # output channels
+    layout_map["conv1/bias"] = ("model",)
+    layout_map["conv2/kernel"] = (None, "model", None, None)  # input channels: a partial sum, bias added once
+    one = _train_params(gd.OneDeviceStrategy("cpu:0"), make, forward, images, y)
+    tp = _train_params(gd.experimental.ModelParallelStrategy(layout_map=layout_map), make, forward, images, y)
+    _assert_same_training(one, tp, rtol=1e-4, atol=1e-5)
+    counts = _layout_ops(tp[2])
+    assert counts[("Conv", "cpu:1")] == 2 and counts[("ConvTranspose", "cpu:1")] == 1
+    assert counts[("AllReduce", "cpu:0")] == 1  # the second convolution's sum, in the forward pass
+
+
 def test_sharding_constraints_keep_the_numbers_and_are_identity_elsewhere() -> None:
     x, y = _digits()
     sizes = [64, 32, 32, 10]

@@ -203,3 +203,22 @@ def test_partial_plus_a_whole_value_stays_partial_and_is_summed_before_a_reshape
     assert flat.producer.meta[INPUT_LAYOUTS_KEY][0] == Layout((None, None))
     assert flat.meta[LAYOUT_KEY] == Layout((None,))
     assert graph.outputs[1].producer.meta[INPUT_LAYOUTS_KEY] == [Layout((None, None))]
+
+
+def test_gemm_and_conv_follow_their_operands_and_add_the_bias_once() -> None:
+    graph = Graph("gemm_conv")
+    a = graph.add_input("a", np.float32, (3, 6))
+    w = _variable(graph, "w", (4, 6))  # Gemm transB=1: (N, K), K split
+    c = graph.add_input("c", np.float32, (4,))
+    product = _node(graph, "Gemm", [a, w, c], {"transB": 1})
+    image = graph.add_input("image", np.float32, (2, 6, 5, 5))
+    kernel = _variable(graph, "k", (4, 6, 3, 3))  # (O, C, kh, kw), O split
+    conv = _node(graph, "Conv", [image, kernel], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]})
+    graph.outputs = [product, conv]
+    check_pass(PropagateLayoutsPass(MESH, {"w#1": (None, "model"), "k#1": ("model", None, None, None)}), graph,
+               modified=True)
+    gemm = product.producer
+    assert gemm.meta[INPUT_LAYOUTS_KEY] == [Layout((None, "model")), Layout((None, "model")), Layout((None,))]
+    assert gemm.meta["add_once"] == [2] and product.meta[LAYOUT_KEY] == Layout((None, None), M)
+    assert conv.meta[LAYOUT_KEY] == Layout((None, "model", None, None))
+    assert conv.producer.meta[RESHARDS_KEY] == [] and "add_once" not in conv.producer.meta
