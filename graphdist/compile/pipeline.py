@@ -305,7 +305,7 @@ def deterministic_config(config: PipelineConfig, chunks: int, accumulate_steps: 
 
     Raises:
         NotImplementedError: What op determinism does not cover (asynchronous parameter servers, TPU cores,
-            a sharded optimizer state), named with what to do instead.
+            a sharded optimizer state, tensor parallelism), named with what to do instead.
         GraphError: The replica count or ``accumulate_steps`` does not fit the chunks.
     """
     from graphdist.errors import GraphError
@@ -315,7 +315,9 @@ def deterministic_config(config: PipelineConfig, chunks: int, accumulate_steps: 
                (bool(config.logical_cores), f"{config.strategy} compiles whole programs for TPU-like cores, "
                                             "whose reductions graphdist does not order"),
                (config.shard_optimizer_state, "a sharded optimizer state (ZeRO-1) reduce-scatters the gradients "
-                                              "in the ring's order")]
+                                              "in the ring's order"),
+               (bool(config.layouts), f"{config.strategy} splits matrix products over devices and adds their "
+                                      "partial sums in another order than one device")]
     for refuse, why in refused:
         if refuse:
             raise NotImplementedError(f"op determinism (gd.config.experimental.enable_op_determinism()) is not "

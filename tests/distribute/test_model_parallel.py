@@ -489,3 +489,50 @@ def test_two_patterns_matching_one_variable() -> None:
     layout_map["kernel"] = ("model", None)
     with pytest.raises(InvalidArgumentError, match="matches several LayoutMap patterns"):
         layout_map["dense/kernel"]
+
+
+def test_op_determinism_is_refused_and_gradient_accumulation_works() -> None:
+    x, y = _digits()
+    sizes = [64, 32, 32, 10]
+    strategy = gd.experimental.ModelParallelStrategy(layout_map=_megatron_map(_mesh()))
+    gd.config.experimental.enable_op_determinism()
+    try:
+        with pytest.raises(NotImplementedError, match="partial sums in another order"):
+            _train(strategy, sizes, x, y, steps=1)
+    finally:
+        gd.config.experimental.disable_op_determinism()
+    one = _train(gd.OneDeviceStrategy("cpu:0"), sizes, x, y, steps=2)
+    accumulated = _train_accumulated(gd.experimental.ModelParallelStrategy(layout_map=_megatron_map(_mesh())),
+                                     sizes, x, y)
+    for got, want in zip(accumulated, one[1]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _train_accumulated(strategy: gd.Strategy, sizes: list[int], x: np.ndarray, y: np.ndarray) -> list[np.ndarray]:
+    """As :func:`_train` (2 steps), each step's batch cut into 2 micro-batches (``accumulate_steps=2``)."""
+    rng = np.random.default_rng(0)
+    with strategy.scope():
+        params = []
+        for i, (fan_in, fan_out) in enumerate(zip(sizes, sizes[1:])):
+            params.append(gd.Variable((rng.standard_normal((fan_in, fan_out)) / np.sqrt(fan_in)).astype(np.float32),
+                                      name=f"dense_{i}/kernel"))
+            params.append(gd.Variable(rng.standard_normal(fan_out).astype(np.float32) * 0.1, name=f"dense_{i}/bias"))
+        optimizer = gd.optimizers.Adam(0.01)
+
+    def replica_step(xb: np.ndarray, yb: np.ndarray) -> np.ndarray:
+        with gd.GradientTape() as tape:
+            h = xb
+            for layer in range(len(sizes) - 1):
+                h = h @ params[2 * layer] + params[2 * layer + 1]
+                h = gd.nn.relu(h) if layer < len(sizes) - 2 else h
+            loss = gd.nn.compute_average_loss(gd.nn.sparse_softmax_cross_entropy(yb, h), global_batch_size=16)
+        optimizer.apply_gradients(zip(tape.gradient(loss, params), params))
+        return loss
+
+    def step(xb: np.ndarray, yb: np.ndarray) -> np.ndarray:
+        return strategy.reduce("SUM", strategy.run(replica_step, args=(xb, yb)), axis=None)
+
+    step = gd.function(step, accumulate_steps=2)
+    for s in range(2):
+        step(x[16 * s:16 * (s + 1)], y[16 * s:16 * (s + 1)])
+    return [p.numpy() for p in params] + [v.numpy() for v in optimizer.variables()]
