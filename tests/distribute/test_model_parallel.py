@@ -122,6 +122,24 @@ def test_two_megatron_blocks_sum_once_per_block_forward_and_once_backward() -> N
     assert (len(forward), len(backward)) == (2, 1)
 
 
+def test_collective_bytes_measured_in_a_step_equal_the_plans() -> None:
+    """The recorded step's collectives move what the plan predicts: one all-reduce of the (16, 32) float32
+    block product, 2 (n-1)/n of it sent by each of the n = 2 devices (the cost model's ring estimate)."""
+    from graphdist.runtime import timeline
+
+    x, y = _digits()
+    tp = _train(gd.experimental.ModelParallelStrategy(layout_map=_megatron_map(_mesh())), [64, 32, 32, 10], x, y,
+                steps=1)
+    concrete = tp[2]
+    predicted = {n.attrs["group_key"]: (n.inputs[0].nbytes, n.meta["bytes_per_device"])
+                 for n in concrete.graph("rewritten").nodes if n.op_type == "AllReduce"}
+    with timeline.record() as steps:
+        concrete(x[:16], y[:16])
+    measured = {e.name: e.args["bytes"] for e in steps[0] if e.cat == "collective"}
+    assert measured == {key: payload for key, (payload, _) in predicted.items()} == {next(iter(predicted)): 16 * 32 * 4}
+    assert [sent for _, sent in predicted.values()] == [16 * 32 * 4]  # 2 (2 - 1) / 2 of the payload
+
+
 def test_megatron_784_1024_1024_10_equals_one_device_at_half_the_bytes_per_device() -> None:
     rng = np.random.default_rng(1)
     x = rng.standard_normal((64, 784)).astype(np.float32)
