@@ -68,9 +68,16 @@ Cases:
   built here); an axis that does not divide its dimension: ``GraphError``;
 * a second run: recomputes the same layouts, ``modified`` is ``False``.
 
-Not built: backward propagation of a consumer's preference into its producers
-(a ``ShardingConstraint`` reshards where it is, it does not move the split
-earlier), grouped convolutions, and ``AllToAll`` (a change of split axis is an all-gather and a slice).
+Backward: after forward propagation, a value computed whole whose readers
+all read it split the same way (a ``ShardingConstraint``'s pin, a split
+operand of a ``MatMul``...) is computed split instead, where its producer
+(an elementwise op, ``Transpose`` or ``MatMul``) can make it from slices of
+its whole inputs (slices move no data, and each device computes only its
+block); this goes on backwards through the producers, and forward
+propagation runs again.
+
+Not built: backward pulls through reshapes, reductions and other ops,
+grouped convolutions, and ``AllToAll`` (a change of split axis is an all-gather and a slice).
 """
 
 from __future__ import annotations
@@ -168,18 +175,35 @@ class PropagateLayoutsPass(PassBase):
         for value in graph.initializers.values():
             _set(value, Layout.replicated(value.rank))
         summed: set[int] = set()  # partial values some reader sums: every reader reads them summed
+        preferred: dict[int, Layout] = {}  # whole values every reader reads split alike: computed split
+        for _ in range(_BACKWARD_ROUNDS):
+            self._forward(graph, summed, preferred)
+            wishes = _preferences(graph, preferred)
+            if wishes == preferred:
+                break
+            preferred = wishes
+        return PassResult(graph, modified=_snapshot(graph) != before)
+
+    def _forward(self, graph: Graph, summed: set[int], preferred: dict[int, Layout]) -> None:
+        """Forward propagation, again while some reader sums a partial value (see the module docstring)."""
         while True:
             for node in graph.nodes:
-                self._propagate(node, summed)
+                self._propagate(node, summed, preferred)
             more = {id(_sum_at(v)) for node in graph.nodes for v, w in zip(node.inputs, node.meta[INPUT_LAYOUTS_KEY])
                     if v is not None and w is not None and layout_of(v).partial - w.partial} - summed
             if not more:
-                break
+                return
             summed |= more
-        return PassResult(graph, modified=_snapshot(graph) != before)
 
-    def _propagate(self, node: Node, summed: set[int]) -> None:
+    def _propagate(self, node: Node, summed: set[int], preferred: dict[int, Layout] | None = None) -> None:
         wanted, outputs = self._rule(node, summed)
+        wish = (preferred or {}).get(id(node.outputs[0])) if len(node.outputs) == 1 else None
+        if wish is not None and outputs[0].is_replicated and all(
+                v is None or layout_of(v).is_replicated for v in node.inputs):
+            pulled = _pull(node, wish)
+            if pulled is not None:  # computed split from slices of its whole inputs (slicing moves nothing)
+                node.meta.pop(ADD_ONCE_KEY, None)
+                wanted, outputs = pulled, [wish]
         node.meta[INPUT_LAYOUTS_KEY] = wanted
         node.meta[RESHARDS_KEY] = [i for i, (v, w) in enumerate(zip(node.inputs, wanted))
                                    if v is not None and w is not None and layout_of(v) != w]
@@ -217,6 +241,66 @@ class PropagateLayoutsPass(PassBase):
         if len(pinned.dims) != node.inputs[0].rank:
             pinned = Layout.replicated(node.inputs[0].rank)
         return [pinned], [pinned]
+
+
+# ------------------------------------------------------------------ backward
+#: Rounds of forward propagation and backward preferences (a chain of pulled values settles in one or two).
+_BACKWARD_ROUNDS = 4
+
+
+def _pull(node: Node, layout: Layout) -> list[Layout | None] | None:
+    """The layouts ``node`` would read its (whole) inputs in to compute its output laid out as ``layout``
+    (``None``: it cannot): elementwise ops, ``Transpose`` and ``MatMul``.
+    """
+    if node.domain or len(node.outputs) != 1 or layout.partial:
+        return None
+    out = node.outputs[0]
+    if node.op_type in ELEMENTWISE_OPS:
+        return [None if v is None else Layout(_aligned(v, out, layout.dims)) for v in node.inputs]
+    if node.op_type == "Transpose":
+        perm = node.attrs.get("perm") or list(reversed(range(out.rank)))
+        dims: list[str | None] = [None] * out.rank
+        for position, source in enumerate(perm):
+            dims[source] = layout.dims[position]
+        return [Layout(tuple(dims))]
+    if node.op_type == "MatMul" and all(v is not None and v.rank >= 2 for v in node.inputs):
+        a, b = node.inputs
+        batch = layout.dims[:-2]
+        return [Layout((*_aligned_batch(a, out, batch), layout.dims[-2], None)),
+                Layout((*_aligned_batch(b, out, batch), None, layout.dims[-1]))]
+    return None
+
+
+def _preferences(graph: Graph, before: dict[int, Layout]) -> dict[int, Layout]:
+    """Backward, from the last node: a whole value whose readers all read it split the same way (a pulled
+    reader by what it would read) and whose producer can compute it split from its whole inputs, preferred
+    split so; not a graph output. ``before``: the last round's preferences (values already split by them
+    count as whole, so the preferences settle instead of alternating).
+    """
+    def whole(value: Value | None) -> bool:
+        return value is None or layout_of(value).is_replicated or before.get(id(value)) == layout_of(value)
+
+    outputs = {id(v) for v in graph.outputs}
+    preferred: dict[int, Layout] = {}
+    pulled: dict[int, list[Layout | None]] = {}  # node id -> the input layouts it reads when pulled
+    for node in reversed(graph.nodes):
+        if node.replica is None or len(node.outputs) != 1:
+            continue
+        out = node.outputs[0]
+        if id(out) in outputs or not out.uses or not whole(out) or not all(whole(v) for v in node.inputs):
+            continue
+        wanted = {(pulled[id(reader)] if id(reader) in pulled else reader.meta.get(INPUT_LAYOUTS_KEY, []))[index]
+                  for reader, index in out.uses}
+        if len(wanted) != 1:
+            continue
+        wish = next(iter(wanted))
+        if wish is None or wish.is_replicated or wish.partial:
+            continue
+        inputs = _pull(node, wish)
+        if inputs is not None:
+            preferred[id(out)] = wish
+            pulled[id(node)] = inputs
+    return preferred
 
 
 # -------------------------------------------------------------------- helpers

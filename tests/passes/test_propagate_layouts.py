@@ -222,3 +222,24 @@ def test_gemm_and_conv_follow_their_operands_and_add_the_bias_once() -> None:
     assert gemm.meta["add_once"] == [2] and product.meta[LAYOUT_KEY] == Layout((None, None), M)
     assert conv.meta[LAYOUT_KEY] == Layout((None, "model", None, None))
     assert conv.producer.meta[RESHARDS_KEY] == [] and "add_once" not in conv.producer.meta
+
+
+def test_a_pinned_split_is_pulled_back_into_the_producers_of_a_whole_value() -> None:
+    """Backward: ``constraint(relu(x @ w), (-, model))`` with everything whole computes the MatMul and the Relu
+    on column blocks (w sliced), so the constraint reshards nothing; a value another reader reads whole stays
+    whole."""
+    graph = Graph("pull")
+    x = graph.add_input("x", np.float32, (4, 8))
+    w = graph.add_input("w", np.float32, (8, 6))
+    product = _node(graph, "MatMul", [x, w])
+    relu = _node(graph, "Relu", [product])
+    pinned = _node(graph, SHARDING_CONSTRAINT, [relu], {"layout": ["", "model"]}, GRAPHDIST_DOMAIN)
+    other = _node(graph, "Exp", [x])
+    graph.outputs = [_node(graph, "Tanh", [pinned]), _node(graph, SHARDING_CONSTRAINT, [other],
+                                                           {"layout": ["", "model"]}, GRAPHDIST_DOMAIN), other]
+    check_pass(PropagateLayoutsPass(MESH), graph, modified=True)
+    split = Layout((None, "model"))
+    assert product.producer.meta[INPUT_LAYOUTS_KEY] == [Layout((None, None)), split]
+    assert product.meta[LAYOUT_KEY] == relu.meta[LAYOUT_KEY] == pinned.meta[LAYOUT_KEY] == split
+    assert pinned.producer.meta[RESHARDS_KEY] == [] and relu.producer.meta[RESHARDS_KEY] == []
+    assert other.meta[LAYOUT_KEY] == Layout((None, None))  # a graph output: computed whole, sliced for the pin
