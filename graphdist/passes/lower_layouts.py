@@ -69,7 +69,7 @@ from graphdist.ir.layouts import INPUT_LAYOUTS_KEY, MESH_KEY, RESHARDS_KEY, Layo
 from graphdist.ir.placement import PlacementSpec, VariablePlacement, variable_specs
 from graphdist.ir.placement_ops import SHARDING_CONSTRAINT
 from graphdist.passes.base import PassBase, PassContext, PassResult
-from graphdist.passes.propagate_layouts import ADD_ONCE_KEY, layout_of
+from graphdist.passes.layout_rules import ADD_ONCE_KEY, layout_of
 from graphdist.passes.shard_optimizer_state import REPLICA_PARTS_OPTION
 
 __all__ = ["GLOBAL_LAYOUT_KEY", "LAYOUTS_META", "LowerLayoutsPass", "collective_bytes", "variable_bytes_per_device"]
