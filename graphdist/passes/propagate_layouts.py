@@ -20,7 +20,8 @@ replicated. Propagation runs forward in graph order, through the gradients
 too (after ``AutodiffPass`` they are ordinary nodes), and again while some
 reader of a partial value sums it: then every reader reads it summed (one
 reduction, shared, instead of a reduction per reader downstream), and the sum
-moves up through the reshapes and copies that made the value. Rules:
+moves up through the reshapes and copies that made the value. Rules
+(:mod:`graphdist.passes.layout_rules`):
 
 * elementwise ops (with broadcasting): an output dimension takes the axis of
   an input split along it (first input first; an axis used once); ``Add`` /
