@@ -275,7 +275,9 @@ class _Lowering:
             if value is None:
                 columns.append([None] * self.count)
             else:
-                columns.append(list(self._reshard(value, want or Layout.replicated(value.rank), replica)))
+                # A node outside the replicas reads each value where its replica keeps it.
+                home = self._replica_of(value) if node.replica is None else replica
+                columns.append(list(self._reshard(value, want or Layout.replicated(value.rank), home)))
         if node.domain == GRAPHDIST_DOMAIN and node.op_type == SHARDING_CONSTRAINT:
             self.local[id(node.outputs[0])] = columns[0]  # type: ignore[assignment]
             return
