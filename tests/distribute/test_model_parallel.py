@@ -371,6 +371,10 @@ def test_sharding_constraints_keep_the_numbers_and_are_identity_elsewhere() -> N
     _assert_same_training(one, tp)
     assert not any(n.op_type == "ShardingConstraint" for n in one[2].graph("traced").nodes)
     assert any(n.op_type == "ShardingConstraint" for n in tp[2].graph("traced").nodes)
+    # Re-planned for a strategy without layouts, a pin is the identity (written to ONNX as a tagged Identity).
+    replanned = tp[2].replan(gd.OneDeviceStrategy("cpu:0"))
+    later = _train(gd.OneDeviceStrategy("cpu:0"), sizes, x, y, steps=3, constrain=True)
+    np.testing.assert_allclose(float(replanned(x[32:48], y[32:48])), later[0][2], rtol=1e-5)
     # Every weight replicated, the first hidden activation pinned split by columns: the second MatMul
     # contracts over that split (its replicated weight sliced by rows), so its product is summed, not gathered.
     assert _collectives(tp[2], "AllReduce") and not _collectives(tp[2], "AllGather")
