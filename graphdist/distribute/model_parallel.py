@@ -257,8 +257,7 @@ class ModelParallelStrategy(Strategy):
         for pattern in self._layout_map:
             if pattern in self._warned_patterns:
                 continue
-            if not any(self._layout_map.matching(v._name) and pattern in self._layout_map.matching(v._name)
-                       for v in variables):
+            if not any(pattern in self._layout_map.matching(v._name) for v in variables):
                 self._warned_patterns.add(pattern)
                 logger.warning("LayoutMap pattern %r matches none of the %d variable(s) of ModelParallelStrategy "
                                "(names: %s); check the pattern against the variables' names", pattern,
