@@ -38,7 +38,14 @@ replica's first device: partial sums are added up (``Sum``) and blocks joined
 inserts the transfers): one copy of the value moves, not one per device.
 A variable split over the mesh is read by each device as its block (a
 ``Slice`` of the whole stored value); its new value is joined for the
-write-back.
+write-back. Stored in parts (``PassContext.options[REPLICA_PARTS_OPTION]``,
+which ``gd.function`` sets, or ``replica_parts=True``): its input is replaced
+by one input per device of a replica, ``<input>/part<i>`` (the block), and its
+write-back by one output per device (the new block, in the variable's
+layout), each a ``variable_updates`` entry; ``graph.meta["sharded_state"]``
+records the parts with their ``blocks`` (``(start, stop)`` per dimension)
+and ``graph.meta["placement"]`` places the variable ``"sharded"``. No device
+then holds more than its block of it.
 
 Cases:
 * a node outside the replicas (cross-replica context): one copy on the first
