@@ -185,3 +185,20 @@ def test_whole_value_added_to_a_partial_sum_is_added_on_the_first_device_only() 
     assert [n.device for n in adds] == ["cpu:0"]  # cpu:1 passes its summand on
     (first, second) = [n for n in graph.nodes if n.op_type == "AllReduce"]
     assert first.inputs[0] is adds[0].outputs[0] and second.inputs[0].producer.op_type == "MatMul"
+
+
+def test_split_variable_stored_in_parts_reads_and_writes_its_blocks() -> None:
+    graph = Graph("parts")
+    w1 = _variable(graph, "w1", (8, 6))
+    new = _node(graph, "Mul", [w1, graph.add_initializer("half", np.float32(0.5))])
+    graph.outputs = [new]
+    graph.meta["variable_updates"] = [(new.name, "w1#1")]
+    graph = check_pass(LowerLayoutsPass(replica_parts=True), _propagated(graph), modified=True, numerics=False)
+    assert [(v.name, tuple(v.shape)) for v in graph.inputs] == [("w1/part0", (8, 3)), ("w1/part1", (8, 3))]
+    assert [(n.op_type, n.device) for n in graph.nodes] == [("Mul", "cpu:0"), ("Mul", "cpu:1")]
+    assert [name for name, _ in graph.meta["variable_updates"]] == [v.name for v in graph.outputs]
+    assert [v.producer.device for v in graph.outputs] == DEVICES
+    state = graph.meta["sharded_state"]["w1#1"]
+    assert state["parts"] == ["w1/part0", "w1/part1"] and state["shard"] == 24
+    assert state["blocks"] == [[[0, 8], [0, 3]], [[0, 8], [3, 6]]]
+    assert graph.meta["placement"]["w1#1"].kind == "sharded"
