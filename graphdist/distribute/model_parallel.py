@@ -305,7 +305,9 @@ def with_sharding_constraint(x: Any, layout: Any) -> Any:
         return x
     _check_axis_names(axes, strategy.device_mesh, "with_sharding_constraint layout")
     for dim, (size, axis) in enumerate(zip(shape, axes)):
-        if axis is not None and isinstance(size, int) and size % strategy.device_mesh.axis_size(axis):
+        # The batch axis made the replicas: a traced value is already one replica's share of the batch.
+        if axis not in (None, strategy.batch_dim_name) and isinstance(size, int) \
+                and size % strategy.device_mesh.axis_size(axis):
             raise InvalidArgumentError(
                 f"with_sharding_constraint: dimension {dim} (size {size}) is not divisible by mesh axis {axis!r} "
                 f"(size {strategy.device_mesh.axis_size(axis)}); use a layout whose axis divides it, or None")
