@@ -191,8 +191,14 @@ def layout_lines(graph: Graph) -> str:
         return ""
     shape = " x ".join(f"{a}={s}" for a, s in zip(mesh.axis_names, mesh.shape))
     rows = [[f"%{name}", *columns] for name, columns in table.items()]
+    shown = rows[:_LAYOUT_ROWS]
+    more = f"\n  ... and {len(rows) - len(shown)} more (graph.meta['layouts'])" if len(rows) > len(shown) else ""
     return (f"layouts over the mesh {shape} (batch axis {mesh.batch_axis!r}; {len(rows)} value(s) split or partial, "
-            f"the others replicated):\n" + format_table(["value", "type", "layout", "block per device"], rows))
+            f"the others replicated):\n" + format_table(["value", "type", "layout", "block per device"], shown) + more)
+
+
+#: Rows of the layouts section a summary shows (the variables come first).
+_LAYOUT_ROWS = 60
 
 
 def attr_text(attrs: dict[str, Any], skip: Sequence[str] = ("group_key", "group_size", "algorithm",
