@@ -396,7 +396,8 @@ def test_a_one_device_step_replans_onto_a_mesh_and_trains_the_same() -> None:
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_keras_fit_under_model_parallel_equals_one_device() -> None:
+@pytest.mark.parametrize("shape", [(1, 2), (2, 2)])
+def test_keras_fit_under_model_parallel_equals_one_device(shape: tuple[int, int]) -> None:
     x, y = _digits()
 
     def fit(strategy: gd.Strategy) -> tuple[list[float], list[np.ndarray], list]:
@@ -412,7 +413,7 @@ def test_keras_fit_under_model_parallel_equals_one_device() -> None:
         history = model.fit(x, y, epochs=2, batch_size=16, shuffle=False, verbose=0)
         return history.history["loss"], [v.numpy() for v in model.trainable_variables], model.trainable_variables
 
-    layout_map = gd.experimental.LayoutMap(_mesh())
+    layout_map = gd.experimental.LayoutMap(_mesh(shape))
     layout_map["up/kernel"] = (None, "model")
     layout_map["up/bias"] = ("model",)
     layout_map["down/kernel"] = ("model", None)
