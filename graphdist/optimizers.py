@@ -97,6 +97,7 @@ class Optimizer:
                 initial = np.full(variable.shape, initial_value, variable.dtype)
             slot = Variable(initial.astype(variable.dtype), name=f"{self._name}/{variable._name}/{kind}",
                             trainable=False)
+            slot._slot_primary = variable  # a strategy that splits variables splits the slot the same way
             self._slots[key] = slot
             self._slot_keys[key] = checkpoint_key
         return slot

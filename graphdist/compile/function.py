@@ -167,7 +167,9 @@ def _store_worker_shards(name: str, graph: Graph, by_uid: dict[str, Variable],
             shard = WorkerShard(tuple(variable.shape), workers, int(layout["worker"]), int(layout["shard"]), gather,
                                 local)
         else:
-            shard = WorkerShard(tuple(variable.shape), 1, 0, int(layout["shard"]), local=local)
+            blocks = layout.get("blocks")  # tensor parallelism: each part a block (LowerLayoutsPass)
+            shard = WorkerShard(tuple(variable.shape), 1, 0, int(layout["shard"]), local=local,
+                                blocks=None if blocks is None else tuple(tuple(tuple(d) for d in b) for b in blocks))
         variable.store_in_parts(shard)
         stored[uid] = shard
     return stored

@@ -30,7 +30,8 @@ slot                   passes                                               fill
 ``collectives``        ``InsertCollectivesPass``                            always
 ``shard_parameters``   ``ShardParametersPass``                              ``shard_parameters``
 ``shard_optimizer``    ``ShardOptimizerStatePass``                          ``shard_optimizer_state``
-``balance_updates``    ``BalanceVariableUpdatesPass``                       ``replicas`` > 1, variables local
+``balance_updates``    ``BalanceVariableUpdatesPass``                       ``replicas`` > 1, variables local,
+                                                                            no ``layouts``
 ``single_readers``     ``LowerSingleReaderAllReducesPass``                  ``reduce_at_readers``, no packs
 ``central_storage``    ``PlaceVariablesPass``                               ``parameter_device``
 ``cross_worker``       ``InsertCrossWorkerCollectivesPass``                 ``multi_worker``
@@ -38,6 +39,7 @@ slot                   passes                                               fill
 ``bucketing``          ``BucketCollectivesPass``                            ``bucketing``
 ``deterministic``      ``LowerDeterministicReductionsPass``                 ``deterministic_chunks``
 ``logical_devices``    ``ShardLogicalDevicesPass``, ``PlaceLogicalDevicesPass``  ``logical_cores``
+``layouts``            ``PropagateLayoutsPass``, ``LowerLayoutsPass``       ``layouts``
 ``cleanup``            ``FoldConstantsPass``, ``EliminateDeadNodesPass``    always
 ``devices``            ``AssignDevicesPass``                                always
 ``index_checks``       ``LowerIndexChecksPass``                             always
@@ -54,6 +56,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from graphdist.ir.layouts import MeshSpec
 from graphdist.passes.accumulate_gradients import AccumulateGradientsPass
 from graphdist.passes.assign_devices import AssignDevicesPass
 from graphdist.passes.autodiff import AutodiffPass
@@ -68,6 +71,7 @@ from graphdist.passes.insert_cross_worker_collectives import InsertCrossWorkerCo
 from graphdist.passes.lower_collectives import LowerCollectivesPass
 from graphdist.passes.lower_deterministic_reductions import LowerDeterministicReductionsPass
 from graphdist.passes.lower_index_checks import LowerIndexChecksPass
+from graphdist.passes.lower_layouts import LowerLayoutsPass
 from graphdist.passes.lower_single_reader_all_reduces import LowerSingleReaderAllReducesPass
 from graphdist.passes.lower_stop_gradients import LowerStopGradientsPass
 from graphdist.passes.lower_variable_updates import LowerVariableUpdatesPass
@@ -75,6 +79,7 @@ from graphdist.passes.partition import PartitionPass
 from graphdist.passes.place_logical_devices import PlaceLogicalDevicesPass
 from graphdist.passes.place_ps_variables import PlacePSVariablesPass
 from graphdist.passes.place_variables import PlaceVariablesPass
+from graphdist.passes.propagate_layouts import PropagateLayoutsPass
 from graphdist.passes.rebatch import RebatchPass
 from graphdist.passes.replicate import ReplicatePass
 from graphdist.passes.shard_logical_devices import ShardLogicalDevicesPass
@@ -90,7 +95,7 @@ STAGES: dict[str, tuple[str, ...]] = {
     "rewritten": ("accumulate", "differentiate", "chunk_reductions", "replicate", "variable_updates",
                   "parameter_servers", "collectives", "shard_parameters", "shard_optimizer", "balance_updates",
                   "single_readers", "central_storage", "cross_worker", "lower_collectives", "bucketing",
-                  "deterministic", "logical_devices", "cleanup", "devices", "index_checks"),
+                  "deterministic", "logical_devices", "layouts", "cleanup", "devices", "index_checks"),
     "partitioned": ("partition",),
 }
 SLOTS = tuple(slot for slots in STAGES.values() for slot in slots)
@@ -136,6 +141,10 @@ class PipelineConfig:
             everything per chunk (``SplitBatchChunksPass``: one chunk's activations alive at a time; its sums
             are ``ReduceSum`` per chunk, not the same bits as the whole-rows form, so the two do not mix).
             :func:`deterministic_config` sets it.
+        layouts: Tensor parallelism (``ModelParallelStrategy``): ``{"mesh": MeshSpec.to_json(), "variables":
+            {uid: [mesh axis or None per dimension]}, "patterns": [(regex, layout), ...]}`` (patterns for the
+            variables not listed by uid, e.g. a re-planned step's); each replica's computation is split over the mesh's
+            non-batch axes (``PropagateLayoutsPass``, ``LowerLayoutsPass``). ``None``: off.
     """
 
     devices: tuple[str, ...] = ("cpu:0",)
@@ -156,6 +165,7 @@ class PipelineConfig:
     deterministic_chunks: int | None = None
     rebatch: Mapping[str, Any] | None = None
     deterministic_whole_rows: bool = False
+    layouts: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shard_parameters", normalise_variable_names(self.shard_parameters))
@@ -259,7 +269,8 @@ def build_pipeline(config: PipelineConfig) -> Pipeline:
         workers = dict(config.multi_worker or {})
         slots["shard_optimizer"] = [ShardOptimizerStatePass(
             config.num_workers, config.replica_offset // max(config.replicas, 1), str(workers.get("comm_group", "")))]
-    if config.replicas > 1 and config.parameter_device is None and not config.parameter_servers:
+    if config.replicas > 1 and config.parameter_device is None and not config.parameter_servers \
+            and not config.layouts:  # the layout passes split each replica's update over its devices
         slots["balance_updates"] = [BalanceVariableUpdatesPass()]
         if config.reduce_at_readers and not config.bucketing:
             slots["single_readers"] = [LowerSingleReaderAllReducesPass()]
@@ -277,6 +288,10 @@ def build_pipeline(config: PipelineConfig) -> Pipeline:
     if config.logical_cores:
         cores = [list(c) for c in config.logical_cores]
         slots["logical_devices"] = [ShardLogicalDevicesPass(cores), PlaceLogicalDevicesPass(cores)]
+    if config.layouts:
+        mesh = MeshSpec.from_json(config.layouts["mesh"])
+        slots["layouts"] = [PropagateLayoutsPass(mesh, config.layouts.get("variables", {}),
+                                                 config.layouts.get("patterns", ())), LowerLayoutsPass()]
     return Pipeline(config, slots)
 
 
@@ -305,7 +320,7 @@ def deterministic_config(config: PipelineConfig, chunks: int, accumulate_steps: 
 
     Raises:
         NotImplementedError: What op determinism does not cover (asynchronous parameter servers, TPU cores,
-            a sharded optimizer state), named with what to do instead.
+            a sharded optimizer state, tensor parallelism), named with what to do instead.
         GraphError: The replica count or ``accumulate_steps`` does not fit the chunks.
     """
     from graphdist.errors import GraphError
@@ -317,7 +332,9 @@ def deterministic_config(config: PipelineConfig, chunks: int, accumulate_steps: 
                (config.shard_optimizer_state, "a sharded optimizer state (ZeRO-1) reduce-scatters the gradients "
                                               "in the ring's order"),
                (bool(config.shard_parameters), "sharded parameters (FSDP) reduce-scatter the gradients in the "
-                                               "ring's order")]
+                                               "ring's order"),
+               (bool(config.layouts), f"{config.strategy} splits matrix products over devices and adds their "
+                                      "partial sums in another order than one device")]
     for refuse, why in refused:
         if refuse:
             raise NotImplementedError(f"op determinism (gd.config.experimental.enable_op_determinism()) is not "

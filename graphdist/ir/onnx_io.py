@@ -9,6 +9,7 @@ an IR version ONNX Runtime accepts (onnx 1.23 writes IR 14 by default, ORT
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -74,9 +75,10 @@ def node_attributes(attrs: dict[str, Any], captures: dict[str, str] | None = Non
     return protos
 
 
-#: graphdist ops that are the identity at run time: written as ONNX Identity (tagged) so any
-#: runtime can execute a traced graph; import restores them from the tag.
-_RUNTIME_IDENTITIES = frozenset({"StopGradient"})
+#: graphdist ops that are the identity at run time: written as ONNX Identity (tagged, their attributes as
+#: JSON in ``graphdist_attrs``) so any runtime can execute a traced graph; import restores them from the tag.
+#: ``ShardingConstraint`` reaches a segment only under a strategy without layouts, where it pins nothing.
+_RUNTIME_IDENTITIES = frozenset({"StopGradient", "ShardingConstraint"})
 
 
 def _node_proto(node: Node, keep_meta: bool = False) -> onnx.NodeProto:
@@ -89,10 +91,14 @@ def _node_proto(node: Node, keep_meta: bool = False) -> onnx.NodeProto:
         name=node.name,
         domain="" if as_identity else node.domain,
     )
-    proto.attribute.extend(node_attributes(node.attrs, dict(zip(captured_names, (v.name for v in captured)))))
+    if not as_identity:  # ONNX's Identity takes no attributes
+        proto.attribute.extend(node_attributes(node.attrs, dict(zip(captured_names, (v.name for v in captured)))))
     if as_identity:
         entry = proto.metadata_props.add()
         entry.key, entry.value = "graphdist_op", node.op_type
+        if node.attrs:
+            entry = proto.metadata_props.add()
+            entry.key, entry.value = "graphdist_attrs", json.dumps(node.attrs)
     for key, text in (("device", node.device), ("replica", node.replica)):
         if text is not None:
             entry = proto.metadata_props.add()
@@ -312,6 +318,8 @@ def _import_node(graph: Graph, proto: onnx.NodeProto, values: dict[str, Value], 
     try:
         opdef = get_opdef(proto.op_type, domain, graph.opset_imports.get(domain))
         attrs = {a.name: _python_attr(a) for a in proto.attribute}
+        if tagged in _RUNTIME_IDENTITIES:
+            attrs.update(json.loads({p.key: p.value for p in proto.metadata_props}.get("graphdist_attrs", "{}")))
     except GraphError as err:
         raise GraphError(f"cannot import {where}: {err}") from None
     try:

@@ -22,10 +22,11 @@ from graphdist.ir.gradients import GradBuilder, register_gradient
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Node, Value
 from graphdist.ir.ops import OpDef, register_op
 
-__all__ = ["LOGICAL_DEVICE", "SPLIT_TO_LOGICAL_DEVICES", "register_placement_ops"]
+__all__ = ["LOGICAL_DEVICE", "SHARDING_CONSTRAINT", "SPLIT_TO_LOGICAL_DEVICES", "register_placement_ops"]
 
 LOGICAL_DEVICE = "LogicalDevice"
 SPLIT_TO_LOGICAL_DEVICES = "SplitToLogicalDevices"
+SHARDING_CONSTRAINT = "ShardingConstraint"
 
 
 def _same_type(node: Node, _: int | None) -> list[tuple[np.dtype, tuple]]:
@@ -42,12 +43,15 @@ def _pass_gradient(b: GradBuilder, node: Node, g: list[Value | None]) -> list[Va
 
 
 def register_placement_ops() -> None:
-    """Registers the two annotations and their (identity) gradient rules."""
+    """Registers the annotations and their (identity) gradient rules."""
     register_op(OpDef(LOGICAL_DEVICE, GRAPHDIST_DOMAIN, _same_type, reference=_identity,
                       doc="Identity computed on a logical device of its replica.", attrs={"logical_device": 0}))
     register_op(OpDef(SPLIT_TO_LOGICAL_DEVICES, GRAPHDIST_DOMAIN, _same_type, reference=_identity,
                       doc="Identity tiled over its replica's logical devices.", attrs={"partition_dimensions": []}))
+    register_op(OpDef(SHARDING_CONSTRAINT, GRAPHDIST_DOMAIN, _same_type, reference=_identity,
+                      doc="Identity whose layout over the device mesh is pinned.", attrs={"layout": []}))
     register_gradient(LOGICAL_DEVICE, GRAPHDIST_DOMAIN)(_pass_gradient)
+    register_gradient(SHARDING_CONSTRAINT, GRAPHDIST_DOMAIN)(_pass_gradient)
     register_gradient(SPLIT_TO_LOGICAL_DEVICES, GRAPHDIST_DOMAIN)(_pass_gradient)
 
 

@@ -183,6 +183,24 @@ def summed_lines(nodes: Iterable[Node]) -> str:
     return f"summed on the reader ({len(rows)} group(s) read by one replica, no all-reduce):\n{table}"
 
 
+def layout_lines(graph: Graph) -> str:
+    """The ``layouts`` section: values split or partial over the device mesh (``LowerLayoutsPass``)."""
+    table = graph.meta.get("layouts")
+    mesh = graph.meta.get("mesh")
+    if not table or mesh is None:
+        return ""
+    shape = " x ".join(f"{a}={s}" for a, s in zip(mesh.axis_names, mesh.shape))
+    rows = [[f"%{name}", *columns] for name, columns in table.items()]
+    shown = rows[:_LAYOUT_ROWS]
+    more = f"\n  ... and {len(rows) - len(shown)} more (graph.meta['layouts'])" if len(rows) > len(shown) else ""
+    return (f"layouts over the mesh {shape} (batch axis {mesh.batch_axis!r}; {len(rows)} value(s) split or partial, "
+            f"the others replicated):\n" + format_table(["value", "type", "layout", "block per device"], shown) + more)
+
+
+#: Rows of the layouts section a summary shows (the variables come first).
+_LAYOUT_ROWS = 60
+
+
 def attr_text(attrs: dict[str, Any], skip: Sequence[str] = ("group_key", "group_size", "algorithm",
                                                              "reduce_op")) -> str:
     """The attributes not shown in their own column, as ``key=value`` text."""
@@ -313,6 +331,9 @@ def graph_overview(graph: Graph) -> str:
     summed = summed_lines(graph.nodes)
     if summed:
         sections.append(summed)
+    layouts = layout_lines(graph)
+    if layouts:
+        sections.append(layouts)
     checks = check_lines((n.name, n.attrs, [n.device] if n.device else []) for n in graph.nodes
                           if is_runtime_check(n))
     if checks:

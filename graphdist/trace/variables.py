@@ -100,6 +100,10 @@ class WorkerShard:
         gather: All-gathers every worker's stored shards (a collective: every worker must call it;
             one worker's is the identity).
         local: Replicas (shards) per worker.
+        blocks: Tensor parallelism (one worker): part ``i`` is the block
+            ``value[start:stop, ...]`` of ``blocks[i]`` (one ``(start, stop)`` per
+            dimension), stored in its own shape, instead of a flat chunk;
+            ``chunk`` is then a block's element count.
     """
 
     shape: tuple[int, ...]
@@ -108,6 +112,7 @@ class WorkerShard:
     chunk: int
     gather: Callable[[np.ndarray], np.ndarray] = _no_gather
     local: int = 1
+    blocks: tuple[tuple[tuple[int, int], ...], ...] | None = None
 
     @property
     def size(self) -> int:
@@ -121,8 +126,14 @@ class WorkerShard:
 
     def same_layout(self, other: WorkerShard) -> bool:
         """Whether ``other`` splits the value into the same shards and this process keeps the same ones."""
-        return (self.workers, self.worker, self.chunk, self.local) == (other.workers, other.worker, other.chunk,
-                                                                       other.local)
+        return (self.workers, self.worker, self.chunk, self.local, self.blocks) == (
+            other.workers, other.worker, other.chunk, other.local, other.blocks)
+
+    def part_shape(self, index: int) -> tuple[int, ...]:
+        """The shape part ``index`` is stored in."""
+        if self.blocks is None:
+            return (self.chunk,)
+        return tuple(stop - start for start, stop in self.blocks[index])
 
     def local_part(self, value: np.ndarray) -> np.ndarray:
         """This worker's shards of the whole ``value``, one after the other (a copy)."""
@@ -137,12 +148,20 @@ class WorkerShard:
         ``value`` is the whole value, or this worker's shards one after the other (``stored`` elements).
         """
         value = np.asarray(value)
+        if self.blocks is not None:
+            return tuple(aligned(np.ascontiguousarray(value[tuple(slice(a, b) for a, b in block)]))
+                         for block in self.blocks)
         stored = value.reshape(-1) if value.shape == (self.stored,) != tuple(self.shape) else self.local_part(value)
         # Views of one fresh array where aligned (parts are replaced, never written in place), else copies.
         return tuple(aligned(stored[r * self.chunk:(r + 1) * self.chunk]) for r in range(self.local))
 
     def whole(self, stored: np.ndarray | tuple[np.ndarray, ...]) -> np.ndarray:
         """The whole value from every worker's stored shards (collective), a new array."""
+        if self.blocks is not None:
+            whole = np.empty(self.shape, np.asarray(stored[0]).dtype)
+            for part, block in zip(stored, self.blocks):
+                whole[tuple(slice(a, b) for a, b in block)] = part
+            return whole
         if isinstance(stored, tuple):
             stored = np.concatenate(stored) if len(stored) > 1 else stored[0]
         gathered = np.asarray(self.gather(np.ascontiguousarray(stored)))
@@ -401,9 +420,10 @@ class Variable:
             if not (type(part) is np.ndarray and part.dtype == dtype and part.flags.c_contiguous
                     and part.flags.writeable):
                 part = aligned(np.array(part, dtype=dtype, order="C", copy=True))
-            if part.shape != (shard.chunk,):
+            expected = shard.part_shape(len(stored))
+            if part.shape != expected:
                 raise InvalidArgumentError(f"update of a part of {self.name} has shape {part.shape}, expected "
-                                           f"({shard.chunk},)")
+                                           f"{expected}")
             stored.append(part)
         self._value = tuple(stored)
 

@@ -98,3 +98,20 @@ def test_exporting_a_step_with_worker_sharded_state_is_not_implemented(tmp_path)
     variable.store_in_parts(_layouts()[0])  # as a ZeRO-1 step of the same variable would leave it
     with pytest.raises(NotImplementedError, match="sharded across workers .* save a gd.Checkpoint on every worker"):
         concrete.export(tmp_path / "plan")
+
+
+def test_blocks_layout_splits_and_joins_tensor_parallel_blocks() -> None:
+    """Tensor parallelism (LowerLayoutsPass): part i is a block of the value in its own shape, not a flat chunk."""
+    value = np.arange(24, dtype=np.float32).reshape(4, 6)
+    shard = WorkerShard((4, 6), 1, 0, 12, local=2, blocks=(((0, 4), (0, 3)), ((0, 4), (3, 6))))
+    parts = shard.parts(value)
+    np.testing.assert_array_equal(parts[0], value[:, :3])
+    np.testing.assert_array_equal(parts[1], value[:, 3:])
+    assert shard.part_shape(1) == (4, 3) and not shard.same_layout(WorkerShard((4, 6), 1, 0, 12, local=2))
+    np.testing.assert_array_equal(shard.whole(parts), value)
+    variable = gd.Variable(value, name="dense/kernel")
+    variable.store_in_parts(shard)
+    variable.write_back_parts([parts[0] + 1, parts[1] * 2])
+    np.testing.assert_array_equal(variable.numpy(), np.concatenate([value[:, :3] + 1, value[:, 3:] * 2], axis=1))
+    with pytest.raises(gd.InvalidArgumentError, match=r"expected \(4, 3\)"):
+        variable.write_back_parts([parts[0].reshape(-1), parts[1]])
