@@ -135,8 +135,8 @@ def _step_interface(plan: Plan, rewritten: Any, record: StepRecord, resolved: Re
         else:
             leaves.append(dict(detail or {"kind": "opaque", "type": "object"}))
     input_of = {spec.uid: name for name, spec in record.variables}
-    update_of = {uid: out for out, uid in rewritten.meta.get("variable_updates", [])}
-    placements = rewritten.meta.get("placement") or PlacementSpec()
+    update_of = {uid: out for out, uid in rewritten.meta.variable_updates}
+    placements = rewritten.meta.placement or PlacementSpec()
     variables, arrays = [], []
     for index, (name, spec) in enumerate(record.variables):
         array = np.array(record.values[name], order="C", copy=True)
@@ -152,7 +152,7 @@ def _step_interface(plan: Plan, rewritten: Any, record: StepRecord, resolved: Re
         })
         arrays.append(array)
     updates = []
-    for output, uid in rewritten.meta.get("variable_updates", []):
+    for output, uid in rewritten.meta.variable_updates:
         if uid not in input_of:
             raise PlanError(f"{record.name}: variable {uid} is updated but never read by the step")
         updates.append({"output": output, "variable": input_of[uid]})

@@ -111,7 +111,7 @@ class PipelineConfig:
         shard_optimizer_state: ZeRO-1: each replica keeps and updates its 1/N slice of the optimizer
             slots (``ShardOptimizerStatePass``).
         parameter_device: Central storage: the device holding every variable.
-        parameter_servers: Variables live on ps tasks (``graph.meta["placement"]`` has the shards).
+        parameter_servers: Variables live on ps tasks (``graph.meta.placement`` has the shards).
         multi_worker: ``{"num_workers", "comm_group", "algorithm"}`` of a
             multi-worker strategy (the cross-worker collectives), or ``None``.
         logical_cores: ``cores[replica][logical_device]`` of a TPU-like device assignment, or ``None``.

@@ -14,6 +14,7 @@ from graphdist.ir import (
 )
 from graphdist.ir.compare import assert_structural_equal, structural_diff
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Node, Value
+from graphdist.ir.graph_meta import GraphMeta, Replication
 from graphdist.ir.onnx_io import from_onnx, to_onnx
 from graphdist.ir.ops import OPSET, OpDef, get_opdef, register_op, registered_ops
 from graphdist.ir.verify import verify
@@ -22,6 +23,8 @@ __all__ = [
     "Value",
     "Node",
     "Graph",
+    "GraphMeta",
+    "Replication",
     "OpDef",
     "OPSET",
     "ONNX_DOMAIN",

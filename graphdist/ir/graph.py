@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from graphdist.errors import GraphError
+from graphdist.ir.graph_meta import GraphMeta
 
 __all__ = ["Value", "Node", "Graph", "Uses", "Dim", "Shape", "ONNX_DOMAIN", "GRAPHDIST_DOMAIN"]
 
@@ -247,7 +248,8 @@ class Graph:
         opset_imports: Opset version per ONNX domain (``""`` is the default
             domain): the forms of the ops in the graph. Traced graphs use
             :data:`graphdist.ir.ops.OPSET`; an imported model keeps its own.
-        meta: Free-form annotations (for example the output structure).
+        meta: Graph-level metadata (:class:`~graphdist.ir.graph_meta.GraphMeta`: variables, placement,
+            variable updates, replication, batch...).
     """
 
     _cursor: tuple[Node, bool, int] | None = None  # where add_node inserts: (anchor, after, its last known position)
@@ -263,7 +265,7 @@ class Graph:
         self.outputs: list[Value] = []
         self.initializers: dict[str, Value] = {}
         self.nodes: list[Node] = []
-        self.meta: dict[str, Any] = {}
+        self.meta = GraphMeta()
         self._names: set[str] = set()
         self._node_names: set[str] = set()
         self._next_suffix = 0  # copied with the graph, so a copy names new nodes as the original would
@@ -689,7 +691,7 @@ class Graph:
     def copy(self) -> Graph:
         """Deep copy of structure (constant arrays are shared, not copied)."""
         new = Graph(self.name, self.stage, opset_imports=self.opset_imports)
-        new.meta = dict(self.meta)
+        new.meta = self.meta.copy()
         new._names = set(self._names)
         new._node_names = set(self._node_names)
         new._next_suffix = self._next_suffix

@@ -208,14 +208,14 @@ def graph_variables(graph: Graph) -> list[tuple[str, VariableSpec]]:
 def variable_rows(graph: Graph) -> list[list[str]]:
     """Table rows of the graph's variables: type, bytes, kind, placement, where read and updated."""
     by_name = {v.name: v for v in graph.inputs}
-    updates = {uid: out_name for out_name, uid in graph.meta.get("variable_updates", [])}
+    updates = {uid: out_name for out_name, uid in graph.meta.variable_updates}
     placements = placement_of(graph)
     produced = {out.name: node for node in graph.nodes for out in node.outputs}
     # A ZeRO-1 slot stored in per-replica parts has one input per local replica (and one write-back each).
     parts = {uid: [by_name[n] for n in layout["parts"] if n in by_name]
-             for uid, layout in graph.meta.get("sharded_state", {}).items() if layout.get("parts")}
+             for uid, layout in graph.meta.sharded_state.items() if layout.get("parts")}
     written: dict[str, list[str]] = {}
-    for out_name, uid in graph.meta.get("variable_updates", []):
+    for out_name, uid in graph.meta.variable_updates:
         written.setdefault(uid, []).append(out_name)
     rows = []
     for name, spec in graph_variables(graph):
@@ -420,7 +420,7 @@ def graph_to_dot(graph: Graph, *, title: str | None = None, constants: bool = Tr
                     ranksep="0.35", **fast)
     variable_inputs = {name for name, _ in graph_variables(graph)}
     names_by_uid = {spec.uid: f"{spec.name}:0" for _, spec in graph_variables(graph)}
-    update_outputs = {out: names_by_uid.get(uid, out) for out, uid in graph.meta.get("variable_updates", [])}
+    update_outputs = {out: names_by_uid.get(uid, out) for out, uid in graph.meta.variable_updates}
 
     for index, value in enumerate(graph.inputs):
         ids[id(value)] = f"in{index}"

@@ -271,7 +271,7 @@ def converted_graph(graph: Graph, opset: int, changed: Sequence[str] = ()) -> Gr
     Raises:
         TracingError: The converter fails (its message, and the ops whose form changed).
     """
-    cache = graph.meta.setdefault("converted", {})
+    cache = graph.meta.converted
     if opset not in cache:
         from onnx import version_converter
 

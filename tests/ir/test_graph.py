@@ -259,7 +259,7 @@ def test_insert_before_and_placement_fields() -> None:
 
 def test_traced_graph_meta_output_tree() -> None:
     graph = gd.trace(lambda x: {"a": x + 1, "b": (x, 2)}, np.ones(2, np.float32))
-    rebuilt = gd.nest.unflatten(graph.meta["output_tree"], [v.name for v in graph.outputs])
+    rebuilt = gd.nest.unflatten(graph.meta.output_tree, [v.name for v in graph.outputs])
     assert set(rebuilt) == {"a", "b"} and len(rebuilt["b"]) == 2
     assert len({v.name for v in graph.outputs}) == 3
     assert all(v.producer is not None for v in graph.outputs)

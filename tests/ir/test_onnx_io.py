@@ -50,7 +50,7 @@ def test_traced_graph_lowers_checks_and_runs_in_ort() -> None:
     assert model.graph.name == graph.name and model.producer_name == "graphdist"
     assert [i.name for i in model.graph.input] == [v.name for v in graph.inputs]
     assert {t.name for t in model.graph.initializer} == set(graph.initializers)
-    outputs = gd.nest.unflatten(graph.meta["output_tree"], run_ort(model, feeds_for(graph, X, IDS)))
+    outputs = gd.nest.unflatten(graph.meta.output_tree, run_ort(model, feeds_for(graph, X, IDS)))
     expected = step(X, IDS)
     for key in expected:
         np.testing.assert_allclose(outputs[key], expected[key], rtol=1e-5)

@@ -642,7 +642,7 @@ def test_variables_are_read() -> None:
     np.testing.assert_array_equal(nn.relu(v), [[0.0, 2.0]])
     graph = gd.trace(lambda x: nn.relu(x) + nn.layer_norm(v), np.zeros((1, 2), np.float32))
     assert len(graph.inputs) == 2 and graph.inputs[1].meta["variable"].uid == v.uid
-    assert graph.meta["variables"] == [(graph.inputs[1].name, graph.inputs[1].meta["variable"])]
+    assert graph.meta.variables == [(graph.inputs[1].name, graph.inputs[1].meta["variable"])]
 
 
 def test_small_convnet_step_in_strategy_run() -> None:

@@ -76,7 +76,7 @@ def run_graph(graph: gd.Graph, args: tuple, backend: str) -> object:
     model = graph.to_onnx()
     executable = default_cache().get_or_compile(get_backend(backend), model, parse_device("cpu:0"))
     feeds = {value.name: np.asarray(leaf) for value, leaf in zip(graph.inputs, _array_leaves(args))}
-    return nest.unflatten(graph.meta["output_tree"], executable.run(feeds))
+    return nest.unflatten(graph.meta.output_tree, executable.run(feeds))
 
 
 def assert_same(actual: object, expected: object, rtol: float, what: str) -> None:
