@@ -8,6 +8,7 @@ from graphdist.ir import (
     gradients_nn,  # noqa: F401,E402 - gradient rules of the nn ops (imports nn_ops first)
     gradients_ops,  # noqa: F401,E402 - gradient rules of ops with generic (schema) OpDefs: Resize, Einsum, ...
     nn_ops,  # noqa: F401,E402 - registers Gemm, BatchNormalization, LayerNormalization, ... (imported models)
+    onnx_schema_ops,  # noqa: F401,E402 - installs the generic OpDefs made from ONNX's schemas
     placement_ops,  # noqa: F401,E402 - registers TPUStrategy's logical-device annotations
     replica_ops,  # noqa: F401,E402 - registers ReplicaId and the cross-replica ops
     state_ops,  # noqa: F401,E402 - registers AssignVariable and Gradient

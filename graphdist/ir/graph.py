@@ -25,11 +25,10 @@ import numpy as np
 
 from graphdist.errors import GraphError
 from graphdist.ir.graph_meta import GraphMeta
+from graphdist.ir.op_registry import GRAPHDIST_DOMAIN, ONNX_DOMAIN, OPSET, get_opdef
 
 __all__ = ["Value", "Node", "Graph", "Uses", "Dim", "Shape", "ONNX_DOMAIN", "GRAPHDIST_DOMAIN"]
 
-ONNX_DOMAIN = ""
-GRAPHDIST_DOMAIN = "graphdist"
 
 #: A dimension is a static size or a symbolic name (e.g. ``"batch"``).
 Dim = int | str
@@ -256,8 +255,6 @@ class Graph:
 
     def __init__(self, name: str = "graph", stage: str = "traced", *,
                  opset_imports: dict[str, int] | None = None) -> None:
-        from graphdist.ir.ops import OPSET  # local: ops imports graph
-
         self.name = name
         self.stage = stage
         self.opset_imports: dict[str, int] = dict(opset_imports or {ONNX_DOMAIN: OPSET})
@@ -273,8 +270,6 @@ class Graph:
     @property
     def opset(self) -> int:
         """The default-domain (``ai.onnx``) opset version of the graph."""
-        from graphdist.ir.ops import OPSET  # local: ops imports graph
-
         return self.opset_imports.get(ONNX_DOMAIN, OPSET)
 
     # ------------------------------------------------------------------ names
@@ -335,8 +330,6 @@ class Graph:
         Raises:
             GraphError: The op is unknown or its inputs do not type-check.
         """
-        from graphdist.ir.ops import get_opdef  # local: ops imports graph
-
         node = Node(op_type, inputs, attrs, domain=domain)
         node.name = self.unique_name(name or op_type.lower(), node=True)
         if output_types is None:
