@@ -16,14 +16,20 @@ from graphdist.ir import (
 from graphdist.ir.compare import assert_structural_equal, structural_diff
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Node, Value
 from graphdist.ir.graph_meta import GraphMeta, Replication
+from graphdist.ir.networkx_view import graph_to_networkx
 from graphdist.ir.onnx_io import from_onnx, to_onnx
 from graphdist.ir.ops import OPSET, OpDef, get_opdef, register_op, registered_ops
+from graphdist.ir.render import graph_summary, graph_to_dot, render_graph
 from graphdist.ir.verify import verify
 
 __all__ = [
     "Value",
     "Node",
     "Graph",
+    "graph_summary",
+    "graph_to_dot",
+    "render_graph",
+    "graph_to_networkx",
     "GraphMeta",
     "Replication",
     "OpDef",

@@ -675,12 +675,6 @@ class Graph:
             raise GraphError(f"graph {self.name!r} has a cycle through nodes {stuck}")
         self.nodes = ordered
 
-    def to_networkx(self):  # -> networkx.MultiDiGraph
-        """A ``networkx.MultiDiGraph`` of the graph (:func:`graphdist.ir.networkx_view.graph_to_networkx`)."""
-        from graphdist.ir.networkx_view import graph_to_networkx  # a view of the data, not part of it
-
-        return graph_to_networkx(self)
-
     def copy(self) -> Graph:
         """Deep copy of structure (constant arrays are shared, not copied)."""
         new = Graph(self.name, self.stage, opset_imports=self.opset_imports)
@@ -710,42 +704,6 @@ class Graph:
             new.append(twin)
         new.outputs = [mapping[id(v)] for v in self.outputs]
         return new
-
-    # ----------------------------------------------------------- rendering
-    def summary(self) -> str:
-        """A readable text listing of the graph, with overview tables when placed
-        (:func:`graphdist.ir.render.graph_summary`).
-        """
-        from graphdist.ir.render import graph_summary  # a view of the data, not part of it
-
-        return graph_summary(self)
-
-    def to_onnx(self, *, opset: int | None = None):  # -> onnx.ModelProto
-        """Lowers to an ``onnx.ModelProto`` (see :mod:`graphdist.ir.onnx_io`)."""
-        from graphdist.ir.onnx_io import to_onnx  # an export of the data, not part of it
-
-        return to_onnx(self) if opset is None else to_onnx(self, opset=opset)
-
-    def to_dot(self, **options: Any) -> str:
-        """Graphviz DOT text: devices as clusters, collectives highlighted
-        (options: see :func:`graphdist.ir.render.graph_to_dot`).
-        """
-        from graphdist.ir.render import graph_to_dot  # a view of the data, not part of it
-
-        return graph_to_dot(self, **options)
-
-    def render(self, path: str, **options: Any) -> Any:
-        """Writes the graph as a picture: SVG or PNG by ``path``'s suffix (``.dot``:
-        the DOT text). Needs Graphviz's ``dot`` program; raises
-        :class:`~graphdist.errors.GraphdistError` with an install hint without it.
-        Returns the ``pathlib.Path`` written.
-        """
-        from graphdist.ir.render import render_dot  # a view of the data, not part of it
-
-        return render_dot(self.to_dot(**options), path)
-
-    def __str__(self) -> str:
-        return self.summary()
 
     def __repr__(self) -> str:
         return f"<Graph {self.name!r} stage={self.stage} nodes={len(self.nodes)} inputs={len(self.inputs)}>"

@@ -1,6 +1,6 @@
 """Inspection views of graphs: overview tables, Graphviz DOT, pictures.
 
-* :func:`graph_overview`: the tables :meth:`Graph.summary` shows above the node
+* :func:`graph_overview`: the tables :func:`graph_summary` shows above the node
   listing: ops per device, collectives (grouped, with sizes and algorithm),
   variables and their placement, bytes communicated per step.
 * :func:`graph_to_dot`: DOT text. Devices are clusters
@@ -45,6 +45,7 @@ __all__ = [
     "graph_overview",
     "graph_to_dot",
     "render_dot",
+    "render_graph",
     "dot_executable",
     "RENDER_FORMATS",
     "DOT_INSTALL_HINT",
@@ -79,7 +80,7 @@ DOT_INSTALL_HINT = (
     "install Graphviz, which provides it (it is a system program, not on PyPI): "
     "`apt-get install -y graphviz` on Debian/Ubuntu (as root), `brew install graphviz` on macOS or "
     "`conda install graphviz`; or set GRAPHDIST_DOT to the path of a dot executable. Without it, "
-    "to_dot() still gives the DOT text"
+    "graph_to_dot(graph) and plan.to_dot() still give the DOT text"
 )
 
 _FAST_LAYOUT_NODES = 300  # above this many nodes the DOT text asks dot for a quicker layout
@@ -246,7 +247,7 @@ def variable_rows(graph: Graph) -> list[list[str]]:
 
 # ------------------------------------------------------------ graph tables
 def graph_summary(graph: Graph) -> str:
-    """The text of :meth:`Graph.summary`: :func:`~graphdist.ir.printer.format_graph`'s listing, with
+    """The text of :func:`graph_summary`: :func:`~graphdist.ir.printer.format_graph`'s listing, with
     :func:`graph_overview`'s tables after the header when there are any.
     """
     text, overview = format_graph(graph), graph_overview(graph)
@@ -257,7 +258,7 @@ def graph_summary(graph: Graph) -> str:
 
 
 def graph_overview(graph: Graph) -> str:
-    """Tables for :meth:`Graph.summary`: ops per device, collectives, variables, bytes per step.
+    """Tables for :func:`graph_summary`: ops per device, collectives, variables, bytes per step.
 
     Returns ``""`` for a graph without placement, collectives or variables.
     """
@@ -585,3 +586,11 @@ def _atomic_write(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def render_graph(graph: Graph, path: str | os.PathLike[str], **options: Any) -> Path:
+    """Writes ``graph`` as a picture: SVG or PNG by ``path``'s suffix (``.dot``: the DOT text of
+    :func:`graph_to_dot`, whose ``options`` these are). Needs Graphviz's ``dot`` program; raises
+    :class:`~graphdist.errors.GraphdistError` with an install hint without it. Returns the path written.
+    """
+    return render_dot(graph_to_dot(graph, **options), path)

@@ -9,7 +9,7 @@ import pytest
 
 from graphdist.backends import default_cache, get_backend
 from graphdist.errors import GraphError
-from graphdist.ir import GRAPHDIST_DOMAIN, Graph, Value, assert_structural_equal, verify
+from graphdist.ir import GRAPHDIST_DOMAIN, Graph, Value, assert_structural_equal, to_onnx, verify
 from graphdist.ir.batch import BatchDim
 from graphdist.passes.accumulate_gradients import AccumulateGradientsPass
 from graphdist.passes.base import PassContext
@@ -83,7 +83,7 @@ def _accumulate(graph: Graph, steps: int) -> Graph:
 
 
 def _run(graph: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    exe = default_cache().get_or_compile(get_backend("reference"), graph.to_onnx(), parse_device("cpu:0"))
+    exe = default_cache().get_or_compile(get_backend("reference"), to_onnx(graph), parse_device("cpu:0"))
     return exe.run({v.name: feeds[v.name] for v in graph.inputs})
 
 

@@ -11,7 +11,7 @@ import pytest
 import graphdist as gd
 from graphdist.backends import default_cache, get_backend
 from graphdist.compile.build import compile_traced
-from graphdist.ir import Graph, assert_structural_equal, structural_diff, verify
+from graphdist.ir import Graph, assert_structural_equal, structural_diff, to_onnx, verify
 from graphdist.ir.batch import BatchDim, affine
 from graphdist.ir.placement import PlacementSpec, VariablePlacement
 from graphdist.models.mlp import MLP
@@ -35,7 +35,7 @@ def _rebatch(graph: Graph, batch: int, modified: bool = True) -> Graph:
 
 
 def _run(graph: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    exe = default_cache().get_or_compile(get_backend("reference"), graph.to_onnx(), parse_device("cpu:0"))
+    exe = default_cache().get_or_compile(get_backend("reference"), to_onnx(graph), parse_device("cpu:0"))
     return exe.run({v.name: feeds[v.name] for v in graph.inputs})
 
 

@@ -9,7 +9,7 @@ import pytest
 
 import graphdist as gd
 from graphdist.backends import default_cache, get_backend
-from graphdist.ir import GRAPHDIST_DOMAIN, Graph, Value, assert_structural_equal, verify
+from graphdist.ir import GRAPHDIST_DOMAIN, Graph, Value, assert_structural_equal, to_onnx, verify
 from graphdist.passes.base import PassContext
 from graphdist.passes.replicate import ReplicatePass, Replication
 from graphdist.runtime.devices import parse_device
@@ -19,7 +19,7 @@ FLOAT = 1  # onnx.TensorProto.FLOAT
 
 
 def _run(graph: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    exe = default_cache().get_or_compile(get_backend("reference"), graph.to_onnx(), parse_device("cpu:0"))
+    exe = default_cache().get_or_compile(get_backend("reference"), to_onnx(graph), parse_device("cpu:0"))
     return exe.run({v.name: feeds[v.name] for v in graph.inputs})
 
 
