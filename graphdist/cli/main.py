@@ -458,17 +458,18 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             return _emit_text(args.output, strategy_pass_diffs(concrete).format())
         subject = concrete.plan if stage == "plan" else concrete.graph(stage)
         strategy_name = type(built.strategy).__name__
+    views = _views(subject)
     if fmt == "text":
-        return _emit_text(args.output, subject.summary())
+        return _emit_text(args.output, views.summary())
     if fmt == "dot":
-        return _emit_text(args.output, subject.to_dot().rstrip("\n"))
+        return _emit_text(args.output, views.to_dot().rstrip("\n"))
     if fmt in ("svg", "png"):
-        subject.render(args.output)
+        views.render(args.output)
         print(f"wrote {args.output} ({fmt}, {_describe_subject(subject)})")
         return EXIT_OK
     import onnx
 
-    model = subject.to_onnx()
+    model = views.to_onnx()
     for key, value in (("graphdist.stage", stage), ("graphdist.target", args.target),
                        ("graphdist.strategy", strategy_name)):
         entry = model.metadata_props.add()
@@ -502,6 +503,23 @@ def _inspect_plan_directory(args: argparse.Namespace, stage: str) -> tuple[Any, 
     except gd.PlanError as err:
         raise UsageError(str(err)) from err
     return subject, str(loaded.metadata.get("strategy") or "")
+
+
+def _views(subject: Any) -> Any:
+    """``summary``, ``to_dot``, ``render`` and ``to_onnx`` of a plan (its methods) or of a stage graph (the IR's
+    free functions: a graph is data).
+    """
+    from types import SimpleNamespace
+
+    from graphdist.ir.graph import Graph
+
+    if not isinstance(subject, Graph):
+        return subject
+    from graphdist.ir.onnx_io import to_onnx
+    from graphdist.ir.render import graph_summary, graph_to_dot, render_graph
+
+    return SimpleNamespace(summary=lambda: graph_summary(subject), to_dot=lambda: graph_to_dot(subject),
+                           render=lambda path: render_graph(subject, path), to_onnx=lambda: to_onnx(subject))
 
 
 def _describe_subject(subject: Any) -> str:

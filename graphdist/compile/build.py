@@ -49,7 +49,7 @@ def compile_traced(traced: Graph, interface: StepInterface, pipeline: Pipeline,
     if rebatch:
         traced = PassManager(rebatch).run(traced.copy(), ctx).graph
     graph = traced.copy()
-    graph.meta["placement"] = placement
+    graph.meta.placement = placement
     rewritten = PassManager(pipeline.stage("rewritten")).run(graph, ctx).graph
     resolved = _arrange_results(rewritten, interface)
     partitioned = PassManager(pipeline.stage("partitioned")).run(rewritten.copy(), ctx).graph
@@ -63,7 +63,7 @@ def _arrange_results(graph: Graph, interface: StepInterface) -> Resolved:
     """
     resolved = interface.resolve(graph)
     order = resolved.output_order
-    updates = len(graph.meta.get("variable_updates", []))
+    updates = len(graph.meta.variable_updates)
     results = graph.outputs[: len(graph.outputs) - updates]
     if sorted(order) != list(range(len(results))):
         raise TracingError(f"graph {graph.name!r}: the step's results do not map one to one onto its outputs")

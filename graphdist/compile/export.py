@@ -73,6 +73,7 @@ from graphdist.compile.plan_files import (
 )
 from graphdist.compile.step import StepRecord
 from graphdist.errors import PlanError
+from graphdist.ir.onnx_io import to_onnx
 from graphdist.ir.placement import PlacementSpec, VariablePlacement
 
 __all__ = ["concrete_files", "export_concrete", "export_plan", "step_files"]
@@ -135,8 +136,8 @@ def _step_interface(plan: Plan, rewritten: Any, record: StepRecord, resolved: Re
         else:
             leaves.append(dict(detail or {"kind": "opaque", "type": "object"}))
     input_of = {spec.uid: name for name, spec in record.variables}
-    update_of = {uid: out for out, uid in rewritten.meta.get("variable_updates", [])}
-    placements = rewritten.meta.get("placement") or PlacementSpec()
+    update_of = {uid: out for out, uid in rewritten.meta.variable_updates}
+    placements = rewritten.meta.placement or PlacementSpec()
     variables, arrays = [], []
     for index, (name, spec) in enumerate(record.variables):
         array = np.array(record.values[name], order="C", copy=True)
@@ -152,7 +153,7 @@ def _step_interface(plan: Plan, rewritten: Any, record: StepRecord, resolved: Re
         })
         arrays.append(array)
     updates = []
-    for output, uid in rewritten.meta.get("variable_updates", []):
+    for output, uid in rewritten.meta.variable_updates:
         if uid not in input_of:
             raise PlanError(f"{record.name}: variable {uid} is updated but never read by the step")
         updates.append({"output": output, "variable": input_of[uid]})
@@ -231,7 +232,7 @@ def step_files(plan: Plan, graphs: dict[str, Any], record: StepRecord, resolved:
     if not plan.compiled:
         raise PlanError(f"{record.name}: the plan is not compiled; compile it before exporting")
     interface = _step_interface(plan, graphs["rewritten"], record, resolved)
-    data = {stage: graphs[stage].to_onnx().SerializeToString() for stage in STAGES}
+    data = {stage: to_onnx(graphs[stage]).SerializeToString() for stage in STAGES}
     extra = {"replicas": {"local": config.replicas, "in_sync": config.total_replicas,
                           "offset": config.replica_offset},
              "traced": record.to_json()}
@@ -292,6 +293,6 @@ def export_plan(plan: Plan, directory: str | os.PathLike[str], *, overwrite: boo
         return owner.export(directory, overwrite=overwrite)
     if not plan.compiled:
         raise PlanError(f"plan {plan.graph.name!r} is not compiled; call plan.compile(backend) before exporting")
-    graphs = {"partitioned": plan.graph.to_onnx().SerializeToString()}
+    graphs = {"partitioned": to_onnx(plan.graph).SerializeToString()}
     files = _plan_files(plan, plan.graph.name, _bare_interface(plan), graphs, None)
     return str(write_plan_directory(directory, files, overwrite))

@@ -143,7 +143,7 @@ def _store_worker_shards(name: str, graph: Graph, by_uid: dict[str, Variable],
     Raises:
         InvalidArgumentError: The step reads whole a variable another step sharded across workers.
     """
-    layouts = {uid: layout for uid, layout in graph.meta.get("sharded_state", {}).items() if "parts" in layout}
+    layouts = {uid: layout for uid, layout in graph.meta.sharded_state.items() if "parts" in layout}
     for uid, variable in by_uid.items():
         shard = variable.worker_shard
         if shard is not None and shard.workers > 1 and uid not in layouts:
@@ -213,7 +213,7 @@ class ConcreteFunction:
         self._variable_feeds = list(variables.items())
         self._locks = VariableLocks(variables.values())
         by_uid = {v.uid: v for v in variables.values()}
-        self._updates = [(out, by_uid[uid]) for out, uid in rewritten.meta.get("variable_updates", [])]
+        self._updates = [(out, by_uid[uid]) for out, uid in rewritten.meta.variable_updates]
         self._shards = _store_worker_shards(name, rewritten, by_uid, strategy)
         self._num_results = len(rewritten.outputs) - len(self._updates)
         self._arrange_feeds(rewritten)
@@ -226,7 +226,7 @@ class ConcreteFunction:
         write-back per part (its ``variable_updates`` entries, in replica order); any other variable one
         input and one write-back.
         """
-        layouts = {uid: layout for uid, layout in rewritten.meta.get("sharded_state", {}).items()
+        layouts = {uid: layout for uid, layout in rewritten.meta.sharded_state.items()
                    if "parts" in layout}
         self._whole_feeds: list[tuple[str, Variable]] = []
         self._part_feeds: list[tuple[list[str], Variable, WorkerShard]] = []
@@ -484,7 +484,7 @@ class Function:
         elif self._accumulate_steps > 1:
             config = config.replace(accumulate_steps=self._accumulate_steps)
         if config.accumulate_steps > 1:
-            batch_args = config.replicas == 1 and traced.meta.get("batch") is None
+            batch_args = config.replicas == 1 and traced.meta.batch is None
             if batch_args:  # one local replica: its array arguments are its batch (a distributed dataset's element)
                 traced, interface, variables, strategies, treedef = self._trace(args, kwargs, count=False,
                                                                                 batch_args=True)
@@ -509,7 +509,7 @@ class Function:
 
     def _specialised_key(self, key: Any, traced: Graph, args: tuple, kwargs: dict) -> Any:
         """The cache key of a trace that specialised on argument values: the signature plus those values."""
-        specialised = traced.meta.get("specialised") or {}
+        specialised = traced.meta.specialised or {}
         if not specialised:
             return key
         base = key[0] if is_guarded(key) else key
@@ -539,15 +539,15 @@ class Function:
         """
         from graphdist.compile.step import check_batch_follows
 
-        batch = traced.meta.get("batch")
-        reads = traced.meta.get("reads_num_replicas") or []
+        batch = traced.meta.batch
+        reads = traced.meta.reads_num_replicas or []
         if reads:
             raise TracingError(
                 f"{self._name}: {label} counts the micro-batches as replicas, but the step read "
                 f"num_replicas_in_sync while it was traced (at {', '.join(reads[:3])}), which freezes the replica "
                 "count into its graph; let the step not depend on it (gd.nn.compute_average_loss without "
                 "global_batch_size counts the replicas and micro-batches itself)")
-        if batch is None or traced.meta.get("replica_variants") or int(batch) % steps:
+        if batch is None or traced.meta.replica_variants or int(batch) % steps:
             return  # AccumulateGradientsPass says what is wrong with the batch
         check = check_batch_follows(self, specs_of(args, kwargs), traced, int(batch) // steps, batch_args=batch_args)
         if not check["verified"]:
@@ -586,9 +586,9 @@ class Function:
             flat: list[Any] = []
             results = [result_leaf(ctx, leaf, flat) for leaf in leaves]
             ctx.set_outputs(flat)
-        ctx.graph.meta["batch"] = per_replica_batch(ctx.graph)
+        ctx.graph.meta.batch = per_replica_batch(ctx.graph)
         if ctx.specialised:
-            ctx.graph.meta["specialised"] = dict(ctx.specialised)
+            ctx.graph.meta.specialised = dict(ctx.specialised)
         if count:
             stats.increment("traces")
         strategies = (list(ctx.strategies), ctx.scope_strategy)
@@ -649,7 +649,7 @@ def _strategy_of_remote_variables(name: str, strategy: CompileTarget | None,
 def _placement(strategy: CompileTarget | None, traced: Graph, variables: dict[str, Variable]) -> PlacementSpec:
     """Where each variable of the step lives, as the strategy decides (data, not objects)."""
     spec = PlacementSpec()
-    for name, variable_spec in traced.meta.get("variables", []):
+    for name, variable_spec in traced.meta.variables:
         variable = variables.get(name)
         if strategy is not None:
             spec.variables[variable_spec.uid] = strategy.variable_placement(variable_spec, variable)

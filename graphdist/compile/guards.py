@@ -49,7 +49,7 @@ def signature_of_key(key: Any) -> Any:
 
 
 def specialised_to_json(specialised: dict[str, tuple[str, np.ndarray]] | None) -> dict[str, Any]:
-    """The inputs a trace specialised on (``graph.meta["specialised"]``: name -> (argument, value)), for
+    """The inputs a trace specialised on (``graph.meta.specialised``: name -> (argument, value)), for
     ``plan.json``.
     """
     return {name: {"argument": hint, "dtype": np.asarray(value).dtype.str, "value": np.asarray(value).tolist()}

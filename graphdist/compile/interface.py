@@ -83,7 +83,7 @@ class StepInterface:
         Raises:
             PlanError: The graph lacks an input or output the interface names.
         """
-        replication = graph.meta.get("replication")
+        replication = graph.meta.replication
         input_map = replication.input_map if replication is not None else {}
         output_map = replication.output_map if replication is not None else None
         replica_outputs = replication.replica_outputs if replication is not None else {}

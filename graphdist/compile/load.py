@@ -404,9 +404,9 @@ def _load(reader: _Reader, backend: str | None) -> LoadedPlan:
     graph.stage = "partitioned"
     _restore_placement(graph, models["partitioned"], segments)
     records = {e["input"]: _variable_spec(e) for e in var_entries}
-    graph.meta["variables"] = [(name, spec) for name, (spec, _) in records.items()]
-    graph.meta["placement"] = PlacementSpec({spec.uid: where for spec, where in records.values()})
-    graph.meta["variable_updates"] = [(u["output"], records[u["variable"]][0].uid) for u in updates]
+    graph.meta.variables = [(name, spec) for name, (spec, _) in records.items()]
+    graph.meta.placement = PlacementSpec({spec.uid: where for spec, where in records.values()})
+    graph.meta.variable_updates = [(u["output"], records[u["variable"]][0].uid) for u in updates]
     if [v.name for v in graph.inputs] != plan_inputs or [v.name for v in graph.outputs] != plan_outputs:
         raise reader.error(f"the partitioned graph's inputs/outputs do not match plan.json's "
                            f"plan_inputs/plan_outputs; {REEXPORT}")

@@ -26,6 +26,7 @@ import numpy as np
 
 from graphdist.errors import NumericsError
 from graphdist.ir.graph import Graph, Node, Value
+from graphdist.ir.onnx_io import to_onnx
 from graphdist.runtime.devices import parse_device
 from graphdist.runtime.numerics import NonFiniteOutputsError, count_non_finite, describe_counts
 
@@ -59,7 +60,7 @@ def _run_exposed(segment: Any, feeds: dict[str, Any], backend: Any) -> tuple[Gra
     from graphdist.backends import get_backend
 
     debug, watched = _debug_graph(segment.graph)
-    model = debug.to_onnx()
+    model = to_onnx(debug)
     names = [v.name for v in debug.outputs]
     errors = []
     attempts = [(backend, parse_device(segment.device))]

@@ -122,7 +122,7 @@ class PipelineConfig:
             reduce-scattered and their optimizer slots sharded (``ShardParametersPass``); ``()``: none.
             Filled from a layout map (a weight laid out over the batch axis); normalised to a sorted tuple.
         parameter_device: Central storage: the device holding every variable.
-        parameter_servers: Variables live on ps tasks (``graph.meta["placement"]`` has the shards).
+        parameter_servers: Variables live on ps tasks (``graph.meta.placement`` has the shards).
         multi_worker: ``{"num_workers", "comm_group", "algorithm"}`` of a
             multi-worker strategy (the cross-worker collectives), or ``None``.
         logical_cores: ``cores[replica][logical_device]`` of a TPU-like device assignment, or ``None``.

@@ -136,7 +136,7 @@ def plan_to_dot(plan: Plan, *, title: str | None = None) -> str:
     graph: Graph = plan.graph
     values = {v.name: v for v in graph.values()}
     variable_inputs = {name for name, _ in graph_variables(graph)}
-    update_outputs = {name for name, _ in graph.meta.get("variable_updates", [])}
+    update_outputs = {name for name, _ in graph.meta.variable_updates}
     producer: dict[str, str] = {}
     label = title or f"plan {graph.name}: {len(plan.segments)} segment(s), {plan.describe_tasks()}"
     lines = dot_header(f"plan {graph.name}", label, rankdir="TB", nodesep="0.3", ranksep="0.45")

@@ -102,8 +102,8 @@ def _rebatch_options(record: StepRecord, replicas: int,
     (``None``: the traced graph is kept as it is).
     """
     graph = record.traced
-    batch = graph.meta.get("batch")
-    if graph.meta.get("replica_variants"):
+    batch = graph.meta.batch
+    if graph.meta.replica_variants:
         if replicas != record.replicas_in_sync:
             raise PlanError(f"plan {record.name!r} was traced with per-replica arguments of different shapes (an "
                             f"uneven batch over {record.replicas_in_sync} replicas); it can only be re-planned for "
@@ -153,12 +153,12 @@ def _check_accumulation(record: StepRecord, graph: Graph, local_replicas: int, s
     """
     if steps == 1:
         return
-    batch = graph.meta.get("batch")
+    batch = graph.meta.batch
     if batch is not None and int(batch) % steps:
         raise PlanError(f"plan {record.name!r} accumulates gradients over {steps} micro-batches per replica, and a "
                         f"per-replica batch of {int(batch)} rows does not divide into {steps}; pick a replica count "
                         f"that leaves each replica a multiple of {steps} rows")
-    per_replica = graph.meta.get("per_replica_inputs", {})
+    per_replica = graph.meta.per_replica_inputs
     plain_batches = [f.inputs[0] for f in record.interface.arguments if f.kind == "tensor" and f.inputs
                      and f.inputs[0] in per_replica]
     if plain_batches and local_replicas > 1:
@@ -169,7 +169,7 @@ def _check_accumulation(record: StepRecord, graph: Graph, local_replicas: int, s
 
 
 def _check_replica_count(record: StepRecord, replicas: int) -> None:
-    reads = record.traced.meta.get("reads_num_replicas") or []
+    reads = record.traced.meta.reads_num_replicas or []
     if reads and replicas != record.replicas_in_sync:
         raise PlanError(
             f"plan {record.name!r} read num_replicas_in_sync ({record.replicas_in_sync}) while it was traced "

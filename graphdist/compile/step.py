@@ -72,18 +72,18 @@ class StepRecord:
         return {
             "interface": self.interface.to_json(),
             "variables": [{"input": name, **spec.to_json()} for name, spec in self.variables],
-            "per_replica_inputs": dict(meta.get("per_replica_inputs", {})),
-            "per_replica_outputs": {str(k): v for k, v in meta.get("per_replica_outputs", {}).items()},
-            "replica_variants": {k: list(v) for k, v in meta.get("replica_variants", {}).items()},
-            "batch": meta.get("batch"),
+            "per_replica_inputs": dict(meta.per_replica_inputs),
+            "per_replica_outputs": {str(k): v for k, v in meta.per_replica_outputs.items()},
+            "replica_variants": {k: list(v) for k, v in meta.replica_variants.items()},
+            "batch": meta.batch,
             "batch_constants": {name: [None if item is None else list(item) for item in value.meta["batch"]]
                                 for name, value in self.traced.initializers.items() if value.meta.get("batch")},
-            "reads_num_replicas": list(meta.get("reads_num_replicas", [])),
+            "reads_num_replicas": list(meta.reads_num_replicas),
             "replicas_in_sync": self.replicas_in_sync,
             "rebatch": dict(self.rebatch),
             "accumulate_steps": self.accumulate_steps,
             # Inputs whose values the trace used as constants (TraceContext.specialise): a call must repeat them.
-            "specialised": specialised_to_json(meta.get("specialised")),
+            "specialised": specialised_to_json(meta.specialised),
             "deterministic_chunks": self.deterministic_chunks,
         }
 
@@ -104,13 +104,13 @@ class StepRecord:
         try:
             variables = [(str(v["input"]), VariableSpec.from_json(v)) for v in section["variables"]]
             meta = graph.meta
-            meta["per_replica_inputs"] = dict(section["per_replica_inputs"])
-            meta["per_replica_outputs"] = {int(k): v for k, v in section["per_replica_outputs"].items()}
-            meta["replica_variants"] = {k: list(v) for k, v in section["replica_variants"].items()}
-            meta["batch"] = section["batch"]
-            meta["reads_num_replicas"] = list(section.get("reads_num_replicas", []))
-            meta["specialised"] = specialised_from_json(section.get("specialised"))
-            meta["variables"] = variables
+            meta.per_replica_inputs = dict(section["per_replica_inputs"])
+            meta.per_replica_outputs = {int(k): v for k, v in section["per_replica_outputs"].items()}
+            meta.replica_variants = {k: list(v) for k, v in section["replica_variants"].items()}
+            meta.batch = section["batch"]
+            meta.reads_num_replicas = list(section.get("reads_num_replicas", []))
+            meta.specialised = specialised_from_json(section.get("specialised"))
+            meta.variables = variables
             for name, items in section["batch_constants"].items():
                 graph.initializers[name].meta["batch"] = [None if i is None else (int(i[0]), int(i[1]))
                                                           for i in items]
@@ -165,7 +165,7 @@ def record_of_concrete(concrete: Any, check: bool = True) -> StepRecord:
     values = {name: np.array(v.whole_value(), order="C", copy=True) for name, v in concrete._variable_feeds}
     record = StepRecord(
         concrete.name, traced, concrete.interface, encode_treedef(treedef, "the step's arguments"), details,
-        encode_treedef(concrete._output_treedef, "the step's result"), list(traced.meta.get("variables", [])),
+        encode_treedef(concrete._output_treedef, "the step's result"), list(traced.meta.variables),
         values, concrete.config.total_replicas, accumulate_steps=concrete.config.accumulate_steps,
         deterministic_chunks=concrete.config.deterministic_chunks)
     if check:
@@ -181,9 +181,9 @@ def check_rebatch(concrete: Any) -> dict[str, Any]:
     constant the step computed from the batch size was recorded (see :mod:`graphdist.ir.batch`).
     """
     traced = concrete.graph("traced")
-    batch = traced.meta.get("batch")
+    batch = traced.meta.batch
     if batch is None:
-        reason = ("the step was traced with uneven per-replica shapes" if traced.meta.get("replica_variants")
+        reason = ("the step was traced with uneven per-replica shapes" if traced.meta.replica_variants
                   else "the step has no per-replica inputs, so its batch size never changes")
         return {"verified": False, "reason": reason}
     function, example = concrete._function, concrete._example

@@ -44,7 +44,7 @@ def make_inputs(ctx: TraceContext, args: tuple, kwargs: dict,
             batch = batch_args and len(np.shape(leaf) if not isinstance(leaf, TensorSpec) else leaf.shape) > 0
             proxy = _input(ctx, leaf, hint, per_replica=batch)
             if batch:
-                ctx.graph.meta.setdefault("per_replica_inputs", {})[proxy.value.name] = None
+                ctx.graph.meta.per_replica_inputs[proxy.value.name] = None
             elif not isinstance(leaf, TensorSpec):  # the step may specialise on its value (TraceContext.specialise)
                 ctx.input_values[proxy.value.name] = (hint, np.asarray(leaf))
             feeds.append(ArgumentFeed("tensor", (proxy.value.name,)))
@@ -82,7 +82,7 @@ def _per_replica_inputs(ctx: TraceContext, components: tuple[Any, ...], hint: st
             groups.setdefault((tuple(spec.shape), np.dtype(spec.dtype).str), []).append(replica)
     values: list[Any] = list(components)
     names: list[Any] = [None] * len(components)
-    per_replica = ctx.graph.meta.setdefault("per_replica_inputs", {})
+    per_replica = ctx.graph.meta.per_replica_inputs
     for replicas in groups.values():
         proxy = _input(ctx, components[replicas[0]], hint, per_replica=True)
         per_replica[proxy.value.name] = None if len(replicas) == len(components) else new_variant(ctx, replicas)
@@ -111,8 +111,8 @@ def per_replica_batch(graph: Graph) -> int | None:
     """The per-replica batch size every per-replica input shares (their first dimension), or ``None``
     (no per-replica input, a scalar one, or replicas of different batch sizes).
     """
-    per_replica = graph.meta.get("per_replica_inputs", {})
-    if not per_replica or graph.meta.get("replica_variants"):
+    per_replica = graph.meta.per_replica_inputs
+    if not per_replica or graph.meta.replica_variants:
         return None
     sizes = {v.shape[0] if v.shape else None for v in graph.inputs if v.name in per_replica}
     return int(sizes.pop()) if len(sizes) == 1 and None not in sizes else None
@@ -120,7 +120,7 @@ def per_replica_batch(graph: Graph) -> int | None:
 
 def new_variant(ctx: TraceContext, replicas: list[int] | tuple[int, ...]) -> str:
     """Registers a replica variant (replicas traced together because their arguments had one shape)."""
-    variants = ctx.graph.meta.setdefault("replica_variants", {})
+    variants = ctx.graph.meta.replica_variants
     for key, members in variants.items():
         if list(members) == list(replicas):
             return key
@@ -133,7 +133,7 @@ def result_leaf(ctx: TraceContext, leaf: Any, flat: list[Any]) -> ResultLeaf:
     """Appends ``leaf``'s values to the traced outputs ``flat``; says how the result is rebuilt."""
     if isinstance(leaf, TracedPerReplica) and all(isinstance(v, Tensor) for v in leaf.replica_values):
         positions: dict[int, int] = {}
-        per_replica = ctx.graph.meta.setdefault("per_replica_outputs", {})
+        per_replica = ctx.graph.meta.per_replica_outputs
         outputs = []
         for value in leaf.replica_values:
             if id(value) not in positions:

@@ -74,7 +74,7 @@ def replica_region(value: Any) -> dict[str, Any]:
             variant = producer.meta.get("variant")
             return {"context": "replica"} if variant is None else {"context": "replica", "variant": variant}
         if producer is None:
-            per_replica = value.tracer.graph.meta.get("per_replica_inputs", {})
+            per_replica = value.tracer.graph.meta.per_replica_inputs
             if value.value.name in per_replica:
                 variant = per_replica[value.value.name]
                 return {"context": "replica"} if variant is None else {"context": "replica", "variant": variant}

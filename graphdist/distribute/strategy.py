@@ -432,7 +432,7 @@ def note_replica_count_read() -> None:
     if caller.f_code.co_filename.startswith(_PACKAGE_DIR):
         return
     location = f"{os.path.basename(caller.f_code.co_filename)}:{caller.f_lineno}"
-    reads = ctx.graph.meta.setdefault("reads_num_replicas", [])
+    reads = ctx.graph.meta.reads_num_replicas
     if location not in reads:
         reads.append(location)
 

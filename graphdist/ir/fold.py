@@ -24,6 +24,7 @@ import numpy as np
 from onnx import helper, numpy_helper
 
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Value
+from graphdist.ir.onnx_attributes import node_attributes
 from graphdist.ir.subgraphs import split_captures
 
 __all__ = ["fold_node", "run_node", "MAX_FOLDED_ELEMENTS"]
@@ -80,7 +81,6 @@ def run_node(op_type: str, domain: str, attrs: Mapping[str, Any], arrays: Sequen
     """Runs one node in ``onnx.reference`` on ``arrays``; ``None`` when the reference cannot."""
     from onnx.reference import ReferenceEvaluator
 
-    from graphdist.ir.onnx_io import node_attributes  # local: onnx_io imports the op registry
 
     real, captured, captured_names = split_captures(arrays, attrs)
     names = ["" if a is None else f"i{i}" for i, a in enumerate(real)]

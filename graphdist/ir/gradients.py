@@ -68,8 +68,6 @@ def ops_with_gradients() -> list[str]:
     """Every op with a gradient rule (``domain.op`` outside the ONNX domain), sorted; graphdist's own
     bookkeeping ops (``graphdist.*``) left out.
     """
-    from graphdist.ir import gradients_decomposed, gradients_nn, gradients_ops  # noqa: F401 - their rules register on import
-
     names = {f"{d + '.' if d else ''}{o}" for (d, o) in registered_ops() if get_opdef(o, d).gradient is not None}
     names |= {f"{d + '.' if d else ''}{o}" for d, o in _SCHEMA_OP_RULES}
     return sorted(n for n in names if not n.startswith(GRAPHDIST_DOMAIN + "."))
@@ -586,38 +584,6 @@ def _gather(b: GradBuilder, node: Node, g: list[Value | None]) -> list[Value | N
     grad = b.reshape(g[0], (pre, count, post))
     scattered = b.op1("MatMul", [b.op1("Transpose", [one_hot], {"perm": [1, 0]}), grad])  # (pre, dim, post)
     return [b.reshape(scattered, x.shape), None]
-
-
-@register_gradient("Pad")
-def _pad(b: GradBuilder, node: Node, g: list[Value | None]) -> list[Value | None]:
-    # Constant mode: the gradient of the kept region, cropped back (or zero-filled where Pad cropped).
-    x = node.inputs[0]
-    mode = node.attrs.get("mode", "constant")
-    mode = mode.decode() if isinstance(mode, bytes) else mode
-    if mode not in ("constant", "edge", "reflect", "wrap"):
-        raise GraphError(f"cannot differentiate through Pad ({node.name}) in mode {mode!r}: only modes "
-                         "'constant', 'edge', 'reflect' and 'wrap' have a gradient rule")
-    pads = _ints(node.inputs[1])
-    axes = _ints(node.inputs[3]) if len(node.inputs) > 3 else None
-    axes = [a % x.rank for a in axes] if axes else list(range(x.rank))
-    grad = g[0]
-    if mode != "constant":
-        from graphdist.ir.gradients_ops import pad_gradient  # it builds on this module
-
-        return [pad_gradient(b, node, grad, mode, pads, axes)] + [None] * (len(node.inputs) - 1)
-    # Drop what Pad added (positive pads), then zero-fill what it cropped (negative pads).
-    begins, ends = pads[: len(axes)], pads[len(axes):]
-    if any(p > 0 for p in pads):
-        starts = [max(begin, 0) for begin in begins]
-        stops = [int(grad.shape[axis]) - max(end, 0) for end, axis in zip(ends, axes)]
-        grad = b.op1("Slice", [grad, b.int64s(starts), b.int64s(stops), b.int64s(axes)])
-    if any(p < 0 for p in pads):
-        refill_begins, refill_ends = [0] * x.rank, [0] * x.rank
-        for begin, end, axis in zip(begins, ends, axes):
-            refill_begins[axis], refill_ends[axis] = max(-begin, 0), max(-end, 0)
-        grad = _pad_full(b, grad, refill_begins, refill_ends)
-    return [grad] + [None] * (len(node.inputs) - 1)
-
 
 
 # ------------------------------------------------------- sliding windows

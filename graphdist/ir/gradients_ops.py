@@ -26,7 +26,7 @@ from onnx import numpy_helper
 
 from graphdist.errors import GraphError
 from graphdist.ir import nn_ops  # noqa: F401 - hand-written OpDefs first: a rule goes on the OpDef when there is one
-from graphdist.ir.gradients import GradBuilder, GradRule, _grad_to_input_shape, register_gradient
+from graphdist.ir.gradients import GradBuilder, GradRule, _grad_to_input_shape, _ints, _pad_full, register_gradient
 from graphdist.ir.graph import Node, Value
 
 __all__: list[str] = []
@@ -213,6 +213,35 @@ def pad_gradient(b: GradBuilder, node: Node, grad: Value, mode: str, pads: Seque
         sources = sources[max(-begin, 0): len(sources) - max(-end, 0)]
         grad = _along_axis(b, grad, axis, _selection(sources, size))
     return grad
+
+
+@register_gradient("Pad")
+def _pad(b: GradBuilder, node: Node, g: list[Value | None]) -> list[Value | None]:
+    # Constant mode: the gradient of the kept region, cropped back (or zero-filled where Pad cropped).
+    x = node.inputs[0]
+    mode = node.attrs.get("mode", "constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if mode not in ("constant", "edge", "reflect", "wrap"):
+        raise GraphError(f"cannot differentiate through Pad ({node.name}) in mode {mode!r}: only modes "
+                         "'constant', 'edge', 'reflect' and 'wrap' have a gradient rule")
+    pads = _ints(node.inputs[1])
+    axes = _ints(node.inputs[3]) if len(node.inputs) > 3 else None
+    axes = [a % x.rank for a in axes] if axes else list(range(x.rank))
+    grad = g[0]
+    if mode != "constant":
+        return [pad_gradient(b, node, grad, mode, pads, axes)] + [None] * (len(node.inputs) - 1)
+    # Drop what Pad added (positive pads), then zero-fill what it cropped (negative pads).
+    begins, ends = pads[: len(axes)], pads[len(axes):]
+    if any(p > 0 for p in pads):
+        starts = [max(begin, 0) for begin in begins]
+        stops = [int(grad.shape[axis]) - max(end, 0) for end, axis in zip(ends, axes)]
+        grad = b.op1("Slice", [grad, b.int64s(starts), b.int64s(stops), b.int64s(axes)])
+    if any(p < 0 for p in pads):
+        refill_begins, refill_ends = [0] * x.rank, [0] * x.rank
+        for begin, end, axis in zip(begins, ends, axes):
+            refill_begins[axis], refill_ends[axis] = max(-begin, 0), max(-end, 0)
+        grad = _pad_full(b, grad, refill_begins, refill_ends)
+    return [grad] + [None] * (len(node.inputs) - 1)
 
 
 # ------------------------------------------------------------- activations

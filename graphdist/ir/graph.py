@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 
 from graphdist.errors import GraphError
+from graphdist.ir.graph_meta import GraphMeta
+from graphdist.ir.op_registry import GRAPHDIST_DOMAIN, ONNX_DOMAIN, OPSET, get_opdef
 
 __all__ = ["Value", "Node", "Graph", "Uses", "Dim", "Shape", "ONNX_DOMAIN", "GRAPHDIST_DOMAIN"]
 
-ONNX_DOMAIN = ""
-GRAPHDIST_DOMAIN = "graphdist"
 
 #: A dimension is a static size or a symbolic name (e.g. ``"batch"``).
 Dim = int | str
@@ -247,15 +247,14 @@ class Graph:
         opset_imports: Opset version per ONNX domain (``""`` is the default
             domain): the forms of the ops in the graph. Traced graphs use
             :data:`graphdist.ir.ops.OPSET`; an imported model keeps its own.
-        meta: Free-form annotations (for example the output structure).
+        meta: Graph-level metadata (:class:`~graphdist.ir.graph_meta.GraphMeta`: variables, placement,
+            variable updates, replication, batch...).
     """
 
     _cursor: tuple[Node, bool, int] | None = None  # where add_node inserts: (anchor, after, its last known position)
 
     def __init__(self, name: str = "graph", stage: str = "traced", *,
                  opset_imports: dict[str, int] | None = None) -> None:
-        from graphdist.ir.ops import OPSET  # local: ops imports graph
-
         self.name = name
         self.stage = stage
         self.opset_imports: dict[str, int] = dict(opset_imports or {ONNX_DOMAIN: OPSET})
@@ -263,7 +262,7 @@ class Graph:
         self.outputs: list[Value] = []
         self.initializers: dict[str, Value] = {}
         self.nodes: list[Node] = []
-        self.meta: dict[str, Any] = {}
+        self.meta = GraphMeta()
         self._names: set[str] = set()
         self._node_names: set[str] = set()
         self._next_suffix = 0  # copied with the graph, so a copy names new nodes as the original would
@@ -271,8 +270,6 @@ class Graph:
     @property
     def opset(self) -> int:
         """The default-domain (``ai.onnx``) opset version of the graph."""
-        from graphdist.ir.ops import OPSET  # local: ops imports graph
-
         return self.opset_imports.get(ONNX_DOMAIN, OPSET)
 
     # ------------------------------------------------------------------ names
@@ -333,8 +330,6 @@ class Graph:
         Raises:
             GraphError: The op is unknown or its inputs do not type-check.
         """
-        from graphdist.ir.ops import get_opdef  # local: ops imports graph
-
         node = Node(op_type, inputs, attrs, domain=domain)
         node.name = self.unique_name(name or op_type.lower(), node=True)
         if output_types is None:
@@ -680,16 +675,10 @@ class Graph:
             raise GraphError(f"graph {self.name!r} has a cycle through nodes {stuck}")
         self.nodes = ordered
 
-    def to_networkx(self):  # -> networkx.MultiDiGraph
-        """A ``networkx.MultiDiGraph`` of the graph (:func:`graphdist.ir.networkx_view.graph_to_networkx`)."""
-        from graphdist.ir.networkx_view import graph_to_networkx  # a view of the data, not part of it
-
-        return graph_to_networkx(self)
-
     def copy(self) -> Graph:
         """Deep copy of structure (constant arrays are shared, not copied)."""
         new = Graph(self.name, self.stage, opset_imports=self.opset_imports)
-        new.meta = dict(self.meta)
+        new.meta = self.meta.copy()
         new._names = set(self._names)
         new._node_names = set(self._node_names)
         new._next_suffix = self._next_suffix
@@ -715,42 +704,6 @@ class Graph:
             new.append(twin)
         new.outputs = [mapping[id(v)] for v in self.outputs]
         return new
-
-    # ----------------------------------------------------------- rendering
-    def summary(self) -> str:
-        """A readable text listing of the graph, with overview tables when placed
-        (:func:`graphdist.ir.render.graph_summary`).
-        """
-        from graphdist.ir.render import graph_summary  # a view of the data, not part of it
-
-        return graph_summary(self)
-
-    def to_onnx(self, *, opset: int | None = None):  # -> onnx.ModelProto
-        """Lowers to an ``onnx.ModelProto`` (see :mod:`graphdist.ir.onnx_io`)."""
-        from graphdist.ir.onnx_io import to_onnx  # an export of the data, not part of it
-
-        return to_onnx(self) if opset is None else to_onnx(self, opset=opset)
-
-    def to_dot(self, **options: Any) -> str:
-        """Graphviz DOT text: devices as clusters, collectives highlighted
-        (options: see :func:`graphdist.ir.render.graph_to_dot`).
-        """
-        from graphdist.ir.render import graph_to_dot  # a view of the data, not part of it
-
-        return graph_to_dot(self, **options)
-
-    def render(self, path: str, **options: Any) -> Any:
-        """Writes the graph as a picture: SVG or PNG by ``path``'s suffix (``.dot``:
-        the DOT text). Needs Graphviz's ``dot`` program; raises
-        :class:`~graphdist.errors.GraphdistError` with an install hint without it.
-        Returns the ``pathlib.Path`` written.
-        """
-        from graphdist.ir.render import render_dot  # a view of the data, not part of it
-
-        return render_dot(self.to_dot(**options), path)
-
-    def __str__(self) -> str:
-        return self.summary()
 
     def __repr__(self) -> str:
         return f"<Graph {self.name!r} stage={self.stage} nodes={len(self.nodes)} inputs={len(self.inputs)}>"

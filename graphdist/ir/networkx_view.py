@@ -1,4 +1,4 @@
-"""The graph as a ``networkx.MultiDiGraph`` (``Graph.to_networkx()``), for analyses networkx already has."""
+"""The graph as a ``networkx.MultiDiGraph`` (:func:`graph_to_networkx`), for analyses networkx already has."""
 
 from __future__ import annotations
 

@@ -21,10 +21,11 @@ from graphdist.errors import GraphError
 from graphdist.ir.comm_ops import SUMMED_GROUP, SUMMED_REPLICAS
 from graphdist.ir.fold import fold_node
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Node, Value
+from graphdist.ir.onnx_attributes import attribute_proto, node_attributes
 from graphdist.ir.onnx_checks import check_single_assignment, tensor_array
 from graphdist.ir.onnx_schema_ops import generic_opdef, type_of
 from graphdist.ir.ops import GRAPHDIST_OPSET, OPSET, get_opdef, numpy_dtype, onnx_dtype
-from graphdist.ir.subgraphs import CAPTURES_ATTR, free_names, renamed_attribute, split_captures, subgraphs_of
+from graphdist.ir.subgraphs import CAPTURES_ATTR, free_names, split_captures, subgraphs_of
 
 __all__ = ["to_onnx", "from_onnx", "attribute_proto", "ORT_IR_VERSION", "MAX_OPSET"]
 
@@ -38,41 +39,6 @@ MAX_OPSET = 26
 def _value_info(value: Value) -> onnx.ValueInfoProto:
     dims = [d if isinstance(d, (int, str)) else None for d in value.shape]
     return helper.make_tensor_value_info(value.name, onnx_dtype(value.dtype), dims)
-
-
-def attribute_proto(name: str, value: Any) -> onnx.AttributeProto:
-    """The ONNX attribute ``name`` holding ``value`` (a Python/numpy value, or an ``AttributeProto`` kept
-    from an imported model for attribute kinds graphdist does not interpret).
-    """
-    if isinstance(value, onnx.AttributeProto):
-        proto = onnx.AttributeProto()
-        proto.CopyFrom(value)
-        proto.name = name
-        return proto
-    if isinstance(value, np.ndarray):
-        return helper.make_attribute(name, numpy_helper.from_array(value))
-    if isinstance(value, (np.integer, np.floating)):
-        value = value.item()
-    if isinstance(value, tuple):
-        value = list(value)
-    if isinstance(value, list) and not value:
-        # make_attribute cannot infer the type of an empty list; ONNX list attributes are ints
-        # (perm, axes, pads...) far more often than anything else.
-        return helper.make_attribute(name, value, attr_type=onnx.AttributeProto.INTS)
-    return helper.make_attribute(name, value)
-
-
-def node_attributes(attrs: dict[str, Any], captures: dict[str, str] | None = None) -> list[onnx.AttributeProto]:
-    """A node's ONNX attributes; subgraphs read the captured outer values by their current names
-    (``captures``: the name a subgraph uses -> the value's name now).
-    """
-    protos = []
-    for key, value in sorted(attrs.items()):
-        if value is None or key == CAPTURES_ATTR:
-            continue
-        proto = attribute_proto(key, value)
-        protos.append(renamed_attribute(proto, captures) if captures else proto)
-    return protos
 
 
 #: graphdist ops that are the identity at run time: written as ONNX Identity (tagged, their attributes as

@@ -30,7 +30,9 @@ import onnx
 from onnx import helper, numpy_helper
 
 from graphdist.errors import GraphError
+from graphdist.ir.fold import run_node
 from graphdist.ir.graph import Node, Value
+from graphdist.ir.onnx_attributes import node_attributes
 from graphdist.ir.ops import OpDef, TypeList, install_generic_ops, numpy_dtype, onnx_dtype
 from graphdist.ir.subgraphs import control_flow_types, split_captures, subgraphs_of
 
@@ -113,8 +115,6 @@ def _input_data(node: Node) -> dict[str, onnx.TensorProto]:
 
 def _node_proto(node: Node, num_outputs: int) -> onnx.NodeProto:
     """The node with inputs ``i0, i1, ...`` and outputs ``o0, ...`` (captured outer values: the last ``i``)."""
-    from graphdist.ir.onnx_io import node_attributes  # local: onnx_io imports this module's users
-
     inputs, captured, names = split_captures(node.inputs, node.attrs)
     proto = helper.make_node(node.op_type, ["" if v is None else f"i{i}" for i, v in enumerate(inputs)],
                              [f"o{i}" for i in range(num_outputs)], domain=node.domain)
@@ -219,8 +219,6 @@ def _infer_by_running(node: Node, count: int, opsets: list[onnx.OperatorSetIdPro
     dimension that follows them stays symbolic. Only the outputs whose shapes do not depend on the fill (same
     types on every run) are answered.
     """
-    from graphdist.ir.fold import run_node
-
     present = [v for v in node.inputs if v is not None]
     symbols = sorted({d for v in present for d in v.shape if not isinstance(d, int)}, key=str)
     trials = [(fill, {s: size + i for i, s in enumerate(symbols)}) for fill, size in ((1, 2), (2, 3))]

@@ -1,9 +1,9 @@
 """Variable placement as data on the graph: what a strategy decides, passes read.
 
-A traced graph lists the variables it reads in ``graph.meta["variables"]`` as
+A traced graph lists the variables it reads in ``graph.meta.variables`` as
 ``(input name, VariableSpec)`` pairs: plain data (name, dtype, shape,
 trainability), never the Python variable objects. Before its pipeline runs,
-the strategy's decision is written into ``graph.meta["placement"]`` as a
+the strategy's decision is written into ``graph.meta.placement`` as a
 :class:`PlacementSpec` (``graphdist.compile.build.compile_traced``; a loaded
 plan's comes from its ``plan.json``): for each variable, where its value
 lives. Passes read that spec (``PlaceVariablesPass`` for a central copy,
@@ -151,12 +151,12 @@ class PlacementSpec:
 
 def variable_specs(graph: Any) -> list[tuple[str, VariableSpec]]:
     """``(input name, spec)`` of every variable the graph reads."""
-    return list(graph.meta.get("variables", []))
+    return list(graph.meta.variables)
 
 
 def placement_of(graph: Any, specs: Iterable[tuple[str, VariableSpec]] | None = None) -> dict[str, VariablePlacement]:
     """``input name -> placement`` for the graph's variables that the spec places."""
-    spec: PlacementSpec | None = graph.meta.get("placement")
+    spec: PlacementSpec | None = graph.meta.placement
     if spec is None:
         return {}
     out = {}

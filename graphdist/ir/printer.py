@@ -1,4 +1,4 @@
-"""Readable text rendering of graphs (``Graph.summary()``)."""
+"""Readable text rendering of graphs (used by :func:`graphdist.ir.render.graph_summary`)."""
 
 from __future__ import annotations
 

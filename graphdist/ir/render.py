@@ -1,6 +1,6 @@
 """Inspection views of graphs: overview tables, Graphviz DOT, pictures.
 
-* :func:`graph_overview`: the tables :meth:`Graph.summary` shows above the node
+* :func:`graph_overview`: the tables :func:`graph_summary` shows above the node
   listing: ops per device, collectives (grouped, with sizes and algorithm),
   variables and their placement, bytes communicated per step.
 * :func:`graph_to_dot`: DOT text. Devices are clusters
@@ -45,6 +45,7 @@ __all__ = [
     "graph_overview",
     "graph_to_dot",
     "render_dot",
+    "render_graph",
     "dot_executable",
     "RENDER_FORMATS",
     "DOT_INSTALL_HINT",
@@ -79,7 +80,7 @@ DOT_INSTALL_HINT = (
     "install Graphviz, which provides it (it is a system program, not on PyPI): "
     "`apt-get install -y graphviz` on Debian/Ubuntu (as root), `brew install graphviz` on macOS or "
     "`conda install graphviz`; or set GRAPHDIST_DOT to the path of a dot executable. Without it, "
-    "to_dot() still gives the DOT text"
+    "graph_to_dot(graph) and plan.to_dot() still give the DOT text"
 )
 
 _FAST_LAYOUT_NODES = 300  # above this many nodes the DOT text asks dot for a quicker layout
@@ -226,14 +227,14 @@ def graph_variables(graph: Graph) -> list[tuple[str, VariableSpec]]:
 def variable_rows(graph: Graph) -> list[list[str]]:
     """Table rows of the graph's variables: type, bytes, kind, placement, where read and updated."""
     by_name = {v.name: v for v in graph.inputs}
-    updates = {uid: out_name for out_name, uid in graph.meta.get("variable_updates", [])}
+    updates = {uid: out_name for out_name, uid in graph.meta.variable_updates}
     placements = placement_of(graph)
     produced = {out.name: node for node in graph.nodes for out in node.outputs}
     # A ZeRO-1 slot stored in per-replica parts has one input per local replica (and one write-back each).
     parts = {uid: [by_name[n] for n in layout["parts"] if n in by_name]
-             for uid, layout in graph.meta.get("sharded_state", {}).items() if layout.get("parts")}
+             for uid, layout in graph.meta.sharded_state.items() if layout.get("parts")}
     written: dict[str, list[str]] = {}
-    for out_name, uid in graph.meta.get("variable_updates", []):
+    for out_name, uid in graph.meta.variable_updates:
         written.setdefault(uid, []).append(out_name)
     rows = []
     for name, spec in graph_variables(graph):
@@ -264,7 +265,7 @@ def variable_rows(graph: Graph) -> list[list[str]]:
 
 # ------------------------------------------------------------ graph tables
 def graph_summary(graph: Graph) -> str:
-    """The text of :meth:`Graph.summary`: :func:`~graphdist.ir.printer.format_graph`'s listing, with
+    """The text of :func:`graph_summary`: :func:`~graphdist.ir.printer.format_graph`'s listing, with
     :func:`graph_overview`'s tables after the header when there are any.
     """
     text, overview = format_graph(graph), graph_overview(graph)
@@ -275,7 +276,7 @@ def graph_summary(graph: Graph) -> str:
 
 
 def graph_overview(graph: Graph) -> str:
-    """Tables for :meth:`Graph.summary`: ops per device, collectives, variables, bytes per step.
+    """Tables for :func:`graph_summary`: ops per device, collectives, variables, bytes per step.
 
     Returns ``""`` for a graph without placement, collectives or variables.
     """
@@ -441,7 +442,7 @@ def graph_to_dot(graph: Graph, *, title: str | None = None, constants: bool = Tr
                     ranksep="0.35", **fast)
     variable_inputs = {name for name, _ in graph_variables(graph)}
     names_by_uid = {spec.uid: f"{spec.name}:0" for _, spec in graph_variables(graph)}
-    update_outputs = {out: names_by_uid.get(uid, out) for out, uid in graph.meta.get("variable_updates", [])}
+    update_outputs = {out: names_by_uid.get(uid, out) for out, uid in graph.meta.variable_updates}
 
     for index, value in enumerate(graph.inputs):
         ids[id(value)] = f"in{index}"
@@ -606,3 +607,11 @@ def _atomic_write(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def render_graph(graph: Graph, path: str | os.PathLike[str], **options: Any) -> Path:
+    """Writes ``graph`` as a picture: SVG or PNG by ``path``'s suffix (``.dot``: the DOT text of
+    :func:`graph_to_dot`, whose ``options`` these are). Needs Graphviz's ``dot`` program; raises
+    :class:`~graphdist.errors.GraphdistError` with an install hint without it. Returns the path written.
+    """
+    return render_dot(graph_to_dot(graph, **options), path)

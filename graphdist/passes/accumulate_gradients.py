@@ -15,7 +15,7 @@ replica count counts the micro-batches too).
 The pass runs on the traced graph, before ``AutodiffPass`` (each
 micro-batch's ``Gradient`` node is then differentiated for micro-batch
 shapes) and ``ReplicatePass``. The *micro region* is every node that depends on a batch
-input (``meta["per_replica_inputs"]``) or on a constant computed from the
+input (``graph.meta.per_replica_inputs``) or on a constant computed from the
 batch size, without passing through a cross-replica op (``ReplicaAllReduce``, ``ReplicaAllGather``,
 ``CrossReplicaReduce``, ``CrossReplicaGather``).
 
@@ -23,7 +23,7 @@ Invariant established: every micro-region node exists once per micro-batch
 ``m`` (``meta["micro"] = m``), reading the rows ``[m * B/k, (m + 1) * B/k)``
 of each batch input (a ``Slice``) and micro-batch ``m``'s copies of the other
 micro-region values; every other reader of a micro-region value reads the
-micro-batches' values combined; ``graph.meta["accumulate_steps"] = k``. The
+micro-batches' values combined; ``graph.meta.accumulate_steps = k``. The
 graph's inputs, outputs and their shapes are unchanged.
 
 Cases:
@@ -87,10 +87,10 @@ class AccumulateGradientsPass(PassBase):
         return f"{self.name}(steps={self.steps})"
 
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
-        if self.steps == 1 or "accumulate_steps" in graph.meta:
+        if self.steps == 1 or graph.meta.accumulate_steps is not None:
             return PassResult(graph, modified=False)
         MicroBatchRewriter(graph, self.steps).run()
-        graph.meta["accumulate_steps"] = self.steps
+        graph.meta.accumulate_steps = self.steps
         return PassResult(graph, modified=True)
 
 
@@ -113,7 +113,7 @@ class MicroBatchRewriter:
         self.label = label
         self.batch = self._batch_size()
         self.micro = self.batch // steps
-        per_replica = graph.meta.get("per_replica_inputs", {})
+        per_replica = graph.meta.per_replica_inputs
         self.batch_inputs = [v for v in graph.inputs if v.name in per_replica]
         self.region = self._micro_region()
         self.after_boundary = self._after_boundary()
@@ -127,11 +127,11 @@ class MicroBatchRewriter:
     # ------------------------------------------------------------ analysis
     def _batch_size(self) -> int:
         graph = self.graph
-        if graph.meta.get("replica_variants"):
+        if graph.meta.replica_variants:
             raise GraphError(f"graph {graph.name!r} was traced with per-replica batches of different sizes (a "
                              "partial last batch); accumulate_steps needs every replica's batch to have one size "
                              "divisible by it: batch the dataset with drop_remainder=True")
-        batch = graph.meta.get("batch")
+        batch = graph.meta.batch
         if batch is None:
             raise GraphError(f"graph {graph.name!r} has no batch input to cut into micro-batches; accumulate_steps "
                              "splits the per-replica arguments of the step (with one replica per process: its array "

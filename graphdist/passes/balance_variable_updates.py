@@ -13,7 +13,7 @@ work; the copies no longer written back are dead, and ``EliminateDeadNodesPass``
 removes them.
 
 Invariant established: the write-back output of every replica-invariant
-update in ``graph.meta["variable_updates"]`` is computed by the replica the
+update in ``graph.meta.variable_updates`` is computed by the replica the
 balance chose. The balance works on *units*: updates whose computations share
 an intermediate value of more than one element (a momentum or Adam slot and
 its weight) form one unit, so nothing large is computed twice. Each unit
@@ -105,9 +105,9 @@ class BalanceVariableUpdatesPass(PassBase):
     runs_after = ("LowerVariableUpdatesPass", "InsertCollectivesPass")
 
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
-        replication = graph.meta.get("replication")
+        replication = graph.meta.replication
         replicas = replication.replicas if replication is not None else len(ctx.devices)
-        if replicas < 2 or not graph.meta.get("variable_updates"):
+        if replicas < 2 or not graph.meta.variable_updates:
             return PassResult(graph, modified=False)
         twins = _Twins(graph)
         updates = self._updates(graph, twins)
@@ -126,14 +126,14 @@ class BalanceVariableUpdatesPass(PassBase):
                              update.uid, target, update.replica)
         if not renamed:
             return PassResult(graph, modified=False)
-        graph.meta["variable_updates"] = [(renamed.get(out, out), uid)
-                                          for out, uid in graph.meta["variable_updates"]]
+        graph.meta.variable_updates = [(renamed.get(out, out), uid)
+                                          for out, uid in graph.meta.variable_updates]
         return PassResult(graph, modified=True)
 
     @staticmethod
     def _updates(graph: Graph, twins: _Twins) -> list[_Update]:
         """The write-backs computed in a replica (cross-replica ones are left out), with their analysis."""
-        pairs = graph.meta["variable_updates"]
+        pairs = graph.meta.variable_updates
         start = len(graph.outputs) - len(pairs)  # the write-backs are the last outputs, in order
         updates = []
         for position, (name, uid) in enumerate(pairs, start=start):
@@ -162,7 +162,7 @@ class _Twins:
             if node.domain == GRAPHDIST_DOMAIN and node.op_type == "AllReduce":
                 key = str(node.attrs.get("group_key") or node.name)
                 self.members.setdefault(key, {})[node.replica or 0] = node
-        replication = graph.meta.get("replication")
+        replication = graph.meta.replication
         input_map = replication.input_map if replication is not None else {}
         self.per_replica = {name for names in input_map.values() for name in names.values()}
         self.order = {id(n): i for i, n in enumerate(graph.nodes)}

@@ -33,6 +33,8 @@ from typing import Any
 
 from graphdist.errors import GraphError, PipelineOrderError, PostconditionError, PreconditionError
 from graphdist.ir.graph import Graph
+from graphdist.ir.onnx_io import to_onnx
+from graphdist.ir.render import graph_summary
 from graphdist.ir.verify import verify
 
 __all__ = ["PassBase", "PassResult", "PassContext", "PassManager", "check_order", "PreconditionError",
@@ -166,10 +168,10 @@ class PassManager:
         directory = Path(ctx.dump_dir)
         directory.mkdir(parents=True, exist_ok=True)
         stem = f"{re.sub(r'[^A-Za-z0-9_.-]', '_', graph.name)}.{index:02d}.{label}"
-        (directory / f"{stem}.txt").write_text(graph.summary() + "\n")
+        (directory / f"{stem}.txt").write_text(graph_summary(graph) + "\n")
         try:
             import onnx
 
-            onnx.save(graph.to_onnx(), str(directory / f"{stem}.onnx"))
+            onnx.save(to_onnx(graph), str(directory / f"{stem}.onnx"))
         except Exception as err:  # noqa: BLE001 - a dump must never break compilation
             logger.warning("could not write ONNX dump %s: %s", stem, err)

@@ -32,7 +32,7 @@ axes of a whole value being ``MatMul(ones, X.reshape(k, n, rest))`` sliced
 per chunk); numbers computed from the batch size that are not
 shapes read the chunk's size (the chunks count as replicas, so
 ``NumReplicas`` reads ``replicas * chunks / replicas``);
-``graph.meta["deterministic_chunks"] = chunks``, ``graph.meta["accumulate_steps"]
+``graph.meta.deterministic_chunks = chunks``, ``graph.meta.accumulate_steps
 = chunks / replicas``. Inputs, outputs and their shapes are unchanged.
 
 Cases:
@@ -83,16 +83,16 @@ class ChunkBatchReductionsPass(BatchChunking):
         Raises:
             PostconditionError: It does not.
         """
-        if graph.meta.get("batch") is not None and graph.meta.get("deterministic_chunks") != self.chunks:
-            raise PostconditionError(f"graph {graph.name!r} lost graph.meta['deterministic_chunks']")
+        if graph.meta.batch is not None and graph.meta.deterministic_chunks != self.chunks:
+            raise PostconditionError(f"graph {graph.name!r} lost graph.meta.deterministic_chunks")
 
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
-        if graph.meta.get("batch") is None or "accumulate_steps" in graph.meta:
+        if graph.meta.batch is None or graph.meta.accumulate_steps is not None:
             return PassResult(graph, modified=False)
-        graph.meta["deterministic_chunks"] = self.chunks
+        graph.meta.deterministic_chunks = self.chunks
         # one chunk per replica too: its sums over the batch take the chunked form, the same bits as on k chunks
         ReductionChunker(graph, self.per_replica, label=f"op determinism ({self.chunks} chunks, per replica)").run()
-        graph.meta["accumulate_steps"] = self.per_replica
+        graph.meta.accumulate_steps = self.per_replica
         return PassResult(graph, modified=True)
 
 

@@ -13,7 +13,7 @@ Cases:
   reads outside a buffer before the assertion fails;
 * nothing reads them (class labels): only the range is computed;
 * a replica's copy (after ``ReplicatePass``): its assertion names the global
-  replica (``meta["replication"].offset + node.replica``; with one replica
+  replica (``graph.meta.replication.offset + node.replica``; with one replica
   in sync, none) and has a group of its own, so each replica's check is one
   task;
 * runs after device assignment: the new nodes take the checked node's
@@ -39,7 +39,7 @@ class LowerIndexChecksPass(PassBase):
 
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
         checks = graph.find_nodes("CheckIndices", GRAPHDIST_DOMAIN)
-        replication = graph.meta.get("replication")
+        replication = graph.meta.replication
         offset = int(getattr(replication, "offset", 0) or 0)
         # Messages name the replica only where there are several.
         named = int(getattr(replication, "replicas_in_sync", 1) or 1) > 1

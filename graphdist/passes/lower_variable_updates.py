@@ -2,7 +2,7 @@
 
 Invariant established: no ``AssignVariable`` node remains; the final value
 assigned to each variable in the step is a graph output, and
-``graph.meta["variable_updates"]`` lists ``(output name, variable uid)`` pairs
+``graph.meta.variable_updates`` lists ``(output name, variable uid)`` pairs
 the runtime writes back after the step.
 
 Cases:
@@ -35,7 +35,7 @@ class LowerVariableUpdatesPass(PassBase):
         last = {}
         for node in assigns:
             last[node.attrs["variable"]] = node
-        updates = list(graph.meta.get("variable_updates", []))
+        updates = list(graph.meta.variable_updates)
         # Linear in the graph: outputs are tracked in a set (and appended after the loop: no assign's output
         # is among them, so the rewiring below never has to see them), assigns removed in one pass at the end.
         taken = {id(v) for v in graph.outputs}
@@ -55,5 +55,5 @@ class LowerVariableUpdatesPass(PassBase):
             updates.append((value.name, str(node.attrs["variable"])))
         graph.remove_nodes(assigns)
         graph.outputs.extend(written)
-        graph.meta["variable_updates"] = updates
+        graph.meta.variable_updates = updates
         return PassResult(graph, modified=True)

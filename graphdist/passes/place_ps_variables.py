@@ -2,12 +2,12 @@
 
 Invariant established: every graph input that feeds a variable stored on
 parameter servers (placement kind ``"ps"`` in the graph's placement spec,
-``graph.meta["placement"]``, with one shard per ps part) is read only through
+``graph.meta.placement``, with one shard per ps part) is read only through
 ``graphdist.PSPull`` nodes (one per shard, concatenated along axis 0 when
 the variable is sharded), and its update output (from
 ``LowerVariableUpdatesPass``) is replaced by the values the ps tasks return
 after ``graphdist.PSPush`` of the update (new value minus pulled value, one
-push per shard). ``graph.meta["variable_updates"]`` names the new outputs,
+push per shard). ``graph.meta.variable_updates`` names the new outputs,
 so the worker's local copy caches what the ps holds after its push.
 
 Pulls and pushes sit on the first local device (replica 0), where the
@@ -43,11 +43,11 @@ class PlacePSVariablesPass(PassBase):
 
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
         inputs = {v.name: v for v in graph.inputs}
-        updates = list(graph.meta.get("variable_updates", []))
+        updates = list(graph.meta.variable_updates)
         update_of = {uid: name for name, uid in updates}
         placements = placement_of(graph)
         modified = False
-        for name, variable in graph.meta.get("variables", []):
+        for name, variable in graph.meta.variables:
             placement = placements.get(name)
             value = inputs.get(name)
             if placement is None or placement.kind != "ps" or value is None or self._already_pulled(value):
@@ -60,7 +60,7 @@ class PlacePSVariablesPass(PassBase):
                 fresh = self._push(graph, update_name, pulled, variable.name, shards, device)
                 updates = [(fresh.name if uid == variable.uid else n, uid) for n, uid in updates]
             modified = True
-        graph.meta["variable_updates"] = updates
+        graph.meta.variable_updates = updates
         return PassResult(graph, modified)
 
     @staticmethod

@@ -7,7 +7,7 @@ Invariant established (``p`` is the parameter device):
 
 * the *update computation* is placed on ``p``: the largest set of nodes whose
   results (a) are used only by variable-update outputs (the last graph outputs,
-  listed in ``graph.meta["variable_updates"]`` by ``LowerVariableUpdatesPass``)
+  listed in ``graph.meta.variable_updates`` by ``LowerVariableUpdatesPass``)
   or by other nodes of the set, and (b) are computed only from variables,
   constants, results of collectives (the all-reduced gradients) or other such
   nodes;
@@ -79,12 +79,12 @@ def _update_positions(graph: Graph) -> range:
     """Positions of the variable-update outputs: the last ``len(variable_updates)``
     graph outputs, in order (how the runtime writes them back).
     """
-    updates = graph.meta.get("variable_updates", [])
+    updates = graph.meta.variable_updates
     start = len(graph.outputs) - len(updates)
     names = [v.name for v in graph.outputs[start:]] if start >= 0 else None
     if names != [name for name, _ in updates]:
         raise GraphError(f"graph {graph.name!r}: the last graph outputs {names} do not match "
-                         f"meta['variable_updates'] {[name for name, _ in updates]}; run "
+                         f"meta.variable_updates {[name for name, _ in updates]}; run "
                          "LowerVariableUpdatesPass before PlaceVariablesPass and append user outputs before it")
     return range(start, len(graph.outputs))
 
@@ -182,7 +182,7 @@ class PlaceVariablesPass(PassBase):
     @staticmethod
     def _move_update_outputs(graph: Graph, positions: range, region: set[int], device: str) -> bool:
         """An ``Identity`` on the parameter device for updates produced elsewhere."""
-        updates = list(graph.meta.get("variable_updates", []))
+        updates = list(graph.meta.variable_updates)
         modified = False
         for entry, position in enumerate(positions):
             value = graph.outputs[position]
@@ -196,7 +196,7 @@ class PlaceVariablesPass(PassBase):
             updates[entry] = (copy.outputs[0].name, updates[entry][1])
             modified = True
         if modified:
-            graph.meta["variable_updates"] = updates  # a new list: graph copies share the old one
+            graph.meta.variable_updates = updates  # a new list: graph copies share the old one
         return modified
 
     # ------------------------------------------------------ collectives

@@ -3,11 +3,11 @@
 Re-planning a step for another replica count on the same global batch
 changes every replica's batch: ``G / N`` rows become ``G / N'``. The traced
 graph records the per-replica batch it was traced with
-(``graph.meta["batch"]``), which inputs carry it (``meta["per_replica_inputs"]``,
+(``graph.meta.batch``), which inputs carry it (``graph.meta.per_replica_inputs``,
 first dimension) and which constants were computed from it
 (``value.meta["batch"]``, see :mod:`graphdist.ir.batch`).
 
-Invariant established: ``graph.meta["batch"]`` is the new size; every
+Invariant established: ``graph.meta.batch`` is the new size; every
 gather over the replicas records the new replica count (``num_replicas``); every
 per-replica input's first dimension is it; every constant recorded as
 ``scale * B + offset`` holds that value for the new ``B``; every node's
@@ -68,14 +68,14 @@ class RebatchPass(PassBase):
         return f"{self.name}(batch={self.batch}" + (f", replicas={self.replicas})" if self.replicas else ")")
 
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
-        current = graph.meta.get("batch")
+        current = graph.meta.batch
         rebatch = self.batch is not None and (current is None or int(current) != self.batch)
         recount = [n for n in graph.nodes if n.op_type in _GATHERS and self.replicas is not None
                    and int(n.attrs.get("num_replicas", 1)) != self.replicas]
         if not rebatch and not recount:
             return PassResult(graph, modified=False)
-        if rebatch and (graph.meta.get("replica_variants") or current is None):
-            how = "with uneven per-replica shapes" if graph.meta.get("replica_variants") else \
+        if rebatch and (graph.meta.replica_variants or current is None):
+            how = "with uneven per-replica shapes" if graph.meta.replica_variants else \
                 "without per-replica inputs"
             raise GraphError(f"graph {graph.name!r} has no single per-replica batch size (it was traced {how}); it "
                              "cannot be given another one")
@@ -87,7 +87,7 @@ class RebatchPass(PassBase):
         return PassResult(graph, modified=True)
 
     def _set_batch(self, graph: Graph) -> None:
-        per_replica = graph.meta.get("per_replica_inputs", {})
+        per_replica = graph.meta.per_replica_inputs
         for value in graph.inputs:
             if value.name in per_replica and value.shape:
                 value.shape = (BatchDim(self.batch), *value.shape[1:])
@@ -95,7 +95,7 @@ class RebatchPass(PassBase):
             provenance = elements(value.meta.get("batch"))
             if provenance:
                 value.const_value = evaluate(np.asarray(value.const_value), provenance, self.batch)
-        graph.meta["batch"] = self.batch
+        graph.meta.batch = self.batch
 
     def _reinfer(self, graph: Graph) -> None:
         for node in graph.nodes:

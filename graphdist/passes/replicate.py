@@ -7,7 +7,7 @@ step's cross-replica code) do not. This pass makes the replicas.
 Invariant established: every replica-region node exists once per local
 replica ``r`` (``node.replica = r``), replica ``r``'s copy reading replica
 ``r``'s copies; no ``ReplicaId``, ``NumReplicas`` or ``ReadReplica`` node
-remains; ``graph.meta["replication"]`` records the replica count, the
+remains; ``graph.meta.replication`` records the replica count, the
 replicas' global offset, and how the traced inputs and outputs map to the
 rewritten ones (``input_map``: traced name -> ``{replica: name}`` for
 per-replica inputs; ``output_map``: traced position -> rewritten position;
@@ -21,7 +21,7 @@ Cases:
   replicas whose per-replica arguments had the same shapes (a partial
   batch splits unevenly: each shape was traced once); the first replica of
   a variant keeps the traced node and names, the others get ``_r<r>`` copies;
-* per-replica graph input (``meta["per_replica_inputs"]``): one input per
+* per-replica graph input (``graph.meta.per_replica_inputs``): one input per
   replica of its variant, named ``<traced name>_r<replica>``; other inputs are
   shared by every replica;
 * ``ReplicaId``: replica ``r``'s copy becomes the int32 constant
@@ -39,48 +39,26 @@ Cases:
 * any other cross-replica node reading a replica value: replica 0's copy
   (the first replica that has one): with one replica, ``strategy.run``
   returns its values themselves and cross-replica code may use them;
-* per-replica graph output (``meta["per_replica_outputs"]``): one output per
+* per-replica graph output (``graph.meta.per_replica_outputs``): one output per
   replica, in replica order (an ``Identity`` per replica when the value is
   the same on every replica);
 * variants naming replicas this pass does not make, or not covering every
   replica it makes (the step was traced with uneven per-replica shapes for
   another replica count): ``GraphError``;
-* already replicated (``meta["replication"]`` present): unchanged.
+* already replicated (``graph.meta.replication`` set): unchanged.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 
 from graphdist.errors import GraphError
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
+from graphdist.ir.graph_meta import Replication  # its record's type lives with the graph metadata
 from graphdist.ir.replica_ops import CROSS_REPLICA_OPS, is_replica_node
 from graphdist.passes.base import PassBase, PassContext, PassResult
 
 __all__ = ["ReplicatePass", "Replication"]
-
-
-@dataclass(frozen=True)
-class Replication:
-    """What :class:`ReplicatePass` did (``graph.meta["replication"]``).
-
-    Attributes:
-        replicas: Local replicas made.
-        offset: Global index of the first local replica.
-        replicas_in_sync: Replicas over all workers.
-        input_map: Traced per-replica input name -> ``{replica: rewritten input name}``.
-        output_map: Traced output position -> rewritten position (outputs that are not per replica).
-        replica_outputs: Traced per-replica output position -> ``{replica: rewritten position}``.
-    """
-
-    replicas: int
-    offset: int
-    replicas_in_sync: int
-    input_map: dict[str, dict[int, str]]
-    output_map: dict[int, int]
-    replica_outputs: dict[int, dict[int, int]]
 
 
 class ReplicatePass(PassBase):
@@ -105,7 +83,7 @@ class ReplicatePass(PassBase):
         return f"{self.name}(replicas={self.replicas}, offset={self.offset}, replicas_in_sync={self.replicas_in_sync})"
 
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
-        if "replication" in graph.meta:
+        if graph.meta.replication is not None:
             return PassResult(graph, modified=False)
         _Replicator(graph, self).run()
         return PassResult(graph, modified=True)
@@ -119,7 +97,7 @@ class _Replicator:
         self.n = config.replicas
         self.offset = config.offset
         self.in_sync = config.replicas_in_sync
-        self.variants = {str(k): tuple(int(r) for r in v) for k, v in graph.meta.get("replica_variants", {}).items()}
+        self.variants = {str(k): tuple(int(r) for r in v) for k, v in graph.meta.replica_variants.items()}
         covered = sorted({r for members in self.variants.values() for r in members})
         if self.variants and covered != list(range(self.n)):
             listing = ", ".join(f"{key}: {list(members)}" for key, members in self.variants.items())
@@ -138,7 +116,7 @@ class _Replicator:
             return self.variants[str(variant)]
         except KeyError:
             raise GraphError(f"graph {self.graph.name!r}: replica variant {variant!r} is not listed in "
-                             "meta['replica_variants']") from None
+                             "meta.replica_variants") from None
 
     # ------------------------------------------------------------ driver
     def run(self) -> None:
@@ -152,12 +130,12 @@ class _Replicator:
         # The traced nodes left out leave the graph; the graph outputs they computed are rewired right after.
         self.graph.set_nodes(nodes, safe=False)
         output_map, replica_outputs = self._replicate_outputs()
-        self.graph.meta["replication"] = Replication(self.n, self.offset, self.in_sync, input_map, output_map,
+        self.graph.meta.replication = Replication(self.n, self.offset, self.in_sync, input_map, output_map,
                                                      replica_outputs)
 
     # ------------------------------------------------------------ inputs
     def _replicate_inputs(self) -> dict[str, dict[int, str]]:
-        per_replica = self.graph.meta.get("per_replica_inputs", {})
+        per_replica = self.graph.meta.per_replica_inputs
         inputs: list[Value] = []
         input_map: dict[str, dict[int, str]] = {}
         for value in self.graph.inputs:
@@ -277,7 +255,7 @@ class _Replicator:
 
     # ----------------------------------------------------------- outputs
     def _replicate_outputs(self) -> tuple[dict[int, int], dict[int, dict[int, int]]]:
-        per_replica = {int(k): v for k, v in self.graph.meta.get("per_replica_outputs", {}).items()}
+        per_replica = {int(k): v for k, v in self.graph.meta.per_replica_outputs.items()}
         outputs: list[Value] = []
         output_map: dict[int, int] = {}
         replica_outputs: dict[int, dict[int, int]] = {}

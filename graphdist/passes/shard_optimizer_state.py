@@ -13,9 +13,9 @@ updates elements ``[r * k, (r + 1) * k)`` of the variable and of every slot
 
 Invariant established: every gradient group this pass can shard is a
 ``ReduceScatter`` group followed by N copies of the update on ``k``-element
-slices and an ``AllGather`` of the new weights; ``graph.meta["sharded_state"]``
+slices and an ``AllGather`` of the new weights; ``graph.meta.sharded_state``
 maps each sharded slot's variable uid to ``{"replicas", "shard", "size"}``
-and ``graph.meta["placement"]`` places those slots ``"sharded"``.
+and ``graph.meta.placement`` places those slots ``"sharded"``.
 
 How a sharded slot is stored, read and written back:
 
@@ -24,7 +24,7 @@ How a sharded slot is stored, read and written back:
   ``gd.function`` sets): the slot's graph input is replaced by one input per
   local replica, ``<input>/part<r>`` (``k`` elements: the shard replica
   ``r`` updates), and its write-back by one output per local replica (its
-  updated shard), each in ``graph.meta["variable_updates"]`` under the
+  updated shard), each in ``graph.meta.variable_updates`` under the
   slot's uid, in local replica order; ``sharded_state`` lists the part
   inputs (``"parts"``). Each replica's update reads and writes only its own
   part: no slice of the slot, no concatenation, no copy between devices.
@@ -156,17 +156,17 @@ class ShardOptimizerStatePass(PassBase):
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
         live = live_nodes(graph)
         specs = {spec.uid: (name, spec) for name, spec in variable_specs(graph)}
-        updated = {name: uid for name, uid in graph.meta.get("variable_updates", [])}
+        updated = {name: uid for name, uid in graph.meta.variable_updates}
         parts = self._wants_parts(ctx)
         updates = [u for u in (self._analyse(graph, members, live, updated, specs, parts)
                                for members in _gradient_groups(graph).values()) if u is not None]
         if not updates:
             return PassResult(graph, modified=False)
-        sharded: dict[str, dict[str, int]] = dict(graph.meta.get("sharded_state", {}))
+        sharded: dict[str, dict[str, int]] = dict(graph.meta.sharded_state)
         for update in updates:
             sharded.update(_Rewrite(graph, update, self.workers, specs).apply())
         graph.topological_sort()  # the new nodes sit before the group's first member; some read later values
-        graph.meta["sharded_state"] = sharded
+        graph.meta.sharded_state = sharded
         _place_sharded(graph, sharded, ctx)
         return PassResult(graph, modified=True)
 
@@ -543,7 +543,7 @@ class _Rewrite:
                 outputs.extend(final if out is value else [out])
             self.graph.outputs = outputs
             names[value.name] = [part.name for part in final]
-        self.graph.meta["variable_updates"] = [(new, uid) for out, uid in self.graph.meta.get("variable_updates", [])
+        self.graph.meta.variable_updates = [(new, uid) for out, uid in self.graph.meta.variable_updates
                                                for new in names.get(out, [out])]
 
     def _remove_old(self) -> None:
@@ -582,12 +582,12 @@ class _Collect:
 
 
 def _place_sharded(graph: Graph, sharded: dict[str, dict[str, int]], ctx: PassContext) -> None:
-    """Records the sharded slots in a new ``graph.meta["placement"]`` (the old spec may be shared)."""
-    old: PlacementSpec | None = graph.meta.get("placement")
+    """Records the sharded slots in a new ``graph.meta.placement`` (the old spec may be shared)."""
+    old: PlacementSpec | None = graph.meta.placement
     placements = dict(old.variables) if old is not None else {}
     for uid, layout in sharded.items():
         placements[uid] = VariablePlacement("sharded", tuple(ctx.devices[:layout["replicas"]]))
-    graph.meta["placement"] = PlacementSpec(placements)
+    graph.meta.placement = PlacementSpec(placements)
 
 
 def state_bytes_per_replica(graph: Graph) -> int:
@@ -596,7 +596,7 @@ def state_bytes_per_replica(graph: Graph) -> int:
     A slot sharded by :class:`ShardOptimizerStatePass` counts its slice (``shard`` elements), any other
     non-trainable variable counts whole (every replica of a mirrored strategy holds a copy).
     """
-    sharded = graph.meta.get("sharded_state", {})
+    sharded = graph.meta.sharded_state
     total = 0
     for _, spec in variable_specs(graph):
         if spec.trainable:

@@ -29,8 +29,8 @@ power of two dividing it; the graph not yet cut into micro-batches.
 Invariant established (ensures): each per-replica batch input is read only
 through ``chunks / replicas`` ``Slice`` nodes of ``global_batch / chunks``
 rows; every sum over micro-batches is an ``Add`` tree whose leaves are in
-micro-batch order; ``graph.meta["deterministic_chunks"] = chunks`` and
-``graph.meta["accumulate_steps"] = chunks / replicas``. The graph's inputs,
+micro-batch order; ``graph.meta.deterministic_chunks = chunks`` and
+``graph.meta.accumulate_steps = chunks / replicas``. The graph's inputs,
 outputs and their shapes are unchanged.
 
 Cases:
@@ -98,8 +98,8 @@ class BatchChunking(PassBase):
         Raises:
             PreconditionError: It does not (naming the batch and the chunks).
         """
-        batch = graph.meta.get("batch")
-        if graph.meta.get("replica_variants"):
+        batch = graph.meta.batch
+        if graph.meta.replica_variants:
             raise PreconditionError(f"it has per-replica batches of different sizes (a partial last batch); op "
                                     f"determinism cuts the global batch into {self.chunks} equal chunks: batch the "
                                     "dataset with drop_remainder=True")
@@ -125,19 +125,19 @@ class SplitBatchChunksPass(BatchChunking):
         Raises:
             PostconditionError: It does not.
         """
-        untouched = graph.meta.get("batch") is None or (
-            "accumulate_steps" in graph.meta and "deterministic_chunks" not in graph.meta)
-        if not untouched and graph.meta.get("deterministic_chunks") != self.chunks:
-            raise PostconditionError(f"graph {graph.name!r} lost graph.meta['deterministic_chunks']")
+        untouched = graph.meta.batch is None or (
+            graph.meta.accumulate_steps is not None and graph.meta.deterministic_chunks is None)
+        if not untouched and graph.meta.deterministic_chunks != self.chunks:
+            raise PostconditionError(f"graph {graph.name!r} lost graph.meta.deterministic_chunks")
 
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
-        if graph.meta.get("batch") is None or "accumulate_steps" in graph.meta:
+        if graph.meta.batch is None or graph.meta.accumulate_steps is not None:
             return PassResult(graph, modified=False)
-        modified = graph.meta.get("deterministic_chunks") != self.chunks
-        graph.meta["deterministic_chunks"] = self.chunks
+        modified = graph.meta.deterministic_chunks != self.chunks
+        graph.meta.deterministic_chunks = self.chunks
         if self.per_replica > 1:
             MicroBatchRewriter(graph, self.per_replica, tree=True,
                                label=f"op determinism ({self.chunks} chunks, per replica)").run()
-            graph.meta["accumulate_steps"] = self.per_replica
+            graph.meta.accumulate_steps = self.per_replica
             modified = True
         return PassResult(graph, modified=modified)

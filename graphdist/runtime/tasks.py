@@ -15,6 +15,7 @@ from typing import Any
 import onnx
 
 from graphdist.ir.graph import Graph
+from graphdist.ir.onnx_io import to_onnx
 
 __all__ = ["MICRO_BATCHES_KEY", "Segment", "CommTask", "overlapping_segments"]
 
@@ -48,7 +49,7 @@ class Segment:
         says how many in its metadata (:data:`MICRO_BATCHES_KEY`), for backends that plan memory.
         """
         if self._model is None:
-            self._model = self.graph.to_onnx()
+            self._model = to_onnx(self.graph)
             micro = {n.meta["micro"] for n in self.graph.nodes if n.meta.get("micro") is not None}
             if len(micro) > 1:
                 entry = self._model.metadata_props.add()

@@ -212,7 +212,7 @@ def scan_plan(graph: Graph, node_name: str, op_type: str, domain: str, attrs: Ma
     inner.CopyFrom(body)
     del inner.input[:]
     types = tuple((v.dtype.str, tuple(v.shape)) for v in (*states, *scanned, *captured))
-    cache = graph.meta.setdefault("scan_bodies", {})
+    cache = graph.meta.scan_bodies
     if (node_name, types) not in cache:
         try:
             imported = _imported(graph, node_name, inner, [*own, *(helper.make_tensor_value_info(
@@ -291,7 +291,7 @@ def _body_graph(graph: Graph, node_name: str, body: onnx.GraphProto, index: int,
                 names: Sequence[str], captured: Sequence[Value]) -> Graph:
     carried_names = [vi.name for vi in body.input[2:]]
     types = tuple((value.dtype.str, tuple(value.shape)) for value in (*carried, *captured))
-    cache = graph.meta.setdefault("loop_bodies", {})
+    cache = graph.meta.loop_bodies
     key = (node_name, index, types)
     if key not in cache:
         counter, condition = (vi.name for vi in body.input[:2])
@@ -318,7 +318,7 @@ def _branch_graph(graph: Graph, node_name: str, which: str, attrs: Mapping[str, 
     (cached on ``graph`` per types: a graph is inlined once per trace, and traced again per input shape).
     """
     types = tuple((name, value.dtype.str, tuple(value.shape)) for name, value in zip(names, captured))
-    cache = graph.meta.setdefault("branches", {})
+    cache = graph.meta.branches
     key = (node_name, which, types)
     if key not in cache:
         cache[key] = _import_branch(graph, node_name, attrs[which].g, names, captured)

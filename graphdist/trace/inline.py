@@ -271,14 +271,14 @@ def converted_graph(graph: Graph, opset: int, changed: Sequence[str] = ()) -> Gr
     Raises:
         TracingError: The converter fails (its message, and the ops whose form changed).
     """
-    cache = graph.meta.setdefault("converted", {})
+    cache = graph.meta.converted
     if opset not in cache:
         from onnx import version_converter
 
-        from graphdist.ir.onnx_io import from_onnx
+        from graphdist.ir.onnx_io import from_onnx, to_onnx
 
         try:
-            model = version_converter.convert_version(graph.to_onnx(), opset)
+            model = version_converter.convert_version(to_onnx(graph), opset)
         except Exception as err:  # noqa: BLE001 - the converter raises assorted errors
             raise TracingError(
                 f"graph {graph.name!r} is at opset {graph.opset} and the trace at {opset}; its op(s) "

@@ -4,7 +4,7 @@ proxies into a :class:`~graphdist.ir.Graph`.
 ``trace(fn, *example_args)`` turns a numpy-style function into a graph: arrays
 (and :class:`TensorSpec`) in the example arguments become graph inputs, other
 Python values become constants, Python control flow is unrolled, and the
-returned structure becomes the graph outputs (``graph.meta["output_tree"]``).
+returned structure becomes the graph outputs (``graph.meta.output_tree``).
 """
 
 from __future__ import annotations
@@ -264,7 +264,7 @@ class TraceContext:
             seen.add(id(value))
             outputs.append(value)
         self.graph.outputs = outputs
-        self.graph.meta["output_tree"] = treedef
+        self.graph.meta.output_tree = treedef
 
     def check_owned(self, tensor: Any) -> None:
         """Raises when ``tensor`` belongs to another (finished) trace."""

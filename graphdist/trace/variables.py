@@ -537,7 +537,7 @@ def read_variable(variable: Variable) -> Any:
     """The variable's value: its array eagerly, a traced tensor inside a trace.
 
     Inside a trace the first read makes the variable a graph input
-    (``value.meta["variable"]`` and ``graph.meta["variables"]`` hold its
+    (``value.meta["variable"]`` and ``graph.meta.variables`` hold its
     :class:`~graphdist.ir.placement.VariableSpec`; the trace keeps the object
     in ``ctx.variables``). Later reads see the latest value assigned in the
     same context: a replica sees its own assigns and those made in
@@ -578,7 +578,7 @@ def _state(ctx: Any, variable: Variable) -> _VariableState:
         with ctx.region(context="cross"):
             tensor = ctx.input(variable._name, variable.dtype, variable.shape)
         tensor.value.meta["variable"] = spec
-        ctx.graph.meta.setdefault("variables", []).append((tensor.value.name, spec))
+        ctx.graph.meta.variables.append((tensor.value.name, spec))
         ctx.variables[tensor.value.name] = variable
         state = ctx.variable_state[id(variable)] = _VariableState(tensor)
     return state
@@ -597,7 +597,7 @@ def _region_key(ctx: Any) -> Any:
 
 def _covers_first_replica(ctx: Any, key: Any) -> bool:
     variant = key[1]
-    return variant is None or 0 in ctx.graph.meta.get("replica_variants", {}).get(variant, ())
+    return variant is None or 0 in ctx.graph.meta.replica_variants.get(variant, ())
 
 
 def _assign_traced(ctx: Any, variable: Variable, value: Any) -> Any:

@@ -7,6 +7,7 @@ import onnx
 import pytest
 
 import graphdist as gd
+from graphdist.ir import to_onnx
 
 
 def _step(x, w):
@@ -65,7 +66,7 @@ def test_concrete_function_stages() -> None:
     assert all(n.device == "cpu:0" for n in rewritten.nodes)
     partitioned = concrete.graph("partitioned")
     assert partitioned.stage == "partitioned"
-    onnx.checker.check_model(traced.to_onnx(), full_check=True)
+    onnx.checker.check_model(to_onnx(traced), full_check=True)
     assert "cpu0" in concrete.plan.summary()
     with pytest.raises(gd.InvalidArgumentError, match="unknown stage"):
         concrete.graph("optimized")

@@ -87,7 +87,7 @@ def test_replanned_per_replica_batch_and_graphs(exported: str) -> None:
     plan = gd.load_plan(exported).replan(gd.MirroredStrategy([f"cpu:{i}" for i in range(4)]))
     shapes = [tuple(v.shape) for v in plan.graph("rewritten").inputs if v.name.startswith("arg0")]
     assert shapes == [(4, 6)] * 4  # 16 rows over 4 replicas
-    assert plan.graph("traced").meta.get("batch", None) is None or True  # imported graphs carry no meta
+    assert plan.graph("traced").meta.batch is None or True  # imported graphs carry no meta
     traced = gd.load_plan(exported).graph("traced")
     assert len(traced.find_nodes("MatMul")) == 2  # one replica, as stored
     assert len(plan.graph("rewritten").find_nodes("MatMul")) > 4 * 2
@@ -212,7 +212,7 @@ def test_step_that_reads_the_replica_count_is_refused_for_another_count() -> Non
         return strategy.reduce("SUM", strategy.run(replica_fn, args=(x,)), axis=None)
 
     concrete = step.get_concrete_function(_per_replica(X[:8], 2))
-    assert concrete.graph("traced").meta["reads_num_replicas"]
+    assert concrete.graph("traced").meta.reads_num_replicas
     with pytest.raises(gd.PlanError, match="read num_replicas_in_sync.*test_replan.py"):
         concrete.replan(gd.MirroredStrategy(["cpu:0", "cpu:1", "cpu:2", "cpu:3"]))
     concrete.replan(gd.CentralStorageStrategy(["cpu:0", "cpu:1"]))  # the same count: fine

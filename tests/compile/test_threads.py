@@ -144,7 +144,7 @@ def test_compile_cache_memory_keeps_max_entries_least_recently_used(tmp_path) ->
 
     cache = CompileCache(tmp_path, max_entries=3)
     assert CompileCache(tmp_path).max_entries == MEMORY_CACHE_ENTRIES == 256
-    models = [gd.trace(lambda x: x * 2, np.ones(n, np.float32)).to_onnx() for n in range(1, 6)]
+    models = [gd.ir.to_onnx(gd.trace(lambda x: x * 2, np.ones(n, np.float32))) for n in range(1, 6)]
     backend, device = get_backend("ort"), parse_device("cpu:0")
     compiled = [cache.get_or_compile(backend, m, device) for m in models[:3]]
     assert cache.get_or_compile(backend, models[0], device) is compiled[0]  # a hit: now the most recent

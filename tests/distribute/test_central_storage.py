@@ -134,9 +134,9 @@ def test_plan_places_updates_on_the_parameter_device(parameter_device: str, opti
     graph = concrete.graph("partitioned")
     gd.verify(graph)
     by_name = {out.name: node for node in graph.nodes for out in node.outputs}
-    updates = graph.meta["variable_updates"]
+    updates = graph.meta.variable_updates
     assert {uid for _, uid in updates} == {v.uid for v in [*model.trainable_variables, *optimizer.variables()]}
-    placement = graph.meta["placement"]
+    placement = graph.meta.placement
     for name, uid in updates:
         assert placement[uid].kind == "central" and placement[uid].devices == (parameter_device,)
         assert by_name[name].device == parameter_device, f"update of {uid} computed elsewhere"

@@ -63,7 +63,7 @@ def test_place_ps_variables_pulls_each_shard_and_pushes_updates() -> None:
 
     traced = step.get_concrete_function(np.ones((2, 4), np.float32)).graph("traced").copy()
     # The placement spec a ParameterServerStrategy writes from the variables' shards:
-    traced.meta["placement"] = PlacementSpec({v.uid: VariablePlacement("ps", (), tuple(v._ps_shards))
+    traced.meta.placement = PlacementSpec({v.uid: VariablePlacement("ps", (), tuple(v._ps_shards))
                                               for v in (w, b, scale)})
     passes = [AutodiffPass(), LowerStopGradientsPass(), LowerVariableUpdatesPass(), PlacePSVariablesPass()]
     graph = PassManager(passes).run(traced, PassContext(devices=("cpu:0",))).graph
@@ -79,7 +79,7 @@ def test_place_ps_variables_pulls_each_shard_and_pushes_updates() -> None:
         assert {user.op_type for user, _ in inputs[name].uses} == {"PSPull"}
     for node in pushes.values():  # a push sends new value - pulled value
         assert node.inputs[0].producer.op_type == "Sub" and node.device == "cpu:0"
-    updates = {uid: name for name, uid in graph.meta["variable_updates"]}
+    updates = {uid: name for name, uid in graph.meta.variable_updates}
     outputs = {v.name: v for v in graph.outputs}
     assert outputs[updates[w.uid]].producer.op_type == "Concat"  # the shards' new values, joined
     assert outputs[updates[b.uid]].producer is pushes["b"]

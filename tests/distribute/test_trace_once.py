@@ -89,10 +89,10 @@ def test_graphs_hold_placement_as_data_not_python_objects() -> None:
         concrete = _two_layer_step(strategy)
         for stage in ("traced", "rewritten", "partitioned"):
             graph = concrete.graph(stage)
-            assert list(_objects(graph.meta)) == [], stage
+            assert list(_objects(vars(graph.meta))) == [], stage
             for node in graph.nodes:
                 assert list(_objects(node.meta, f"{node.name}.meta")) == [], stage
-        placement = concrete.graph("rewritten").meta["placement"]
+        placement = concrete.graph("rewritten").meta.placement
         assert {p.kind for p in placement.variables.values()} == {kind}
 
 
@@ -200,7 +200,7 @@ def test_uneven_per_replica_shapes_are_traced_once_per_shape() -> None:
     assert [v.tolist() for v in sums.values] == [[9.0] * 3, [13.0] * 3, [11.0] * 3]  # 2*sum + (2+2+1)
     np.testing.assert_allclose(mean, np.full(3, 9.0 / 5.0, np.float32))  # (2*1 + 2*2 + 1*3) / 5 rows
     traced = step.get_concrete_function(gd.PerReplica(parts)).graph("traced")
-    assert sorted(traced.meta["replica_variants"].values()) == [[0, 1], [2]]
+    assert sorted(traced.meta.replica_variants.values()) == [[0, 1], [2]]
     assert len(traced.inputs) == 2  # one input per distinct shape, not per replica
 
 

@@ -133,7 +133,7 @@ def test_per_replica_input_has_a_batch_dim_first() -> None:
     seen, graph = _capture(lambda x, ctx: {"b": x.shape[0], "rest": x.shape[1]})
     assert isinstance(seen["b"], BatchDim) and seen["b"] == B and affine(seen["b"]) == (1, 0)
     assert not isinstance(seen["rest"], BatchDim)
-    assert graph.meta["batch"] == B and isinstance(graph.inputs[0].shape[0], BatchDim)
+    assert graph.meta.batch == B and isinstance(graph.inputs[0].shape[0], BatchDim)
 
 
 def test_constants_made_from_the_batch_size_are_recorded() -> None:

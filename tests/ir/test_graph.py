@@ -14,7 +14,7 @@ import pytest
 
 import graphdist as gd
 from graphdist.errors import GraphError
-from graphdist.ir import Graph, Node, Value, verify
+from graphdist.ir import Graph, Node, Value, graph_to_networkx, verify
 
 
 def assert_uses_consistent(graph: Graph) -> None:
@@ -189,7 +189,7 @@ def test_topological_sort_detects_a_cycle() -> None:
 
 def test_to_networkx() -> None:
     graph, nodes = diamond()
-    g = graph.to_networkx()
+    g = graph_to_networkx(graph)
     assert isinstance(g, nx.MultiDiGraph)
     uses = sum(1 for n in graph.nodes for v in n.inputs if v is not None)
     assert g.number_of_nodes() == len(graph.inputs) + len(graph.initializers) + len(graph.nodes) + len(graph.outputs)
@@ -206,7 +206,7 @@ def test_to_networkx_counts_each_use() -> None:
     x = graph.add_input("x", np.float32, (2,))
     square = graph.add_node("Mul", [x, x])
     graph.outputs = [square.outputs[0]]
-    g = graph.to_networkx()
+    g = graph_to_networkx(graph)
     assert g.number_of_edges("x", "mul") == 2
     assert {d["value"] for _, _, d in g.edges(data=True)} == {"x", "mul"}
 
@@ -259,7 +259,7 @@ def test_insert_before_and_placement_fields() -> None:
 
 def test_traced_graph_meta_output_tree() -> None:
     graph = gd.trace(lambda x: {"a": x + 1, "b": (x, 2)}, np.ones(2, np.float32))
-    rebuilt = gd.nest.unflatten(graph.meta["output_tree"], [v.name for v in graph.outputs])
+    rebuilt = gd.nest.unflatten(graph.meta.output_tree, [v.name for v in graph.outputs])
     assert set(rebuilt) == {"a", "b"} and len(rebuilt["b"]) == 2
     assert len({v.name for v in graph.outputs}) == 3
     assert all(v.producer is not None for v in graph.outputs)

@@ -43,14 +43,14 @@ def feeds_for(graph: Graph, *arrays: np.ndarray) -> dict[str, np.ndarray]:
 
 def test_traced_graph_lowers_checks_and_runs_in_ort() -> None:
     graph = gd.trace(step, X, IDS)
-    model = graph.to_onnx()
+    model = to_onnx(graph)
     onnx.checker.check_model(model, full_check=True)
     assert model.ir_version == ORT_IR_VERSION
     assert [(o.domain, o.version) for o in model.opset_import] == [("", OPSET)]
     assert model.graph.name == graph.name and model.producer_name == "graphdist"
     assert [i.name for i in model.graph.input] == [v.name for v in graph.inputs]
     assert {t.name for t in model.graph.initializer} == set(graph.initializers)
-    outputs = gd.nest.unflatten(graph.meta["output_tree"], run_ort(model, feeds_for(graph, X, IDS)))
+    outputs = gd.nest.unflatten(graph.meta.output_tree, run_ort(model, feeds_for(graph, X, IDS)))
     expected = step(X, IDS)
     for key in expected:
         np.testing.assert_allclose(outputs[key], expected[key], rtol=1e-5)
@@ -59,7 +59,7 @@ def test_traced_graph_lowers_checks_and_runs_in_ort() -> None:
 
 def test_value_info_covers_intermediates() -> None:
     graph = gd.trace(step, X, IDS)
-    model = graph.to_onnx()
+    model = to_onnx(graph)
     declared = {vi.name for vi in model.graph.value_info}
     intermediates = {v.name for n in graph.nodes for v in n.outputs} - {v.name for v in graph.outputs}
     assert declared == intermediates
@@ -67,7 +67,7 @@ def test_value_info_covers_intermediates() -> None:
 
 def test_symbolic_dimensions_are_dim_params() -> None:
     graph = gd.trace(lambda x: np.tanh(x).sum(axis=1), gd.TensorSpec((None, 5), np.float32))
-    model = graph.to_onnx()
+    model = to_onnx(graph)
     onnx.checker.check_model(model, full_check=True)
     batch = model.graph.input[0].type.tensor_type.shape.dim[0]
     assert batch.dim_param == graph.inputs[0].shape[0]
@@ -103,7 +103,7 @@ def test_graphdist_domain_declares_its_opset() -> None:
 
 def test_round_trip_preserves_structure_and_numerics() -> None:
     graph = gd.trace(step, X, IDS)
-    model = graph.to_onnx()
+    model = to_onnx(graph)
     back = from_onnx(model)
     verify(back)
     assert [(n.name, n.qualified_op) for n in back.nodes] == [(n.name, n.qualified_op) for n in graph.nodes]
@@ -121,7 +121,7 @@ def test_round_trip_preserves_structure_and_numerics() -> None:
     assert [v.name for v in back.outputs] == [v.name for v in graph.outputs]
     for name, value in graph.initializers.items():
         np.testing.assert_array_equal(back.initializers[name].const_value, value.const_value)
-    again = back.to_onnx()
+    again = to_onnx(back)
     onnx.checker.check_model(again, full_check=True)
     for got, want in zip(run_ort(again, feeds_for(back, X, IDS)), run_ort(model, feeds_for(graph, X, IDS))):
         np.testing.assert_array_equal(got, want)
@@ -164,7 +164,7 @@ def test_from_onnx_with_constant_nodes() -> None:
     assert graph.nodes[0].name == "scale" and graph.outputs[0].shape == (3, 2)
     x = RNG.standard_normal((2, 3)).astype(np.float32)
     expected = np.maximum(x * 2.0 + np.array([0.5, -1.0, 0.0], np.float32), 0).reshape(3, 2)
-    np.testing.assert_allclose(run_ort(graph.to_onnx(), {"x": x})[0], expected, rtol=1e-6)
+    np.testing.assert_allclose(run_ort(to_onnx(graph), {"x": x})[0], expected, rtol=1e-6)
 
 
 def test_from_onnx_imports_older_opsets_as_written() -> None:
@@ -184,7 +184,7 @@ def test_from_onnx_imports_older_opsets_as_written() -> None:
     imported = from_onnx(model)
     verify(imported)
     assert [v.shape for v in imported.outputs] == [(1, 1), (1, 2)]
-    lowered = imported.to_onnx()
+    lowered = to_onnx(imported)
     onnx.checker.check_model(lowered, full_check=True)
     x = RNG.standard_normal((3, 4)).astype(np.float32)
     s0, s1 = run_ort(lowered, {"x": x})
@@ -238,7 +238,7 @@ def test_from_onnx_if_reads_outer_values_through_explicit_captures() -> None:
         np.testing.assert_array_equal(got, run_ort(model, {"cond": np.array(cond), "x0": x})[0])
     # inlined into a trace the captured value gets a new name: lowering renames the subgraph's reference
     traced = gd.trace(lambda c, a: inline_graph(imported, [c, np.maximum(a, 0.5)])[0], np.array(True), x)
-    lowered = traced.to_onnx()
+    lowered = to_onnx(traced)
     onnx.checker.check_model(lowered, full_check=True)
     assert run_ort(lowered, feeds_for(traced, np.array(True), x))[0].tolist() == [1.0, 6.0]
 
@@ -272,7 +272,7 @@ def test_attribute_lowering() -> None:
     same = graph.add_node("Transpose", [x], {"perm": []})
     cast = graph.add_node("Cast", [same.outputs[0]], {"to": np.int64(TensorProto.DOUBLE)})
     graph.outputs = cast.outputs
-    model = graph.to_onnx()
+    model = to_onnx(graph)
     onnx.checker.check_model(model, full_check=True)
     attrs = {a.name: a for node in model.graph.node for a in node.attribute}
     assert attrs["perm"].type == onnx.AttributeProto.INTS and list(attrs["perm"].ints) == []

@@ -12,7 +12,7 @@ import onnx
 import pytest
 
 from graphdist.errors import GraphError
-from graphdist.ir import Graph, OpDef, get_opdef, register_op, registered_ops
+from graphdist.ir import Graph, OpDef, get_opdef, register_op, registered_ops, to_onnx
 from graphdist.ir import ops as ir_ops
 from graphdist.ir.ops import broadcast_shapes, has_opdef, normalize_axis, numpy_dtype, onnx_dtype
 
@@ -40,7 +40,7 @@ def types(node) -> list[tuple[str, tuple]]:
 
 
 def onnx_types(graph: Graph) -> list[tuple[str, tuple]]:
-    model = graph.to_onnx()
+    model = to_onnx(graph)
     for output in model.graph.output:  # let ONNX infer the outputs itself
         output.type.tensor_type.ClearField("shape")
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)

@@ -17,6 +17,7 @@ import pytest
 
 import graphdist as gd
 from graphdist.compile.render import plan_to_dot
+from graphdist.ir import graph_summary, render_graph, to_onnx
 from graphdist.ir.render import graph_to_dot, moved_bytes, render_dot
 from graphdist.models.mlp import make_step
 
@@ -68,12 +69,12 @@ def section(text: str, title: str) -> list[str]:
 # ------------------------------------------------------------- summaries
 def test_unplaced_graph_summary_has_no_overview() -> None:
     graph = gd.trace(lambda x: np.tanh(x) * 2, np.ones((2, 3), np.float32))
-    text = graph.summary()
+    text = graph_summary(graph)
     assert "ops per device" not in text and "communication" not in text and "variables" not in text
 
 
 def test_rewritten_summary_tables(mirrored: gd.ConcreteFunction) -> None:
-    text = mirrored.graph("rewritten").summary()
+    text = graph_summary(mirrored.graph("rewritten"))
     devices = section(text, "ops per device:")
     assert devices[0].split()[:4] == ["device", "replicas", "nodes", "comm"]
     rows = {line.split()[0]: line.split() for line in devices[2:]}
@@ -103,7 +104,7 @@ def test_rewritten_summary_tables(mirrored: gd.ConcreteFunction) -> None:
 
 
 def test_central_storage_summary_shows_transfers_and_placement(central: gd.ConcreteFunction) -> None:
-    text = central.graph("partitioned").summary()
+    text = graph_summary(central.graph("partitioned"))
     comm = "\n".join(section(text, "communication ("))
     assert "graphdist.Transfer" in comm and "cpu:0 -> cpu:1" in comm
     assert "reduce_to_one" in comm and "root=0" in comm
@@ -146,7 +147,7 @@ def test_moved_bytes_model() -> None:
 def test_onnx_export_of_every_stage_passes_the_checker(mirrored: gd.ConcreteFunction, stage: str,
                                                        tmp_path: Path) -> None:
     graph = mirrored.graph(stage)
-    model = graph.to_onnx()
+    model = to_onnx(graph)
     onnx.checker.check_model(model, full_check=True)
     domains = {o.domain: o.version for o in model.opset_import}
     assert domains.get("graphdist") == 1  # collectives (and traced gradients/assigns) are graphdist-domain nodes
@@ -167,7 +168,7 @@ def test_onnx_export_of_every_stage_passes_the_checker(mirrored: gd.ConcreteFunc
 # ------------------------------------------------------------------- DOT
 def test_graph_dot_has_device_clusters_and_highlighted_collectives(mirrored: gd.ConcreteFunction) -> None:
     graph = mirrored.graph("partitioned")
-    dot = graph.to_dot()
+    dot = graph_to_dot(graph)
     assert dot == graph_to_dot(graph)
     assert dot.startswith('digraph "mlp_train_step" {') and dot.rstrip().endswith("}")
     assert re.search(r'subgraph cluster_0 \{\n    graph \[label="cpu:0"', dot)
@@ -186,7 +187,7 @@ def test_dot_quotes_awkward_names() -> None:
     graph = gd.Graph('we"ird\\name')
     x = graph.add_input('in "x"', np.float32, (2,))
     graph.outputs = graph.add_node("Neg", [x]).outputs
-    dot = graph.to_dot(legend=False)
+    dot = graph_to_dot(graph, legend=False)
     assert 'digraph "we\\"ird\\\\name"' in dot and 'label="in \\"x\\"\\nfloat32[2]"' in dot
 
 
@@ -203,7 +204,7 @@ def test_plan_dot(mirrored: gd.ConcreteFunction) -> None:
 @needs_dot
 @pytest.mark.parametrize("suffix", [".svg", ".png"])
 def test_render_graph_and_plan_with_graphviz(mirrored: gd.ConcreteFunction, tmp_path: Path, suffix: str) -> None:
-    graph_path = mirrored.graph("partitioned").render(str(tmp_path / f"graph{suffix}"))
+    graph_path = render_graph(mirrored.graph("partitioned"), str(tmp_path / f"graph{suffix}"))
     plan_path = mirrored.plan.render(str(tmp_path / f"plan{suffix}"))
     for path in (graph_path, plan_path):
         data = Path(path).read_bytes()
@@ -220,15 +221,15 @@ def test_render_graph_and_plan_with_graphviz(mirrored: gd.ConcreteFunction, tmp_
 def test_render_dot_text_needs_no_graphviz(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GRAPHDIST_DOT", str(tmp_path / "no-such-dot"))
     graph = gd.trace(lambda x: x + 1, np.ones(2, np.float32))
-    path = graph.render(str(tmp_path / "g.dot"))
-    assert Path(path).read_text() == graph.to_dot()
+    path = render_graph(graph, str(tmp_path / "g.dot"))
+    assert Path(path).read_text() == graph_to_dot(graph)
 
 
 def test_render_without_dot_says_how_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GRAPHDIST_DOT", str(tmp_path / "no-such-dot"))
     graph = gd.trace(lambda x: x + 1, np.ones(2, np.float32))
     with pytest.raises(gd.GraphdistError, match="apt-get install -y graphviz") as info:
-        graph.render(str(tmp_path / "g.svg"))
+        render_graph(graph, str(tmp_path / "g.svg"))
     assert "'dot'" in str(info.value) and "to_dot()" in str(info.value)
     assert not (tmp_path / "g.svg").exists()
 
@@ -236,7 +237,7 @@ def test_render_without_dot_says_how_to_install(tmp_path: Path, monkeypatch: pyt
 def test_render_unknown_suffix(tmp_path: Path) -> None:
     graph = gd.trace(lambda x: x + 1, np.ones(2, np.float32))
     with pytest.raises(gd.InvalidArgumentError, match=r"\.svg or \.png"):
-        graph.render(str(tmp_path / "g.jpeg"))
+        render_graph(graph, str(tmp_path / "g.jpeg"))
     with pytest.raises(ValueError, match="no suffix"):
         render_dot("digraph {}", tmp_path / "g")
 
@@ -262,7 +263,7 @@ def test_render_reports_dot_failures_and_timeouts(tmp_path: Path, monkeypatch: p
 def test_render_into_missing_directory(tmp_path: Path) -> None:
     graph = gd.trace(lambda x: x + 1, np.ones(2, np.float32))
     with pytest.raises(gd.GraphdistError, match="does not exist"):
-        graph.render(str(tmp_path / "absent" / "g.svg"))
+        render_graph(graph, str(tmp_path / "absent" / "g.svg"))
 
 
 def test_moved_bytes_between_processes() -> None:

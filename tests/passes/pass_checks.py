@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphdist.backends import default_cache, get_backend
-from graphdist.ir import Graph, assert_structural_equal, verify
+from graphdist.ir import Graph, assert_structural_equal, to_onnx, verify
 from graphdist.passes.base import PassBase, PassContext
 from graphdist.runtime.devices import parse_device
 
@@ -20,7 +20,7 @@ __all__ = ["run_reference", "random_feeds", "check_pass"]
 
 def run_reference(graph: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     """``graph``'s outputs on ``feeds`` with the reference backend (graphdist ops as one participant)."""
-    exe = default_cache().get_or_compile(get_backend("reference"), graph.to_onnx(), parse_device("cpu:0"))
+    exe = default_cache().get_or_compile(get_backend("reference"), to_onnx(graph), parse_device("cpu:0"))
     return exe.run({v.name: feeds[v.name] for v in graph.inputs})
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from graphdist.backends import default_cache, get_backend
 from graphdist.errors import GraphError
-from graphdist.ir import GRAPHDIST_DOMAIN, Graph, Value, assert_structural_equal, verify
+from graphdist.ir import GRAPHDIST_DOMAIN, Graph, Value, assert_structural_equal, to_onnx, verify
 from graphdist.ir.batch import BatchDim
 from graphdist.passes.accumulate_gradients import AccumulateGradientsPass
 from graphdist.passes.base import PassContext
@@ -40,7 +40,9 @@ def _before(reduce_op: str = "SUM") -> Graph:
     reduced = _op(graph, "ReplicaAllReduce", [loss], {"reduce_op": reduce_op, "group_key": "g"},
                   domain=GRAPHDIST_DOMAIN)
     graph.outputs = [reduced, y]
-    graph.meta.update(per_replica_inputs={"x": None}, per_replica_outputs={1: None}, batch=4)
+    graph.meta.per_replica_inputs = {"x": None}
+    graph.meta.per_replica_outputs = {1: None}
+    graph.meta.batch = 4
     return graph
 
 
@@ -81,14 +83,14 @@ def _accumulate(graph: Graph, steps: int) -> Graph:
 
 
 def _run(graph: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    exe = default_cache().get_or_compile(get_backend("reference"), graph.to_onnx(), parse_device("cpu:0"))
+    exe = default_cache().get_or_compile(get_backend("reference"), to_onnx(graph), parse_device("cpu:0"))
     return exe.run({v.name: feeds[v.name] for v in graph.inputs})
 
 
 def test_micro_batches_replace_the_batch_and_meet_before_the_all_reduce() -> None:
     graph = _accumulate(_before(), 2)
     assert_structural_equal(graph, _expected(), meta_keys=("micro", "context"))
-    assert graph.meta["accumulate_steps"] == 2
+    assert graph.meta.accumulate_steps == 2
     assert [v.name for v in graph.inputs] == ["x", "w"]  # the step is called as before
 
 
@@ -125,11 +127,11 @@ def test_a_batch_that_does_not_divide_is_refused() -> None:
 
 def test_a_graph_without_a_batch_or_with_uneven_replicas_is_refused() -> None:
     graph = _before()
-    del graph.meta["batch"]
+    graph.meta.batch = None
     with pytest.raises(GraphError, match="no batch input to cut into micro-batches"):
         AccumulateGradientsPass(2)(graph, PassContext())
     graph = _before()
-    graph.meta["replica_variants"] = {"v1": [0], "v2": [1]}
+    graph.meta.replica_variants = {"v1": [0], "v2": [1]}
     with pytest.raises(GraphError, match="drop_remainder=True"):
         AccumulateGradientsPass(2)(graph, PassContext())
 

@@ -66,10 +66,10 @@ def _graph(written_from: dict[str, int], *, group_size: int = 2, statistic: str 
         new["s"].append(_op(graph, "Add", [_op(graph, "Mul", [decay, var["s"]], replica=r), local], replica=r))
         new["n"].append(_op(graph, "Add", [var["n"], one], replica=r))
     graph.outputs = [new[name][written_from[name]] for name in VARIABLES]
-    graph.meta["variables"] = [(name, VariableSpec(f"{name}1", name, np.dtype(dtype).str, shape, name in TRAINABLE,
+    graph.meta.variables = [(name, VariableSpec(f"{name}1", name, np.dtype(dtype).str, shape, name in TRAINABLE,
                                                    "MirroredVariable"))
                                for name, (shape, dtype) in VARIABLES.items()]
-    graph.meta["variable_updates"] = [(v.name, f"{name}1") for v, name in zip(graph.outputs, VARIABLES)]
+    graph.meta.variable_updates = [(v.name, f"{name}1") for v, name in zip(graph.outputs, VARIABLES)]
     return graph
 
 
@@ -84,7 +84,7 @@ def _balance(graph: Graph, ctx: PassContext = CTX) -> Graph:
     result = BalanceVariableUpdatesPass()(graph, ctx)
     assert result.modified
     verify(result.graph)
-    updates = result.graph.meta["variable_updates"]
+    updates = result.graph.meta.variable_updates
     assert [name for name, _ in updates] == [v.name for v in result.graph.outputs[-len(updates):]]
     snapshot = result.graph.copy()
     again = BalanceVariableUpdatesPass()(result.graph, ctx)
@@ -140,8 +140,8 @@ def _only(graph: Graph, *names: str) -> Graph:
     """``graph`` writing back only the variables ``names``."""
     keep = [list(VARIABLES).index(name) for name in names]
     graph.outputs = [graph.outputs[i] for i in keep]
-    graph.meta["variable_updates"] = [graph.meta["variable_updates"][i] for i in keep]
-    graph.meta["variables"] = [graph.meta["variables"][i] for i in keep]
+    graph.meta.variable_updates = [graph.meta.variable_updates[i] for i in keep]
+    graph.meta.variables = [graph.meta.variables[i] for i in keep]
     return graph
 
 

@@ -14,7 +14,7 @@ import graphdist as gd
 from graphdist.backends import default_cache, get_backend
 from graphdist.compile.pipeline import PipelineConfig, build_pipeline
 from graphdist.compile.plan import Plan
-from graphdist.ir import Graph, assert_structural_equal, verify
+from graphdist.ir import Graph, assert_structural_equal, to_onnx, verify
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Node, Value
 from graphdist.passes.assign_devices import AssignDevicesPass
 from graphdist.passes.base import PassContext, PassManager
@@ -72,7 +72,7 @@ def _feeds(graph: Graph) -> dict[str, np.ndarray]:
 
 def _reference(graph: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     """Whole graph on the reference backend (every AllReduce as one participant: the identity)."""
-    exe = default_cache().get_or_compile(get_backend("reference"), graph.to_onnx(), parse_device("cpu:0"))
+    exe = default_cache().get_or_compile(get_backend("reference"), to_onnx(graph), parse_device("cpu:0"))
     return exe.run(feeds)
 
 

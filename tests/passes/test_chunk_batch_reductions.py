@@ -46,7 +46,9 @@ def _before(rows: int = 8) -> Graph:
     g = _op(graph, "MatMul", [_op(graph, "Transpose", [x], {"perm": [1, 0]}), r])
     s = _op(graph, "ReduceSum", [r, _ints(graph, 0)], {"keepdims": 0})
     graph.outputs = [_reduce(graph, g, "g"), _reduce(graph, s, "s"), r]
-    graph.meta.update(per_replica_inputs={"x": None}, per_replica_outputs={2: None}, batch=rows)
+    graph.meta.per_replica_inputs = {"x": None}
+    graph.meta.per_replica_outputs = {2: None}
+    graph.meta.batch = rows
     return graph
 
 
@@ -91,7 +93,7 @@ def _chunk(graph: Graph, chunks: int = 8, replicas: int = 2) -> Graph:
 def test_only_what_mixes_examples_is_cut_into_chunks() -> None:
     graph = _chunk(_before())
     assert_structural_equal(graph, _expected(), meta_keys=META)
-    assert graph.meta["deterministic_chunks"] == 8 and graph.meta["accumulate_steps"] == 4
+    assert graph.meta.deterministic_chunks == 8 and graph.meta.accumulate_steps == 4
     assert [v.name for v in graph.inputs] == ["x", "w"]
 
 
@@ -110,7 +112,7 @@ def test_one_chunk_per_replica_sums_in_the_same_form() -> None:
     # Mirrored(8) on 8 chunks: nothing to slice, but the bias gradient is still ones @ r.reshape(1, rows, 2),
     # the GEMM each chunk gets on more chunks per replica.
     graph = _chunk(_before(2), chunks=8, replicas=8)
-    assert graph.meta["accumulate_steps"] == 1
+    assert graph.meta.accumulate_steps == 1
     assert not any(n.op_type == "Slice" and n.inputs[0].name == "x" for n in graph.nodes)
     ones = [n for n in graph.nodes if n.op_type == "MatMul" and n.inputs[0].const_value is not None]
     assert len(ones) == 1 and ones[0].inputs[1].shape == (1, 2, 2)
@@ -128,7 +130,7 @@ def test_an_op_not_known_to_be_row_wise_is_computed_per_chunk() -> None:
 
 def test_a_graph_without_batch_inputs_is_unchanged_and_the_batch_is_checked() -> None:
     graph = _before()
-    del graph.meta["batch"]
+    graph.meta.batch = None
     assert not ChunkBatchReductionsPass(8, 2)(graph, PassContext()).modified
     with pytest.raises(GraphError, match="global batch of 6 rows does not cut into 8 equal chunks"):
         ChunkBatchReductionsPass(8, 2)(_before(3), PassContext())

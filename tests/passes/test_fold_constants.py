@@ -8,7 +8,7 @@ import pytest
 
 import graphdist as gd
 from graphdist.backends import default_cache, get_backend
-from graphdist.ir import GRAPHDIST_DOMAIN, Graph, Value, assert_structural_equal, verify
+from graphdist.ir import GRAPHDIST_DOMAIN, Graph, Value, assert_structural_equal, to_onnx, verify
 from graphdist.ir.ops import onnx_dtype
 from graphdist.passes.base import PassContext
 from graphdist.passes.fold_constants import MAX_ELEMENTS, FoldConstantsPass
@@ -20,7 +20,7 @@ FLOAT = onnx_dtype(np.float32)
 
 
 def _run(graph: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    exe = default_cache().get_or_compile(get_backend("reference"), graph.to_onnx(), parse_device("cpu:0"))
+    exe = default_cache().get_or_compile(get_backend("reference"), to_onnx(graph), parse_device("cpu:0"))
     return exe.run({v.name: feeds[v.name] for v in graph.inputs})
 
 

@@ -10,7 +10,7 @@ import pytest
 import graphdist as gd
 from graphdist.backends import default_cache, get_backend
 from graphdist.compile.plan import Plan
-from graphdist.ir import GRAPHDIST_DOMAIN, Graph, Value, assert_structural_equal, verify
+from graphdist.ir import GRAPHDIST_DOMAIN, Graph, Value, assert_structural_equal, to_onnx, verify
 from graphdist.passes.assign_devices import AssignDevicesPass
 from graphdist.passes.base import PassContext, PassManager
 from graphdist.passes.insert_collectives import InsertCollectivesPass
@@ -33,7 +33,7 @@ def _execute(graph: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
 
 def _reference(graph: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     """The whole graph on the reference backend (cross-replica ops reduce their inputs themselves)."""
-    exe = default_cache().get_or_compile(get_backend("reference"), graph.to_onnx(), parse_device("cpu:0"))
+    exe = default_cache().get_or_compile(get_backend("reference"), to_onnx(graph), parse_device("cpu:0"))
     return exe.run({v.name: feeds[v.name] for v in graph.inputs})
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from graphdist.backends import default_cache, get_backend
 from graphdist.errors import GraphError
-from graphdist.ir import GRAPHDIST_DOMAIN, Graph, Value, assert_structural_equal, verify
+from graphdist.ir import GRAPHDIST_DOMAIN, Graph, Value, assert_structural_equal, to_onnx, verify
 from graphdist.ir.comm_ops import SUMMED_GROUP, SUMMED_REPLICAS
 from graphdist.passes.base import PassContext
 from graphdist.passes.lower_deterministic_reductions import LowerDeterministicReductionsPass
@@ -82,7 +82,7 @@ def test_the_lowered_sum_is_the_trees_bits() -> None:
     graph.outputs = [graph.outputs[-2]]
     graph.set_nodes([n for n in graph.nodes if n.op_type == "Add"], safe=False)
     graph.inputs = [v for v in graph.inputs if v.name.startswith("g")]
-    exe = default_cache().get_or_compile(get_backend("reference"), graph.to_onnx(), parse_device("cpu:0"))
+    exe = default_cache().get_or_compile(get_backend("reference"), to_onnx(graph), parse_device("cpu:0"))
     (got,) = exe.run(feeds)
     want = (feeds["g0"] + feeds["g1"]) + (feeds["g2"] + feeds["g3"])
     assert got.tobytes() == want.tobytes()

@@ -84,7 +84,7 @@ def test_out_of_range_raises_the_same_error_before_and_after(read: bool) -> None
 
 def test_replica_copy_names_its_global_replica_and_keeps_its_placement() -> None:
     graph = _checked(np.int64, read=True)
-    graph.meta["replication"] = Replication(2, 2, 4, {}, {}, {})  # this worker's replicas are 2 and 3 of 4
+    graph.meta.replication = Replication(2, 2, 4, {}, {}, {})  # this worker's replicas are 2 and 3 of 4
     for node in graph.nodes:
         node.device, node.replica = "cpu:1", 1
         node.replica = 1

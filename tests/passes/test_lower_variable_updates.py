@@ -1,5 +1,5 @@
 """LowerVariableUpdatesPass: before vs hand-built expected structure, honest ``modified``, a second run changes
-nothing, numerics unchanged (reference backend), the written-back values and ``meta["variable_updates"]``."""
+nothing, numerics unchanged (reference backend), the written-back values and ``graph.meta.variable_updates``."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def test_last_assign_of_each_variable_becomes_an_output() -> None:
     graph = check_pass(LowerVariableUpdatesPass(), graph, modified=True, expected=_step(lowered=True), feeds=feeds,
                        new_outputs=2)
     y, v, u = graph.outputs
-    assert graph.meta["variable_updates"] == [(v.name, "v"), (u.name, "u")]
+    assert graph.meta.variable_updates == [(v.name, "v"), (u.name, "u")]
     _, v_value, u_value = run_reference(graph, feeds)
     np.testing.assert_allclose(v_value, feeds["w"] - feeds["x"], rtol=1e-6)  # (w - x) * 2 / 2
     np.testing.assert_array_equal(u_value, feeds["x"])
@@ -56,18 +56,18 @@ def test_assigned_user_output_gets_an_identity() -> None:
         return graph
 
     graph = check_pass(LowerVariableUpdatesPass(), build(False), modified=True, expected=build(True), new_outputs=1)
-    assert graph.meta["variable_updates"] == [(graph.outputs[1].name, "v")]
+    assert graph.meta.variable_updates == [(graph.outputs[1].name, "v")]
     assert graph.outputs[0] is not graph.outputs[1]
 
 
 def test_updates_recorded_earlier_are_kept() -> None:
     graph = _step(lowered=False)
-    graph.meta["variable_updates"] = [("earlier", "t")]
+    graph.meta.variable_updates = [("earlier", "t")]
     graph = check_pass(LowerVariableUpdatesPass(), graph, modified=True, new_outputs=2)
-    assert [uid for _, uid in graph.meta["variable_updates"]] == ["t", "v", "u"]
+    assert [uid for _, uid in graph.meta.variable_updates] == ["t", "v", "u"]
 
 
 def test_no_assigns_is_unchanged() -> None:
     graph = _step(lowered=True)
-    graph.meta["variable_updates"] = []
+    graph.meta.variable_updates = []
     check_pass(LowerVariableUpdatesPass(), graph, modified=False, expected=_step(lowered=True))

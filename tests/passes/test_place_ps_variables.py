@@ -50,9 +50,9 @@ def _step(kind: str, placed: bool) -> Graph:
     x = graph.add_input("x", np.float32, (2, 4))
     w = graph.add_input("w", np.float32, (4, 3))
     b = graph.add_input("b", np.float32, (3,))
-    graph.meta["variables"] = [("w", VariableSpec("u_w", "w", "<f4", (4, 3))),
+    graph.meta.variables = [("w", VariableSpec("u_w", "w", "<f4", (4, 3))),
                                ("b", VariableSpec("u_b", "b", "<f4", (3,)))]
-    graph.meta["placement"] = _placement(kind)
+    graph.meta.placement = _placement(kind)
     if placed:
         parts = [_comm(graph, "PSPull", b, "b", shard, True) for shard in reversed(B_SHARDS)][::-1]
         b = _placed(graph.add_node("Concat", parts, {"axis": 0})).outputs[0]
@@ -64,7 +64,7 @@ def _step(kind: str, placed: bool) -> Graph:
         delta = _placed(graph.add_node("Sub", [new, pulled])).outputs[0]
         new = _comm(graph, "PSPush", delta, "w", W_SHARDS[0], False)
     graph.outputs = [y, new]
-    graph.meta["variable_updates"] = [(new.name, "u_w")]
+    graph.meta.variable_updates = [(new.name, "u_w")]
     return graph
 
 
@@ -95,7 +95,7 @@ def test_reads_pull_and_updates_push() -> None:
     before = _simulate(graph, feeds, {})
     graph = check_pass(PlacePSVariablesPass(), graph, modified=True, expected=_step("ps", placed=True), ctx=CTX,
                        numerics=False, placement=True, meta_keys=("replica", "side_effect"))
-    assert graph.meta["variable_updates"] == [(graph.outputs[1].name, "u_w")]
+    assert graph.meta.variable_updates == [(graph.outputs[1].name, "u_w")]
     store = {"w0": feeds["w"], "b0": feeds["b"][:2], "b1": feeds["b"][2:]}  # what the ps tasks hold
     stale = dict(feeds, w=np.zeros_like(feeds["w"]), b=np.zeros_like(feeds["b"]))  # the worker's copy is not read
     after = _simulate(graph, stale, store)

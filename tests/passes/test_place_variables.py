@@ -73,7 +73,7 @@ def _step_graph(with_collective: bool = True) -> Graph:
         node.replica = 1
     new_m, new_w = chain[1].outputs[0], chain[2].outputs[0]
     graph.outputs = [*losses, new_m, new_w]
-    graph.meta["variable_updates"] = [(new_m.name, "m#1"), (new_w.name, "w#0")]
+    graph.meta.variable_updates = [(new_m.name, "m#1"), (new_w.name, "w#0")]
     verify(graph)
     return graph
 
@@ -99,7 +99,7 @@ def _spec(name: str) -> VariableSpec:
 
 def _updates(graph: Graph) -> dict[str, object]:
     producers = {out.name: node for node in graph.nodes for out in node.outputs}
-    return {uid.split("#")[0]: producers[name] for name, uid in graph.meta["variable_updates"]}
+    return {uid.split("#")[0]: producers[name] for name, uid in graph.meta.variable_updates}
 
 
 BODY = ["Mul", "ReduceSum", "Mul", "graphdist.AllReduce", "Mul", "ReduceSum", "Mul", "graphdist.AllReduce"]
@@ -167,7 +167,7 @@ def test_value_also_returned_is_not_moved() -> None:
     assert sub.device == "cpu:0"  # only feeds w's update: reads Add through a transfer later
     assert update_copy.device == "cpu:0" and update_copy.inputs[0] is add.outputs[0]
     assert graph.outputs[2] is add.outputs[0] and graph.outputs[3] is update_copy.outputs[0]
-    assert graph.meta["variable_updates"][0][0] == update_copy.outputs[0].name
+    assert graph.meta.variable_updates[0][0] == update_copy.outputs[0].name
     assert mul.inputs[0].producer.meta["variable_read"] == "m"  # replica 1 reads m through a transfer
 
 

@@ -11,7 +11,7 @@ import pytest
 import graphdist as gd
 from graphdist.backends import default_cache, get_backend
 from graphdist.compile.build import compile_traced
-from graphdist.ir import Graph, assert_structural_equal, structural_diff, verify
+from graphdist.ir import Graph, assert_structural_equal, structural_diff, to_onnx, verify
 from graphdist.ir.batch import BatchDim, affine
 from graphdist.ir.placement import PlacementSpec, VariablePlacement
 from graphdist.models.mlp import MLP
@@ -35,7 +35,7 @@ def _rebatch(graph: Graph, batch: int, modified: bool = True) -> Graph:
 
 
 def _run(graph: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    exe = default_cache().get_or_compile(get_backend("reference"), graph.to_onnx(), parse_device("cpu:0"))
+    exe = default_cache().get_or_compile(get_backend("reference"), to_onnx(graph), parse_device("cpu:0"))
     return exe.run({v.name: feeds[v.name] for v in graph.inputs})
 
 
@@ -59,7 +59,8 @@ def _hand(batch: int, record: bool = True) -> Graph:
     divisor = _const(graph, np.float32(2 * batch - 1), [(2, -1)] if record else None)
     (mean,) = graph.add_node("Div", [sums, divisor]).outputs
     graph.outputs = [graph.add_node("Mul", [mean, scale]).outputs[0]]
-    graph.meta.update(batch=batch, per_replica_inputs={"x": None, "scale": None})
+    graph.meta.batch = batch
+    graph.meta.per_replica_inputs = {"x": None, "scale": None}
     return graph
 
 
@@ -88,7 +89,7 @@ def test_hand_built_graph_gets_the_new_batch(batch: int) -> None:
     assert_structural_equal(after, _hand(batch, record=False))
     x, scale = after.inputs
     assert x.shape == (batch, 6) and affine(x.shape[0]) == (1, 0) and scale.shape == ()  # rank 0: unchanged
-    assert after.meta["batch"] == batch
+    assert after.meta.batch == batch
     np.testing.assert_array_equal(before.initializers["c"].const_value, [8, -1])  # the copy's constants are new
     data = RNG.standard_normal((batch, 6)).astype(np.float32)
     (got,) = _run(after, {"x": data, "scale": np.float32(3.0)})
@@ -106,7 +107,8 @@ def test_rejected_shape_names_the_node_and_where_it_was_traced() -> None:
     node = graph.add_node("Reshape", [x, _const(graph, np.array([4, 6], np.int64))])  # no provenance
     node.meta["source"] = "model.py:12"
     graph.outputs = node.outputs
-    graph.meta.update(batch=4, per_replica_inputs={"x": None})
+    graph.meta.batch = 4
+    graph.meta.per_replica_inputs = {"x": None}
     with pytest.raises(gd.GraphError, match=r"per-replica batch 8 to node reshape \(Reshape, traced at "
                                             r"model\.py:12\).*float32\[8,3,2\]"):
         RebatchPass(8)(graph)
@@ -121,11 +123,11 @@ def test_output_dtype_change_is_refused() -> None:
 
 def test_graphs_without_one_batch_size_are_refused() -> None:
     uneven = _hand(4)
-    uneven.meta["replica_variants"] = {"v1": [0], "v2": [1]}
+    uneven.meta.replica_variants = {"v1": [0], "v2": [1]}
     with pytest.raises(gd.GraphError, match="no single per-replica batch size.*uneven per-replica shapes"):
         RebatchPass(8)(uneven)
     unbatched = _hand(4)
-    del unbatched.meta["batch"]
+    unbatched.meta.batch = None
     with pytest.raises(gd.GraphError, match="no single per-replica batch size.*without per-replica inputs"):
         RebatchPass(8)(unbatched)
     with pytest.raises(gd.GraphError, match="positive batch size"):
@@ -136,7 +138,7 @@ def test_graphs_without_one_batch_size_are_refused() -> None:
 def test_traced_uneven_or_unbatched_steps_are_refused() -> None:
     data = np.ones((8, 3), np.float32)
     uneven = _traced(np.sum, data[:5], data[5:])
-    assert uneven.meta["batch"] is None and uneven.meta["replica_variants"]
+    assert uneven.meta.batch is None and uneven.meta.replica_variants
     with pytest.raises(gd.GraphError, match="uneven per-replica shapes"):
         RebatchPass(4)(uneven)
     scalar = _traced(lambda s: s * 2.0, np.float32(1.0), np.float32(2.0))
@@ -202,7 +204,7 @@ def _numpy_sgd(weights: list[np.ndarray], x: np.ndarray, labels: np.ndarray, lr:
 def test_mlp_step_rebatched_for_one_device_trains_like_numpy(global_batch_size) -> None:
     concrete = _mlp_step(8, global_batch_size)  # 2 replicas of 8 rows
     graph = _rebatch(concrete.graph("traced").copy(), 16)  # 1 replica of the 16
-    variables = graph.meta["variables"]
+    variables = graph.meta.variables
     placement = PlacementSpec({spec.uid: VariablePlacement("local", ("cpu:0",)) for _, spec in variables})
     graphs, plan, resolved = compile_traced(graph, concrete.interface.for_replicas(1),
                                             gd.OneDeviceStrategy("cpu:0").pipeline(), placement, None)
@@ -214,7 +216,7 @@ def test_mlp_step_rebatched_for_one_device_trains_like_numpy(global_batch_size) 
     results = dict(zip([v.name for v in rewritten.outputs], plan.run(feeds), strict=True))
     loss, updated = _numpy_sgd([w.astype(np.float64) for w in weights], x.astype(np.float64), labels, 0.1)
     np.testing.assert_allclose(results[rewritten.outputs[0].name], loss, rtol=1e-5)
-    new_values = {uid: results[name] for name, uid in rewritten.meta["variable_updates"]}
+    new_values = {uid: results[name] for name, uid in rewritten.meta.variable_updates}
     for (_, spec), want in zip(variables, [*updated, 1]):
         np.testing.assert_allclose(new_values[spec.uid], want, rtol=1e-5, atol=1e-6, err_msg=spec.name)
 
@@ -230,7 +232,7 @@ def test_model_step_rebatched_equals_the_step_traced_at_that_size(module: str) -
         return step.get_concrete_function(*args).graph("traced")
 
     before = traced(16)  # 8 rows per replica
-    assert before.meta["batch"] == 8 and any(v.meta.get("batch") for v in before.initializers.values())
+    assert before.meta.batch == 8 and any(v.meta.get("batch") for v in before.initializers.values())
     assert_structural_equal(_rebatch(before.copy(), 16), traced(32))
 
 
@@ -269,7 +271,7 @@ def test_replica_count_alone_changes_gathers_of_unbatched_steps() -> None:
                                             + np.zeros((1,), np.float32)), axis=0)
 
     traced = step.get_concrete_function().graph("traced")
-    assert traced.meta.get("batch") is None and traced.outputs[0].shape == (2,)
+    assert traced.meta.batch is None and traced.outputs[0].shape == (2,)
     result = RebatchPass(None, replicas=3)(traced)
     assert result.modified and result.graph.outputs[0].shape == (3,)
     with pytest.raises(gd.GraphError, match="without per-replica inputs"):

@@ -9,7 +9,7 @@ import pytest
 
 import graphdist as gd
 from graphdist.backends import default_cache, get_backend
-from graphdist.ir import GRAPHDIST_DOMAIN, Graph, Value, assert_structural_equal, verify
+from graphdist.ir import GRAPHDIST_DOMAIN, Graph, Value, assert_structural_equal, to_onnx, verify
 from graphdist.passes.base import PassContext
 from graphdist.passes.replicate import ReplicatePass, Replication
 from graphdist.runtime.devices import parse_device
@@ -19,7 +19,7 @@ FLOAT = 1  # onnx.TensorProto.FLOAT
 
 
 def _run(graph: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    exe = default_cache().get_or_compile(get_backend("reference"), graph.to_onnx(), parse_device("cpu:0"))
+    exe = default_cache().get_or_compile(get_backend("reference"), to_onnx(graph), parse_device("cpu:0"))
     return exe.run({v.name: feeds[v.name] for v in graph.inputs})
 
 
@@ -56,7 +56,8 @@ def _mul_add_graph() -> Graph:
     y = _op(graph, "Add", [_op(graph, "Mul", [x, w], context="replica"), one], context="replica")
     total = _op(graph, "ReduceSum", [y], {"keepdims": 0})
     graph.outputs = [total, y]
-    graph.meta.update(per_replica_inputs={"x": None}, per_replica_outputs={1: None})
+    graph.meta.per_replica_inputs = {"x": None}
+    graph.meta.per_replica_outputs = {1: None}
     return graph
 
 
@@ -90,7 +91,7 @@ def test_replica_nodes_and_inputs_are_copied_per_replica() -> None:
 
 def test_replication_record_maps_inputs_and_outputs() -> None:
     graph = _replicate(_mul_add_graph(), 2, offset=2, replicas_in_sync=4)
-    record = graph.meta["replication"]
+    record = graph.meta.replication
     assert record == Replication(replicas=2, offset=2, replicas_in_sync=4, input_map={"x": {0: "x_r0", 1: "x_r1"}},
                                  output_map={0: 0}, replica_outputs={1: {0: 1, 1: 2}})
     assert graph.outputs[record.output_map[0]].producer.op_type == "ReduceSum"
@@ -107,8 +108,9 @@ def _variant_graph() -> Graph:
     sa = _op(graph, "ReduceSum", [a], {"keepdims": 0}, context="replica", variant="v1")
     sb = _op(graph, "ReduceSum", [b], {"keepdims": 0}, context="replica", variant="v2")
     graph.outputs = [sa, sb, _op(graph, "Neg", [sa])]  # Neg: cross-replica code reading a replica value
-    graph.meta.update(per_replica_inputs={"a": "v1", "b": "v2"}, per_replica_outputs={0: "v1", 1: "v2"},
-                      replica_variants={"v1": [0, 1], "v2": [2]})
+    graph.meta.per_replica_inputs = {"a": "v1", "b": "v2"}
+    graph.meta.per_replica_outputs = {0: "v1", 1: "v2"}
+    graph.meta.replica_variants = {"v1": [0, 1], "v2": [2]}
     return graph
 
 
@@ -125,9 +127,9 @@ def test_variants_copy_nodes_for_their_replicas_and_cross_code_reads_replica_zer
     expected.outputs = [*sa, sb, _op(expected, "Neg", [sa[0]])]
     _equal(graph, expected)
     assert graph.nodes[2] is traced_sb and traced_sb.name == traced_name  # replica 2 is v2's first: the traced node
-    assert graph.meta["replication"].input_map == {"a": {0: "a_r0", 1: "a_r1"}, "b": {2: "b_r2"}}
-    assert graph.meta["replication"].replica_outputs == {0: {0: 0, 1: 1}, 1: {2: 2}}
-    assert graph.meta["replication"].output_map == {2: 3}
+    assert graph.meta.replication.input_map == {"a": {0: "a_r0", 1: "a_r1"}, "b": {2: "b_r2"}}
+    assert graph.meta.replication.replica_outputs == {0: {0: 0, 1: 1}, 1: {2: 2}}
+    assert graph.meta.replication.output_map == {2: 3}
 
     parts = [RNG.standard_normal((2, 3)).astype(np.float32) for _ in range(2)]
     parts.append(RNG.standard_normal((1, 3)).astype(np.float32))
@@ -182,7 +184,8 @@ def test_replica_id_and_num_replicas_become_constants_with_the_worker_offset() -
     cross_id = _op(graph, "Cast", [_op(graph, "ReplicaId", [], domain=GRAPHDIST_DOMAIN)], {"to": FLOAT})
     cross_count = _op(graph, "Cast", [_op(graph, "NumReplicas", [], domain=GRAPHDIST_DOMAIN)], {"to": FLOAT})
     graph.outputs = [y, cross_id, cross_count]
-    graph.meta.update(per_replica_inputs={"x": None}, per_replica_outputs={0: None})
+    graph.meta.per_replica_inputs = {"x": None}
+    graph.meta.per_replica_outputs = {0: None}
     graph = _replicate(graph, 2, offset=2, replicas_in_sync=4)
 
     expected = Graph("expected")
@@ -265,7 +268,7 @@ def test_cross_replica_gather_and_reduce_of_a_shared_value() -> None:
                    domain=GRAPHDIST_DOMAIN)
     graph.outputs = [gathered, _op(graph, "CrossReplicaReduce", [w], {"reduce_op": "MEAN", "group_key": "r"},
                                    domain=GRAPHDIST_DOMAIN)]
-    graph.meta.update(per_replica_inputs={"x": None})
+    graph.meta.per_replica_inputs = {"x": None}
     graph = _replicate(graph, 3)
 
     expected = Graph("expected")
@@ -288,14 +291,14 @@ def test_per_replica_output_of_a_shared_value_gets_an_identity_per_replica() -> 
     graph = Graph("shared")
     w = graph.add_input("w", np.float32, (2,))
     graph.outputs = [_op(graph, "Neg", [w])]
-    graph.meta.update(per_replica_outputs={0: None})
+    graph.meta.per_replica_outputs = {0: None}
     graph = _replicate(graph, 2)
 
     expected = Graph("expected")
     neg = _op(expected, "Neg", [expected.add_input("w", np.float32, (2,))])
     expected.outputs = [_op(expected, "Identity", [neg], replica=r) for r in range(2)]
     _equal(graph, expected)
-    assert graph.meta["replication"].replica_outputs == {0: {0: 0, 1: 1}}
+    assert graph.meta.replication.replica_outputs == {0: {0: 0, 1: 1}}
     for got in _run(graph, {"w": np.array([1.5, -2.0], np.float32)}):
         np.testing.assert_array_equal(got, [-1.5, 2.0])
 

@@ -43,9 +43,9 @@ def _before(shape: tuple[int, ...] = SHAPE) -> Graph:
         new_m = _op(graph, "Add", [_op(graph, "Mul", [mu, m], replica=r), sums[r]], replica=r)
         new_w = _op(graph, "Sub", [w, _op(graph, "Mul", [lr, new_m], replica=r)], replica=r)
     graph.outputs = [new_w, new_m]
-    graph.meta["variables"] = [("w", VariableSpec("w1", "w", "<f4", shape, True, "MirroredVariable")),
+    graph.meta.variables = [("w", VariableSpec("w1", "w", "<f4", shape, True, "MirroredVariable")),
                                ("m", VariableSpec("m1", "m", "<f4", shape, False, "MirroredVariable"))]
-    graph.meta["variable_updates"] = [(new_w.name, "w1"), (new_m.name, "m1")]
+    graph.meta.variable_updates = [(new_w.name, "w1"), (new_m.name, "m1")]
     return graph
 
 
@@ -141,9 +141,9 @@ def _run(graph: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
 def test_gradient_group_becomes_reduce_scatter_sliced_update_all_gather() -> None:
     graph = _shard(_before())
     assert_structural_equal(graph, _expected(), meta_keys=META)
-    assert graph.meta["sharded_state"] == {"m1": {"replicas": 2, "shard": 2, "size": 3}}
-    assert graph.meta["placement"]["m1"].describe() == "sharded 1/2 on each of cpu:0, cpu:1"
-    outputs = {name for name, _ in graph.meta["variable_updates"]}
+    assert graph.meta.sharded_state == {"m1": {"replicas": 2, "shard": 2, "size": 3}}
+    assert graph.meta.placement["m1"].describe() == "sharded 1/2 on each of cpu:0, cpu:1"
+    outputs = {name for name, _ in graph.meta.variable_updates}
     assert outputs == {v.name for v in graph.outputs}
 
 
@@ -164,11 +164,11 @@ def test_slots_stored_in_parts_are_read_and_written_back_per_replica() -> None:
     """The caller stores m in parts: no slice of m, no concatenation; m's write-back is one output per replica."""
     graph = _shard(_before(), PARTS_CTX)
     assert_structural_equal(graph, _expected_parts(), meta_keys=META)
-    assert graph.meta["sharded_state"] == {"m1": {"replicas": 2, "shard": 2, "size": 3, "parts": ["m/part0",
+    assert graph.meta.sharded_state == {"m1": {"replicas": 2, "shard": 2, "size": 3, "parts": ["m/part0",
                                                                                                "m/part1"]}}
     assert [v.name for v in graph.inputs] == ["g0", "g1", "w", "m/part0", "m/part1"]  # m itself is gone
-    assert [uid for _, uid in graph.meta["variable_updates"]] == ["w1", "m1", "m1"]
-    assert [name for name, _ in graph.meta["variable_updates"]] == [v.name for v in graph.outputs]
+    assert [uid for _, uid in graph.meta.variable_updates] == ["w1", "m1", "m1"]
+    assert [name for name, _ in graph.meta.variable_updates] == [v.name for v in graph.outputs]
     # The constructor's replica_parts overrides the context.
     explicit = ShardOptimizerStatePass(replica_parts=True)(_before(), CTX).graph
     assert_structural_equal(explicit, _expected_parts(), meta_keys=META)
@@ -192,7 +192,7 @@ def test_in_one_process_a_slot_read_outside_its_update_is_stored_whole() -> None
     m = next(v for v in graph.inputs if v.name == "m")
     graph.outputs.insert(0, _op(graph, "Identity", [m], replica=1))
     graph = _shard(graph, PARTS_CTX)
-    assert graph.meta["sharded_state"] == {"m1": {"replicas": 2, "shard": 2, "size": 3}}
+    assert graph.meta.sharded_state == {"m1": {"replicas": 2, "shard": 2, "size": 3}}
     assert [v.name for v in graph.inputs] == ["g0", "g1", "w", "m"]
     assert len(graph.find_nodes("ReduceScatter", GRAPHDIST_DOMAIN)) == 2
 
@@ -220,9 +220,9 @@ def _before_one_replica_per_worker() -> Graph:
     new_m = _op(graph, "Add", [_op(graph, "Mul", [mu, m], replica=0), total], replica=0)
     new_w = _op(graph, "Sub", [w, _op(graph, "Mul", [lr, new_m], replica=0)], replica=0)
     graph.outputs = [new_w, new_m]
-    graph.meta["variables"] = [("w", VariableSpec("w1", "w", "<f4", SHAPE, True, "MirroredVariable")),
+    graph.meta.variables = [("w", VariableSpec("w1", "w", "<f4", SHAPE, True, "MirroredVariable")),
                                ("m", VariableSpec("m1", "m", "<f4", SHAPE, False, "MirroredVariable"))]
-    graph.meta["variable_updates"] = [(new_w.name, "w1"), (new_m.name, "m1")]
+    graph.meta.variable_updates = [(new_w.name, "w1"), (new_m.name, "m1")]
     return graph
 
 
@@ -263,7 +263,7 @@ def test_across_workers_each_worker_updates_and_stores_its_chunk() -> None:
     assert result.modified
     verify(result.graph)
     assert_structural_equal(result.graph, _expected_worker_one(), meta_keys=META)
-    assert result.graph.meta["sharded_state"] == {"m1": {"replicas": 2, "shard": 2, "size": 3, "workers": 2,
+    assert result.graph.meta.sharded_state == {"m1": {"replicas": 2, "shard": 2, "size": 3, "workers": 2,
                                                          "worker": 1, "local": 1, "parts": ["m/part0"]}}
     assert [v.name for v in result.graph.inputs] == ["g0", "w", "m/part0"]
     snapshot = result.graph.copy()
@@ -301,13 +301,13 @@ def test_across_workers_with_two_local_replicas_scatters_locally_then_across() -
     parts = [v for v in result.graph.inputs if v.name.startswith("m/")]
     assert [(v.name, v.shape) for v in parts] == [("m/part0", (1,)), ("m/part1", (1,))]
     assert [v.shape for v in result.graph.outputs] == [SHAPE, (1,), (1,)]
-    assert [uid for _, uid in result.graph.meta["variable_updates"]] == ["w1", "m1", "m1"]
+    assert [uid for _, uid in result.graph.meta.variable_updates] == ["w1", "m1", "m1"]
     w_starts = sorted(int(n.inputs[1].const_value[0]) for n in result.graph.nodes
                       if n.op_type == "Slice" and n.inputs[0].producer is not None
                       and n.inputs[0].producer.inputs[0].producer is not None
                       and n.inputs[0].producer.inputs[0].producer.inputs[0].name == "w")
     assert w_starts == [0, 2]  # shards 0 and 2 of w's 4 one-element shards
-    assert result.graph.meta["sharded_state"]["m1"] == {"replicas": 4, "shard": 1, "size": 3, "workers": 2,
+    assert result.graph.meta.sharded_state["m1"] == {"replicas": 4, "shard": 1, "size": 3, "workers": 2,
                                                         "worker": 0, "local": 2, "parts": ["m/part0", "m/part1"]}
 
 

@@ -8,7 +8,7 @@ import pytest
 
 import graphdist as gd
 from graphdist.backends import default_cache, get_backend
-from graphdist.ir import Graph, verify
+from graphdist.ir import Graph, to_onnx, verify
 from graphdist.ir.comm_ops import is_communication
 from graphdist.passes.assign_devices import AssignDevicesPass
 from graphdist.passes.base import PassContext, PassManager
@@ -24,7 +24,7 @@ X = np.arange(6, dtype=np.float32).reshape(2, 3)
 
 def _run(graph: Graph, x: np.ndarray = X) -> list[np.ndarray]:
     """Evaluates a graph with the reference backend (graphdist ops as one participant)."""
-    exe = default_cache().get_or_compile(get_backend("reference"), graph.to_onnx(), parse_device("cpu:0"))
+    exe = default_cache().get_or_compile(get_backend("reference"), to_onnx(graph), parse_device("cpu:0"))
     return exe.run({graph.inputs[0].name: x})
 
 

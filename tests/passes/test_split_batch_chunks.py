@@ -37,7 +37,9 @@ def _before(rows: int = 4) -> Graph:
     loss = _op(graph, "Div", [_op(graph, "ReduceSum", [y], {"keepdims": 0}), _op(graph, "Mul", [replicas, batch])])
     reduced = _op(graph, "ReplicaAllReduce", [loss], {"reduce_op": "SUM", "group_key": "g"}, domain=GRAPHDIST_DOMAIN)
     graph.outputs = [reduced, y]
-    graph.meta.update(per_replica_inputs={"x": None}, per_replica_outputs={1: None}, batch=rows)
+    graph.meta.per_replica_inputs = {"x": None}
+    graph.meta.per_replica_outputs = {1: None}
+    graph.meta.batch = rows
     return graph
 
 
@@ -76,7 +78,7 @@ def _split(graph: Graph, chunks: int = 8, replicas: int = 2) -> Graph:
 def test_chunks_replace_the_batch_and_their_sums_form_a_pairwise_tree() -> None:
     graph = _split(_before())
     assert_structural_equal(graph, _expected(), meta_keys=META)
-    assert graph.meta["deterministic_chunks"] == 8 and graph.meta["accumulate_steps"] == 4
+    assert graph.meta.deterministic_chunks == 8 and graph.meta.accumulate_steps == 4
     assert [v.name for v in graph.inputs] == ["x", "w"]
 
 
@@ -104,15 +106,15 @@ def test_one_chunk_per_replica_only_records_the_chunks() -> None:
     graph = _before(4)
     snapshot = graph.copy()
     result = SplitBatchChunksPass(8, 8)(graph, PassContext())
-    assert result.modified and result.graph.meta["deterministic_chunks"] == 8
-    assert "accumulate_steps" not in result.graph.meta
+    assert result.modified and result.graph.meta.deterministic_chunks == 8
+    assert result.graph.meta.accumulate_steps is None
     assert_structural_equal(result.graph, snapshot)
     assert not SplitBatchChunksPass(8, 8)(result.graph, PassContext()).modified
 
 
 def test_a_graph_without_batch_inputs_is_unchanged() -> None:
     graph = _before()
-    del graph.meta["batch"]
+    graph.meta.batch = None
     assert not SplitBatchChunksPass(8, 2)(graph, PassContext()).modified
 
 
@@ -125,6 +127,6 @@ def test_the_rule_and_the_batch_are_checked() -> None:
     with pytest.raises(GraphError, match="global batch of 6 rows does not cut into 8 equal chunks"):
         SplitBatchChunksPass(8, 2)(_before(3), PassContext())
     graph = _before()
-    graph.meta["replica_variants"] = {"v1": [0], "v2": [1]}
+    graph.meta.replica_variants = {"v1": [0], "v2": [1]}
     with pytest.raises(GraphError, match="drop_remainder=True"):
         SplitBatchChunksPass(8, 2)(graph, PassContext())

@@ -16,6 +16,7 @@ import pytest
 
 import graphdist as gd
 import graphdist.passes.autodiff  # noqa: F401 - registers the rules
+from graphdist.ir import to_onnx
 from graphdist.ir.gradients import _zero_gradient
 from graphdist.ir.graph import ONNX_DOMAIN, Graph
 from graphdist.ir.ops import get_opdef, registered_ops
@@ -611,7 +612,7 @@ def test_stop_gradient_blocks_the_gradient_and_round_trips_through_onnx() -> Non
     np.testing.assert_allclose(g(x), x)  # d/da of c * a with c = a held constant: a, not 2a
     assert gd.stop_gradient(x) is x  # eager: the value itself
     traced = gd.trace(lambda a: gd.stop_gradient(a) * 2.0, x)
-    model = traced.to_onnx()
+    model = to_onnx(traced)
     assert [n.op_type for n in model.graph.node][0] == "Identity"  # runnable by any ONNX runtime
     assert from_onnx(model).nodes[0].qualified_op == "graphdist.StopGradient"
 

@@ -8,7 +8,7 @@ import pytest
 
 import graphdist as gd
 from graphdist.compile.inference import make_inference_step
-from graphdist.ir import from_onnx
+from graphdist.ir import from_onnx, to_onnx
 from graphdist.models.mlp import MLP
 from graphdist.trace.inline import example_batch, graph_function, inline_graph
 
@@ -21,7 +21,7 @@ def model() -> MLP:
 @pytest.fixture(scope="module")
 def imported(model: MLP) -> gd.Graph:
     """The MLP traced for batch 8, lowered to ONNX and imported back."""
-    return from_onnx(gd.trace(model.forward, np.ones((8, 6), np.float32)).to_onnx())
+    return from_onnx(to_onnx(gd.trace(model.forward, np.ones((8, 6), np.float32))))
 
 
 def test_inlined_graph_computes_the_model(model: MLP, imported: gd.Graph) -> None:

@@ -18,7 +18,7 @@ import pytest
 import graphdist as gd
 from graphdist.backends import get_backend
 from graphdist.errors import AxisError, GraphError, InvalidArgumentError, TracingError
-from graphdist.ir import Graph
+from graphdist.ir import Graph, to_onnx
 from graphdist.runtime.devices import parse_device
 from graphdist.trace import nn
 from tests.trace.test_numpy_ops import check, run_graph
@@ -339,7 +339,7 @@ def test_conv2d_symbolic_batch_and_captured_weights() -> None:
 
     graph = gd.trace(fn, gd.TensorSpec((None, 5, 5, 2), np.float32))
     gd.verify(graph)
-    onnx.checker.check_model(graph.to_onnx(), full_check=True)
+    onnx.checker.check_model(to_onnx(graph), full_check=True)
     assert graph.outputs[0].shape[1:] == (5, 5, 4) and isinstance(graph.outputs[0].shape[0], str)
     assert [n.op_type for n in graph.nodes].count("Transpose") == 2  # the weights are transposed at trace time
     x = normal(3, 5, 5, 2)
@@ -539,14 +539,14 @@ def test_dropout_eager(dtype) -> None:
 
 
 def _session(graph: Graph, backend: str):
-    return get_backend(backend).compile(graph.to_onnx(), parse_device("cpu:0"))
+    return get_backend(backend).compile(to_onnx(graph), parse_device("cpu:0"))
 
 
 def test_dropout_traced_ort_masks_per_run() -> None:
     x = np.abs(normal(100, 200)) + 0.5
     seeded = gd.trace(lambda x: nn.dropout(x, 0.3, seed=7), x)
     gd.verify(seeded)
-    onnx.checker.check_model(seeded.to_onnx(), full_check=True)
+    onnx.checker.check_model(to_onnx(seeded), full_check=True)
     assert op_types(seeded) == {"RandomUniformLike", "GreaterOrEqual", "Cast", "Mul"}
     session = _session(seeded, "ort")
     first, second = (session.run({"arg0": x})[0] for _ in range(2))
@@ -642,7 +642,7 @@ def test_variables_are_read() -> None:
     np.testing.assert_array_equal(nn.relu(v), [[0.0, 2.0]])
     graph = gd.trace(lambda x: nn.relu(x) + nn.layer_norm(v), np.zeros((1, 2), np.float32))
     assert len(graph.inputs) == 2 and graph.inputs[1].meta["variable"].uid == v.uid
-    assert graph.meta["variables"] == [(graph.inputs[1].name, graph.inputs[1].meta["variable"])]
+    assert graph.meta.variables == [(graph.inputs[1].name, graph.inputs[1].meta["variable"])]
 
 
 def test_small_convnet_step_in_strategy_run() -> None:

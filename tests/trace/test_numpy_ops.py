@@ -15,6 +15,7 @@ import pytest
 import graphdist as gd
 from graphdist import nest
 from graphdist.backends import default_cache, get_backend
+from graphdist.ir import to_onnx
 from graphdist.runtime.devices import parse_device
 
 RNG = np.random.default_rng(1234)
@@ -73,10 +74,10 @@ def _array_leaves(args: tuple) -> list[np.ndarray]:
 
 def run_graph(graph: gd.Graph, args: tuple, backend: str) -> object:
     """Compiles ``graph`` with ``backend`` and runs it on the arrays in ``args``."""
-    model = graph.to_onnx()
+    model = to_onnx(graph)
     executable = default_cache().get_or_compile(get_backend(backend), model, parse_device("cpu:0"))
     feeds = {value.name: np.asarray(leaf) for value, leaf in zip(graph.inputs, _array_leaves(args))}
-    return nest.unflatten(graph.meta["output_tree"], executable.run(feeds))
+    return nest.unflatten(graph.meta.output_tree, executable.run(feeds))
 
 
 def assert_same(actual: object, expected: object, rtol: float, what: str) -> None:
@@ -98,7 +99,7 @@ def check(fn, *args, rtol: float = 1e-5, backends: tuple[str, ...] = BACKENDS) -
     """Traces ``fn`` on ``args`` and checks every backend against numpy."""
     graph = gd.trace(fn, *args)
     gd.verify(graph)
-    onnx.checker.check_model(graph.to_onnx(), full_check=True)
+    onnx.checker.check_model(to_onnx(graph), full_check=True)
     with np.errstate(all="ignore"):
         expected = fn(*args)
     for backend in backends:
@@ -539,7 +540,7 @@ def test_tensor_spec_with_symbolic_dimension() -> None:
     assert graph.inputs[0].shape[0] == graph.outputs[0].shape[0]
     assert isinstance(graph.outputs[0].shape[0], str)
     gd.verify(graph)
-    onnx.checker.check_model(graph.to_onnx(), full_check=True)
+    onnx.checker.check_model(to_onnx(graph), full_check=True)
     batch = normal(5, 4)
     for backend in BACKENDS:
         assert_same(run_graph(graph, (batch,), backend), np.tanh(batch) * 2, 1e-5, backend)
@@ -551,7 +552,7 @@ def test_reshape_keeps_symbolic_batch() -> None:
     batch = graph.inputs[0].shape[0]
     assert [v.shape for v in graph.outputs] == [(batch, 12), (batch, 2)]
     gd.verify(graph)
-    onnx.checker.check_model(graph.to_onnx(), full_check=True)
+    onnx.checker.check_model(to_onnx(graph), full_check=True)
     data = normal(5, 3, 4)
     expected = (data.reshape(5, -1), data.reshape(5, 2, 6).sum(-1))
     for backend in BACKENDS:

@@ -56,7 +56,7 @@ def test_four_micro_batches_of_64_make_the_update_of_one_batch_of_256(replicas: 
     assert micro == {0, 1, 2, 3}
     slices = [n for n in rewritten.nodes if n.op_type == "Slice" and n.outputs[0].shape[:1] == (64 // replicas,)]
     assert len(slices) == 2 * 4 * replicas  # x and labels, per micro-batch and replica
-    assert rewritten.meta["accumulate_steps"] == 4
+    assert rewritten.meta.accumulate_steps == 4
 
 
 def test_transformer_block_accumulates_like_its_whole_batch() -> None:

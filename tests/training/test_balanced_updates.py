@@ -62,7 +62,7 @@ def test_balanced_updates_train_bitwise_like_the_unbalanced_pipeline(optimizer: 
     def updated_on(plan: gd.Plan) -> set[str]:
         graph = plan.graph
         outputs = {v.name: v for v in graph.outputs}
-        return {outputs[name].producer.device for name, _ in graph.meta["variable_updates"]}
+        return {outputs[name].producer.device for name, _ in graph.meta.variable_updates}
 
     assert updated_on(old_plan) == {"cpu:1"}
     assert updated_on(plan) == {"cpu:0", "cpu:1"}

@@ -120,9 +120,9 @@ def test_in_one_process_each_slot_is_stored_in_per_replica_parts() -> None:
     assert [p.shape for p in kernel_m._value] == [(SIZES[0] * SIZES[1] // 2,)] * 2
     inputs = set(concrete.plan.input_names)
     rewritten = concrete.graph("rewritten")
-    layout = rewritten.meta["sharded_state"][kernel_m.uid]
+    layout = rewritten.meta.sharded_state[kernel_m.uid]
     assert set(layout["parts"]) <= inputs and len(layout["parts"]) == 2
-    written = {name for name, _ in rewritten.meta["variable_updates"]}
+    written = {name for name, _ in rewritten.meta.variable_updates}
     assert not any(n.outputs[0].name in written for n in rewritten.find_nodes("Concat"))  # no joined write-back
     assert "in 2 parts" in concrete.plan.summary()
     _assert_close(trainer.state(), _trained(_strategy(2, zero=False), steps=2).state())
