@@ -17,7 +17,7 @@ its edits: nodes join and leave it only through :meth:`Graph.add_node`,
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -27,7 +27,7 @@ from graphdist.errors import GraphError
 from graphdist.ir.graph_meta import GraphMeta
 from graphdist.ir.op_registry import GRAPHDIST_DOMAIN, ONNX_DOMAIN, OPSET, get_opdef
 
-__all__ = ["Value", "Node", "Graph", "Uses", "Dim", "Shape", "ONNX_DOMAIN", "GRAPHDIST_DOMAIN"]
+__all__ = ["Value", "Node", "Graph", "Uses", "Dim", "Shape", "ONNX_DOMAIN", "GRAPHDIST_DOMAIN", "register_view"]
 
 
 #: A dimension is a static size or a symbolic name (e.g. ``"batch"``).
@@ -705,8 +705,54 @@ class Graph:
         new.outputs = [mapping[id(v)] for v in self.outputs]
         return new
 
+    # Views (API.md's Graph methods): each calls the free function its module registered with
+    # :func:`register_view`, so this module holds the data and imports none of the modules that view it.
+
+    def summary(self) -> str:
+        """A readable text listing, with overview tables when placed (:func:`graphdist.ir.graph_summary`)."""
+        return _view("summary")(self)
+
+    def to_onnx(self, *, opset: int | None = None) -> Any:
+        """Lowers to an ``onnx.ModelProto`` (:func:`graphdist.ir.to_onnx`)."""
+        return _view("to_onnx")(self) if opset is None else _view("to_onnx")(self, opset=opset)
+
+    def to_dot(self, **options: Any) -> str:
+        """Graphviz DOT text: devices as clusters, collectives highlighted (:func:`graphdist.ir.graph_to_dot`)."""
+        return _view("to_dot")(self, **options)
+
+    def render(self, path: Any, **options: Any) -> Any:
+        """Writes the graph as SVG or PNG by ``path``'s suffix (``.dot``: the DOT text) and returns the path
+        (:func:`graphdist.ir.render_graph`; needs Graphviz's ``dot``).
+        """
+        return _view("render")(self, path, **options)
+
+    def to_networkx(self) -> Any:
+        """A ``networkx.MultiDiGraph`` of the graph (:func:`graphdist.ir.graph_to_networkx`)."""
+        return _view("to_networkx")(self)
+
+    def __str__(self) -> str:
+        return self.summary()
+
     def __repr__(self) -> str:
         return f"<Graph {self.name!r} stage={self.stage} nodes={len(self.nodes)} inputs={len(self.inputs)}>"
+
+
+#: View name -> the free function that makes it; filled by the view modules as ``graphdist.ir`` imports them.
+_VIEWS: dict[str, Callable[..., Any]] = {}
+
+
+def register_view(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    """Makes ``function(graph, ...)`` the implementation of ``Graph.<name>`` (a view module calls it once)."""
+    _VIEWS[name] = function
+    return function
+
+
+def _view(name: str) -> Callable[..., Any]:
+    try:
+        return _VIEWS[name]
+    except KeyError:
+        raise GraphError(f"Graph.{name} is not available: the module that provides it was not imported; "
+                         "import graphdist (or graphdist.ir) first") from None
 
 
 def _producers(node: Node) -> Iterable[Node]:

@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from graphdist.ir.layouts import MeshSpec
 from graphdist.ir.placement import PlacementSpec, VariableSpec
 
 __all__ = ["GraphMeta", "Replication"]
@@ -86,6 +87,11 @@ class GraphMeta:
             ``trace/control_flow.py``.
         loop_bodies: Imported Loop bodies, as ``scan_bodies``.
         branches: Imported If branches, as ``scan_bodies``.
+        mesh: The device mesh (:class:`~graphdist.ir.layouts.MeshSpec`) the layouts refer to, under
+            tensor parallelism. Written by ``PropagateLayoutsPass``; read by ``LowerLayoutsPass`` and
+            ``ir/render.py``.
+        layouts: Value name -> ``[type, layout, block per device]`` of the values split or partial over the
+            mesh. Written by ``LowerLayoutsPass``; read by ``ir/render.py`` (the summary's layouts section).
         extra: Extension data of one module, by key (no graphdist module uses it today).
     """
 
@@ -107,6 +113,8 @@ class GraphMeta:
     scan_bodies: dict[Any, Any] = field(default_factory=dict)
     loop_bodies: dict[Any, Any] = field(default_factory=dict)
     branches: dict[Any, Any] = field(default_factory=dict)
+    mesh: MeshSpec | None = None
+    layouts: dict[str, list[str]] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def copy(self) -> GraphMeta:

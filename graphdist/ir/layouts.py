@@ -16,7 +16,7 @@ Where the layouts live on a graph (written by
   node reads it (``None`` for an absent input); where it differs from the
   input's own layout, a reshard is needed (``node.meta[RESHARDS_KEY]`` lists
   those input positions, for summaries and tests);
-* ``graph.meta[MESH_KEY]``: the :class:`MeshSpec`.
+* ``graph.meta.mesh``: the :class:`MeshSpec`.
 """
 
 from __future__ import annotations
@@ -29,13 +29,12 @@ import numpy as np
 
 from graphdist.errors import GraphError
 
-__all__ = ["INPUT_LAYOUTS_KEY", "LAYOUT_KEY", "MESH_KEY", "RESHARDS_KEY", "Layout", "MeshSpec", "all_indices",
+__all__ = ["INPUT_LAYOUTS_KEY", "LAYOUT_KEY", "RESHARDS_KEY", "Layout", "MeshSpec", "all_indices",
            "local_slices"]
 
 LAYOUT_KEY = "layout"
 INPUT_LAYOUTS_KEY = "input_layouts"
 RESHARDS_KEY = "reshards"
-MESH_KEY = "mesh"
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from graphdist.ir.graph import Graph, Value
+from graphdist.ir.graph import Graph, Value, register_view
 
 __all__ = ["graph_to_networkx"]
 
@@ -35,3 +35,6 @@ def graph_to_networkx(graph: Graph):  # -> networkx.MultiDiGraph
 
 def _vertex_of(value: Value) -> str:
     return value.producer.name if value.producer is not None else value.name
+
+
+register_view("to_networkx", graph_to_networkx)

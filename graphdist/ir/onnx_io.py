@@ -20,7 +20,7 @@ from onnx import helper, numpy_helper
 from graphdist.errors import GraphError
 from graphdist.ir.comm_ops import SUMMED_GROUP, SUMMED_REPLICAS
 from graphdist.ir.fold import fold_node
-from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Node, Value
+from graphdist.ir.graph import GRAPHDIST_DOMAIN, ONNX_DOMAIN, Graph, Node, Value, register_view
 from graphdist.ir.onnx_attributes import attribute_proto, node_attributes
 from graphdist.ir.onnx_checks import check_single_assignment, tensor_array
 from graphdist.ir.onnx_schema_ops import generic_opdef, type_of
@@ -423,3 +423,6 @@ def _rule_types(node: Node, opdef: Any, count: int, node_opset: int) -> list:
     # A hand-written rule needs constants (a Reshape's shape) that the model computes at run time: ONNX's
     # inference gives the rank here; inlined with static shapes, the computation folds to constants.
     return generic.infer(node, count)
+
+
+register_view("to_onnx", to_onnx)

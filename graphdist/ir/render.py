@@ -36,7 +36,7 @@ import numpy as np
 
 from graphdist.errors import GraphdistError, InvalidArgumentError, StorageError
 from graphdist.ir.comm_ops import SUMMED_GROUP, SUMMED_REPLICAS, is_communication, is_runtime_check
-from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
+from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value, register_view
 from graphdist.ir.placement import VariableSpec, placement_of, variable_specs
 from graphdist.ir.printer import format_graph, format_table
 
@@ -186,14 +186,14 @@ def summed_lines(nodes: Iterable[Node]) -> str:
 
 def layout_lines(graph: Graph) -> str:
     """The ``layouts`` section: values split or partial over the device mesh (``LowerLayoutsPass``)."""
-    table = graph.meta.get("layouts")
-    mesh = graph.meta.get("mesh")
+    table = graph.meta.layouts
+    mesh = graph.meta.mesh
     if not table or mesh is None:
         return ""
     shape = " x ".join(f"{a}={s}" for a, s in zip(mesh.axis_names, mesh.shape))
     rows = [[f"%{name}", *columns] for name, columns in table.items()]
     shown = rows[:_LAYOUT_ROWS]
-    more = f"\n  ... and {len(rows) - len(shown)} more (graph.meta['layouts'])" if len(rows) > len(shown) else ""
+    more = f"\n  ... and {len(rows) - len(shown)} more (graph.meta.layouts)" if len(rows) > len(shown) else ""
     return (f"layouts over the mesh {shape} (batch axis {mesh.batch_axis!r}; {len(rows)} value(s) split or partial, "
             f"the others replicated):\n" + format_table(["value", "type", "layout", "block per device"], shown) + more)
 
@@ -615,3 +615,8 @@ def render_graph(graph: Graph, path: str | os.PathLike[str], **options: Any) -> 
     :class:`~graphdist.errors.GraphdistError` with an install hint without it. Returns the path written.
     """
     return render_dot(graph_to_dot(graph, **options), path)
+
+
+register_view("summary", graph_summary)
+register_view("to_dot", graph_to_dot)
+register_view("render", render_graph)

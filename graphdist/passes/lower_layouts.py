@@ -2,7 +2,7 @@
 
 Reads what :class:`graphdist.passes.propagate_layouts.PropagateLayoutsPass`
 wrote (``value.meta["layout"]``, ``node.meta["input_layouts"]``,
-``graph.meta["mesh"]``).
+``graph.meta.mesh``).
 
 Invariant established: every node of replica ``r`` is replaced by one copy per
 device of the replica (``mesh.devices[r][i]``), computing that device's block
@@ -29,7 +29,7 @@ two ways to reduce a partial value a split reader wants, the reduce-scatter
 (half the all-reduce's bytes, no slice after) is taken whenever it applies.
 Each collective's node has ``meta["bytes_per_device"]`` by this model.
 
-``graph.meta["layouts"]`` lists every value split or partial over the mesh
+``graph.meta.layouts`` lists every value split or partial over the mesh
 (type, layout, block per device); ``Graph.summary()`` shows it.
 
 A graph output (a step result, a variable's new value) is made whole on the
@@ -42,9 +42,9 @@ write-back. Stored in parts (``PassContext.options[REPLICA_PARTS_OPTION]``,
 which ``gd.function`` sets, or ``replica_parts=True``): its input is replaced
 by one input per device of a replica, ``<input>/part<i>`` (the block), and its
 write-back by one output per device (the new block, in the variable's
-layout), each a ``variable_updates`` entry; ``graph.meta["sharded_state"]``
+layout), each a ``variable_updates`` entry; ``graph.meta.sharded_state``
 records the parts with their ``blocks`` (``(start, stop)`` per dimension)
-and ``graph.meta["placement"]`` places the variable ``"sharded"``. No device
+and ``graph.meta.placement`` places the variable ``"sharded"``. No device
 then holds more than its block of it.
 
 Cases:
@@ -72,20 +72,18 @@ import numpy as np
 
 from graphdist.errors import GraphError
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
-from graphdist.ir.layouts import INPUT_LAYOUTS_KEY, MESH_KEY, RESHARDS_KEY, Layout, MeshSpec, local_slices
+from graphdist.ir.layouts import INPUT_LAYOUTS_KEY, RESHARDS_KEY, Layout, MeshSpec, local_slices
 from graphdist.ir.placement import PlacementSpec, VariablePlacement, variable_specs
 from graphdist.ir.placement_ops import SHARDING_CONSTRAINT
 from graphdist.passes.base import PassBase, PassContext, PassResult
 from graphdist.passes.layout_rules import ADD_ONCE_KEY, layout_of
 from graphdist.passes.shard_optimizer_state import REPLICA_PARTS_OPTION
 
-__all__ = ["GLOBAL_LAYOUT_KEY", "LAYOUTS_META", "LowerLayoutsPass", "collective_bytes", "variable_bytes_per_device"]
+__all__ = ["GLOBAL_LAYOUT_KEY", "LowerLayoutsPass", "collective_bytes", "variable_bytes_per_device"]
 
 #: ``value.meta`` key of a lowered value: the layout of the whole value it is a block of (for summaries).
 GLOBAL_LAYOUT_KEY = "global_layout"
-#: ``graph.meta`` key: ``value name -> [type, layout, block per device]`` of the values the pass split or left
-#: partial (the others are replicated), for :meth:`Graph.summary`.
-LAYOUTS_META = "layouts"
+#: ``node.meta`` keys of the layout passes' bookkeeping, removed once the nodes are lowered.
 _LAYOUT_META = (INPUT_LAYOUTS_KEY, RESHARDS_KEY, "add_once")
 #: Ops with a target-shape input (position 1), rewritten to the local shape.
 _SHAPE_INPUT_OPS = frozenset({"Reshape", "Expand"})
@@ -110,7 +108,7 @@ def variable_bytes_per_device(graph: Graph) -> int:
     A variable stored in parts (split by its layout here, or a ZeRO-1 slot) counts one part; any other
     counts whole (every device holds a copy).
     """
-    sharded = graph.meta.get("sharded_state", {})
+    sharded = graph.meta.sharded_state
     total = 0
     for _, spec in variable_specs(graph):
         layout = sharded.get(spec.uid)
@@ -136,7 +134,7 @@ class LowerLayoutsPass(PassBase):
         return f"{self.name}()" if self.replica_parts is None else f"{self.name}(replica_parts={self.replica_parts})"
 
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
-        mesh: MeshSpec | None = graph.meta.get(MESH_KEY)
+        mesh: MeshSpec | None = graph.meta.mesh
         pending = any(INPUT_LAYOUTS_KEY in n.meta for n in graph.nodes)
         constraints = graph.find_nodes(SHARDING_CONSTRAINT, GRAPHDIST_DOMAIN)
         if mesh is None or not pending or mesh.devices_per_replica == 1:
@@ -181,7 +179,7 @@ class _Lowering:
     def run(self) -> None:
         for node in list(self.graph.nodes):
             self._lower(node)
-        updates = list(self.graph.meta.get("variable_updates", []))
+        updates = list(self.graph.meta.variable_updates)
         first_update = len(self.graph.outputs) - len(updates)  # the write-backs are the last outputs, in order
         outputs: list[Value] = []
         new_updates: list[tuple[str, str]] = []
@@ -198,10 +196,10 @@ class _Lowering:
             if uid is not None:
                 new_updates.append((whole.name, uid))
         self.graph.outputs = outputs
-        self.graph.meta[LAYOUTS_META] = self._layout_table()
+        self.graph.meta.layouts = self._layout_table()
         self.graph.set_nodes(self.created, safe=False)
         if updates:
-            self.graph.meta["variable_updates"] = new_updates
+            self.graph.meta.variable_updates = new_updates
         self._record_parts()
 
     def _layout_table(self) -> dict[str, list[str]]:
@@ -236,8 +234,8 @@ class _Lowering:
             return
         doomed = {id(whole) for whole, _, _ in self.parts.values()}
         self.graph.inputs = [v for v in self.graph.inputs if id(v) not in doomed]
-        sharded = dict(self.graph.meta.get("sharded_state", {}))
-        placements = dict(getattr(self.graph.meta.get("placement"), "variables", {}))
+        sharded = dict(self.graph.meta.sharded_state)
+        placements = dict(getattr(self.graph.meta.placement, "variables", {}))
         for uid, (whole, _, parts) in self.parts.items():
             layout = layout_of(whole)
             blocks = [[list(block) for block in self._block(whole, layout, index)] for index in range(self.count)]
@@ -246,8 +244,8 @@ class _Lowering:
                             "size": size, "parts": [p.name for p in parts], "blocks": blocks,
                             "layout": layout.to_attr()}
             placements[uid] = VariablePlacement("sharded", tuple(self.mesh.devices[0]))
-        self.graph.meta["sharded_state"] = sharded
-        self.graph.meta["placement"] = PlacementSpec(placements)
+        self.graph.meta.sharded_state = sharded
+        self.graph.meta.placement = PlacementSpec(placements)
 
     def _block(self, whole: Value, layout: Layout, index: int) -> list[tuple[int, int]]:
         spans = {dim: (start, stop) for dim, start, stop in local_slices(self.mesh, whole.shape, layout, index)}

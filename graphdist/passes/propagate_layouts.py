@@ -6,7 +6,7 @@ a mesh axis or ``None``, plus the axes it is a pending partial sum over), and
 every node has ``node.meta["input_layouts"]``: the layout it reads each input
 in. Where that differs from the input's own layout, the node's
 ``meta["reshards"]`` lists the input position (``LowerLayoutsPass`` makes
-the collective or slice). ``graph.meta["mesh"]`` is the mesh. Only the
+the collective or slice). ``graph.meta.mesh`` is the mesh. Only the
 mesh's non-batch axes of size above one appear in layouts: the batch axis
 makes the replicas (``ReplicatePass``), so inside a replica it splits
 nothing.
@@ -89,7 +89,7 @@ from typing import Any
 
 from graphdist.errors import GraphError
 from graphdist.ir.graph import Graph, Node, Value
-from graphdist.ir.layouts import INPUT_LAYOUTS_KEY, LAYOUT_KEY, MESH_KEY, RESHARDS_KEY, Layout, MeshSpec
+from graphdist.ir.layouts import INPUT_LAYOUTS_KEY, LAYOUT_KEY, RESHARDS_KEY, Layout, MeshSpec
 from graphdist.ir.placement import VariableSpec, variable_specs
 from graphdist.passes.base import PassBase, PassContext, PassResult
 from graphdist.passes.layout_rules import (
@@ -159,7 +159,7 @@ class PropagateLayoutsPass(PassBase):
 
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
         before = _snapshot(graph)
-        graph.meta[MESH_KEY] = self.mesh
+        graph.meta.mesh = self.mesh
         seeds = {}
         for name, spec in variable_specs(graph):
             layout = self._layout_of_variable(spec)

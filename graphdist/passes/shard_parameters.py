@@ -11,7 +11,7 @@ For a selected variable ``w`` (``size`` elements; N = workers x L local replicas
 of worker ``w`` owns shard ``r * workers + w``, as ZeRO-1's slots):
 
 * **storage**: ``w``'s graph input becomes one input per local replica, ``<input>/part<r>`` (``k``
-  elements), recorded in ``graph.meta["sharded_state"][uid]`` (``"parts"``, with ``"parameter": True``)
+  elements), recorded in ``graph.meta.sharded_state[uid]`` (``"parts"``, with ``"parameter": True``)
   like a ZeRO-1 slot, so the compiled function stores the variable as those parts
   (:class:`graphdist.trace.variables.WorkerShard`): a replica never holds the whole weight between steps;
 * **reads**: every reader of ``w`` on replica ``r`` reads ``w`` all-gathered from the parts on that replica
@@ -23,14 +23,14 @@ of worker ``w`` owns shard ``r * workers + w``, as ZeRO-1's slots):
 * **gradient and update**: the weight's gradient ``AllReduce`` group becomes ZeRO-1's reduce-scatter and
   sliced update (``ShardOptimizerStatePass``'s rewrite, reused), the update reading the replica's own part
   of ``w`` and of each slot; the new shard is written back as the replica's part (one
-  ``graph.meta["variable_updates"]`` entry per local replica): no all-gather of the new weights at the end
+  ``graph.meta.variable_updates`` entry per local replica): no all-gather of the new weights at the end
   of the step (unlike ZeRO-1). Its optimizer slots are sharded like ZeRO-1's (stored in parts too).
 
 Invariant established: no selected variable is read whole from a graph input (stored in parts: the
 input is gone; stored whole: only the slices making its parts read it); each is read through per-replica
 ``AllGather`` groups of its parts, and, when the step updates it, written back as its shards
 (``sharded_state[uid]`` records ``replicas``, ``shard``, ``size``, ``parameter`` and, stored in parts,
-``parts``); ``graph.meta["placement"]`` places it ``"sharded"``.
+``parts``); ``graph.meta.placement`` places it ``"sharded"``.
 
 Variables are chosen by **name**: the variable's name as the traced graph records it
 (``VariableSpec.name``: ``gd.Variable.name`` without ``":0"``, e.g. ``"mlp/dense_0/kernel"``), the
@@ -167,7 +167,7 @@ class ShardParametersPass(PassBase):
 
     # ------------------------------------------------------------ contract
     def requires(self, graph: Graph, ctx: PassContext) -> None:
-        replication = graph.meta.get("replication")
+        replication = graph.meta.replication
         if self.variables and replication is None:
             raise PreconditionError("the graph is not replicated (ReplicatePass and InsertCollectivesPass run first)")
         if replication is not None and replication.replicas_in_sync != self.workers.count * replication.replicas:
@@ -179,7 +179,7 @@ class ShardParametersPass(PassBase):
                                     "InsertCollectivesPass runs first")
 
     def ensures(self, graph: Graph, ctx: PassContext) -> None:
-        sharded = graph.meta.get("sharded_state", {})
+        sharded = graph.meta.sharded_state
         inputs = {v.name: v for v in graph.inputs}
         for name, spec in variable_specs(graph):
             layout = sharded.get(spec.uid)
@@ -203,7 +203,7 @@ class ShardParametersPass(PassBase):
         return bool(ctx.options.get(REPLICA_PARTS_OPTION, False))
 
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
-        replication = graph.meta.get("replication")
+        replication = graph.meta.replication
         local = replication.replicas if replication is not None else 1
         selected = self._selected(graph)
         if not selected or local * self.workers.count < 2:
@@ -214,7 +214,7 @@ class ShardParametersPass(PassBase):
         live = live_nodes(graph)
         self._find_updates(graph, selected, in_parts, live)
         builder = _Builder(graph, self.workers, local, self.reshard_after_forward, live)
-        sharded: dict[str, dict[str, Any]] = dict(graph.meta.get("sharded_state", {}))
+        sharded: dict[str, dict[str, Any]] = dict(graph.meta.sharded_state)
         for item in selected:
             item.parts = builder.parts(item.value, in_parts)
             builder.gather_readers(item)
@@ -233,7 +233,7 @@ class ShardParametersPass(PassBase):
         unread = {id(item.value) for item in selected if not item.value.uses}
         graph.inputs = [v for v in graph.inputs if id(v) not in unread]
         graph.topological_sort()
-        graph.meta["sharded_state"] = sharded
+        graph.meta.sharded_state = sharded
         _place_sharded(graph, sharded, ctx)
         return PassResult(graph, modified=True)
 
@@ -242,7 +242,7 @@ class ShardParametersPass(PassBase):
         if not self.variables:
             return []
         inputs = {v.name: v for v in graph.inputs}
-        sharded = graph.meta.get("sharded_state", {})
+        sharded = graph.meta.sharded_state
         chosen = set(self.variables)
         out = []
         for name, spec in variable_specs(graph):
@@ -264,7 +264,7 @@ class ShardParametersPass(PassBase):
         otherwise.
         """
         specs = {spec.uid: (name, spec) for name, spec in variable_specs(graph)}
-        updated = {name: uid for name, uid in graph.meta.get("variable_updates", [])}
+        updated = {name: uid for name, uid in graph.meta.variable_updates}
         by_uid = {item.uid: item for item in selected}
         reasons: dict[str, list[str]] = {}
         for key, members in _gradient_groups(graph).items():
@@ -288,7 +288,7 @@ def _unshardable(graph: Graph, item: _Selected, reasons: dict[str, list[str]]) -
         return (f"ShardParametersPass: variable {item.spec.name} is not trainable and the step updates it: an "
                 "optimizer slot is sharded with its weight (name the weight, not its slots), and other updated "
                 "non-trainable variables (moving statistics, counters) cannot be sharded yet; leave it replicated")
-    out = next(name for name, uid in graph.meta.get("variable_updates", []) if uid == item.uid)
+    out = next(name for name, uid in graph.meta.variable_updates if uid == item.uid)
     producer = {v.name: v.producer for n in graph.nodes for v in n.outputs}.get(out)
     groups, stack, seen = set(), [producer], set()
     while stack:  # the gradient groups its new value comes from
@@ -458,7 +458,7 @@ def parameter_bytes_per_replica(graph: Graph) -> int:
     ``state_bytes_per_replica`` (:mod:`graphdist.passes.shard_optimizer_state`) it makes the parameter and
     optimizer-state bytes of a replica.
     """
-    sharded = graph.meta.get("sharded_state", {})
+    sharded = graph.meta.sharded_state
     total = 0
     for _, spec in variable_specs(graph):
         if not spec.trainable:

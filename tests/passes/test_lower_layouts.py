@@ -23,7 +23,7 @@ LAYOUTS = {"w1#1": (None, "model"), "w2#1": ("model", None)}
 
 def _variable(graph: Graph, name: str, shape: tuple[int, ...]) -> Value:
     value = graph.add_input(name, np.float32, shape)
-    graph.meta.setdefault("variables", []).append((name, VariableSpec(f"{name}#1", name, "<f4", shape)))
+    graph.meta.variables.append((name, VariableSpec(f"{name}#1", name, "<f4", shape)))
     return value
 
 
@@ -148,11 +148,11 @@ def test_variable_update_is_joined_and_renamed() -> None:
     w1 = _variable(graph, "w1", (8, 6))
     new = _node(graph, "Mul", [w1, graph.add_initializer("half", np.float32(0.5))])
     graph.outputs = [new]
-    graph.meta["variable_updates"] = [(new.name, "w1#1")]
+    graph.meta.variable_updates = [(new.name, "w1#1")]
     graph = check_pass(LowerLayoutsPass(), _propagated(graph), modified=True)
     (joined,) = graph.outputs
     assert joined.producer.op_type == "Concat" and joined.producer.device == "cpu:0"
-    assert graph.meta["variable_updates"] == [(joined.name, "w1#1")]
+    assert graph.meta.variable_updates == [(joined.name, "w1#1")]
 
 
 def test_one_device_per_replica_only_removes_constraints() -> None:
@@ -192,13 +192,13 @@ def test_split_variable_stored_in_parts_reads_and_writes_its_blocks() -> None:
     w1 = _variable(graph, "w1", (8, 6))
     new = _node(graph, "Mul", [w1, graph.add_initializer("half", np.float32(0.5))])
     graph.outputs = [new]
-    graph.meta["variable_updates"] = [(new.name, "w1#1")]
+    graph.meta.variable_updates = [(new.name, "w1#1")]
     graph = check_pass(LowerLayoutsPass(replica_parts=True), _propagated(graph), modified=True, numerics=False)
     assert [(v.name, tuple(v.shape)) for v in graph.inputs] == [("w1/part0", (8, 3)), ("w1/part1", (8, 3))]
     assert [(n.op_type, n.device) for n in graph.nodes] == [("Mul", "cpu:0"), ("Mul", "cpu:1")]
-    assert [name for name, _ in graph.meta["variable_updates"]] == [v.name for v in graph.outputs]
+    assert [name for name, _ in graph.meta.variable_updates] == [v.name for v in graph.outputs]
     assert [v.producer.device for v in graph.outputs] == DEVICES
-    state = graph.meta["sharded_state"]["w1#1"]
+    state = graph.meta.sharded_state["w1#1"]
     assert state["parts"] == ["w1/part0", "w1/part1"] and state["shard"] == 24
     assert state["blocks"] == [[[0, 8], [0, 3]], [[0, 8], [3, 6]]]
-    assert graph.meta["placement"]["w1#1"].kind == "sharded"
+    assert graph.meta.placement["w1#1"].kind == "sharded"

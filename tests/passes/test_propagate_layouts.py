@@ -8,7 +8,7 @@ import pytest
 
 from graphdist.errors import GraphError
 from graphdist.ir import GRAPHDIST_DOMAIN, Graph, Value
-from graphdist.ir.layouts import INPUT_LAYOUTS_KEY, LAYOUT_KEY, MESH_KEY, RESHARDS_KEY, Layout, MeshSpec
+from graphdist.ir.layouts import INPUT_LAYOUTS_KEY, LAYOUT_KEY, RESHARDS_KEY, Layout, MeshSpec
 from graphdist.ir.placement import VariableSpec
 from graphdist.ir.placement_ops import SHARDING_CONSTRAINT
 from graphdist.passes.base import PassContext
@@ -21,7 +21,7 @@ M = frozenset({"model"})
 
 def _variable(graph: Graph, name: str, shape: tuple[int, ...]) -> Value:
     value = graph.add_input(name, np.float32, shape)
-    graph.meta.setdefault("variables", []).append((name, VariableSpec(f"{name}#1", name, "<f4", shape)))
+    graph.meta.variables.append((name, VariableSpec(f"{name}#1", name, "<f4", shape)))
     return value
 
 
@@ -55,7 +55,7 @@ def _expected_copy() -> Graph:
 def test_megatron_block_column_then_row_split_is_partial() -> None:
     graph, values = _mlp()
     graph = check_pass(PropagateLayoutsPass(MESH, LAYOUTS), graph, modified=True, expected=_expected_copy())
-    assert graph.meta[MESH_KEY] == MESH
+    assert graph.meta.mesh == MESH
     assert values["h"].meta[LAYOUT_KEY] == Layout((None, "model"))
     assert values["biased"].meta[LAYOUT_KEY] == Layout((None, "model"))
     assert values["relu"].meta[LAYOUT_KEY] == Layout((None, "model"))

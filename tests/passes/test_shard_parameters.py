@@ -56,10 +56,10 @@ def _before() -> Graph:
         new_m = _op(graph, "Add", [_op(graph, "Mul", [mu, m], replica=r), sums[r]], replica=r)
         new_w = _op(graph, "Sub", [w, _op(graph, "Mul", [lr, new_m], replica=r)], replica=r)
     graph.outputs = [*ys, *zs, new_w, new_m]
-    graph.meta["variables"] = [("w", VariableSpec("w1", "w", "<f4", SHAPE, True, "MirroredVariable")),
+    graph.meta.variables = [("w", VariableSpec("w1", "w", "<f4", SHAPE, True, "MirroredVariable")),
                                ("m", VariableSpec("m1", "m", "<f4", SHAPE, False, "MirroredVariable"))]
-    graph.meta["variable_updates"] = [(new_w.name, "w1"), (new_m.name, "m1")]
-    graph.meta["replication"] = Replication(2, 0, 2, {}, {}, {})
+    graph.meta.variable_updates = [(new_w.name, "w1"), (new_m.name, "m1")]
+    graph.meta.replication = Replication(2, 0, 2, {}, {}, {})
     return graph
 
 
@@ -176,13 +176,13 @@ def _parts_of(value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def test_a_weight_stored_in_parts_is_gathered_before_use_and_updated_in_shards() -> None:
     graph = _shard(_before(), expected=_expected_parts())
-    assert graph.meta["sharded_state"] == {
+    assert graph.meta.sharded_state == {
         "w1": {"replicas": 2, "shard": 2, "size": 3, "parts": ["w/part0", "w/part1"], "parameter": True},
         "m1": {"replicas": 2, "shard": 2, "size": 3, "parts": ["m/part0", "m/part1"]}}
     assert [v.name for v in graph.inputs] == ["x0", "x1", "g0", "g1", "w/part0", "w/part1", "m/part0", "m/part1"]
-    assert [uid for _, uid in graph.meta["variable_updates"]] == ["w1", "w1", "m1", "m1"]
-    assert [name for name, _ in graph.meta["variable_updates"]] == [v.name for v in graph.outputs[4:]]
-    assert graph.meta["placement"]["w1"].describe() == "sharded 1/2 on each of cpu:0, cpu:1"
+    assert [uid for _, uid in graph.meta.variable_updates] == ["w1", "w1", "m1", "m1"]
+    assert [name for name, _ in graph.meta.variable_updates] == [v.name for v in graph.outputs[4:]]
+    assert graph.meta.placement["w1"].describe() == "sharded 1/2 on each of cpu:0, cpu:1"
     keys = {n.attrs["group_key"] for n in graph.find_nodes("AllGather", GRAPHDIST_DOMAIN)}
     assert keys == {"fsdp.w.forward", "fsdp.w.backward"}  # and no all-gather of the new weights
 
@@ -202,7 +202,7 @@ def test_sharded_weight_computes_the_same_values() -> None:
 
 def test_a_weight_stored_whole_is_sliced_into_its_parts_and_joined_for_the_write_back() -> None:
     graph = _shard(_before(), CTX, expected=_expected_whole())
-    assert graph.meta["sharded_state"] == {"w1": {"replicas": 2, "shard": 2, "size": 3, "parameter": True},
+    assert graph.meta.sharded_state == {"w1": {"replicas": 2, "shard": 2, "size": 3, "parameter": True},
                                            "m1": {"replicas": 2, "shard": 2, "size": 3}}
     feeds = _feeds(1)
     for a, b in zip(_run(graph, feeds), _run(_before(), feeds)):
@@ -222,8 +222,8 @@ def _read_only() -> Graph:
     xs = [graph.add_input(f"x{r}", np.float32, SHAPE) for r in range(2)]
     w = graph.add_input("w", np.float32, SHAPE)
     graph.outputs = [_op(graph, "Mul", [xs[r], w], replica=r) for r in range(2)]
-    graph.meta["variables"] = [("w", VariableSpec("w1", "w", "<f4", SHAPE, True, "MirroredVariable"))]
-    graph.meta["replication"] = Replication(2, 0, 2, {}, {}, {})
+    graph.meta.variables = [("w", VariableSpec("w1", "w", "<f4", SHAPE, True, "MirroredVariable"))]
+    graph.meta.replication = Replication(2, 0, 2, {}, {}, {})
     return graph
 
 
@@ -234,8 +234,8 @@ def test_a_weight_read_but_not_updated_is_stored_in_parts_and_gathered() -> None
     forward = _gathered(expected, parts, "w.forward")
     expected.outputs = [_op(expected, "Mul", [xs[r], forward[r]], replica=r) for r in range(2)]
     graph = _shard(_read_only(), expected=expected)
-    assert graph.meta["sharded_state"]["w1"]["parts"] == ["w/part0", "w/part1"]
-    assert "variable_updates" not in graph.meta
+    assert graph.meta.sharded_state["w1"]["parts"] == ["w/part0", "w/part1"]
+    assert not graph.meta.variable_updates
 
 
 def test_the_variable_name_is_the_key_and_a_name_no_variable_has_changes_nothing() -> None:
@@ -248,7 +248,7 @@ def test_the_variable_name_is_the_key_and_a_name_no_variable_has_changes_nothing
 
 def test_one_replica_in_all_changes_nothing() -> None:
     graph = _read_only()
-    graph.meta["replication"] = Replication(1, 0, 1, {}, {}, {})
+    graph.meta.replication = Replication(1, 0, 1, {}, {}, {})
     graph.outputs = graph.outputs[:1]
     check_pass(ShardParametersPass(["w"]), graph, modified=False, ctx=PassContext(devices=("cpu:0",)),
                numerics=False)
@@ -263,7 +263,7 @@ def test_an_update_that_cannot_be_sharded_is_refused_naming_the_variable() -> No
     news = [_op(graph, "Sub", [w, _op(graph, "MatMul", [s.outputs[0], square], replica=s.replica)],
                 replica=s.replica) for s in sums]
     graph.outputs[4] = news[1]
-    graph.meta["variable_updates"][0] = (news[1].name, "w1")
+    graph.meta.variable_updates[0] = (news[1].name, "w1")
     with pytest.raises(NotImplementedError, match=r"variable w \(float32\[3\]\) cannot be sharded.*MatMul"):
         ShardParametersPass(["w"])(graph, PARTS_CTX)
 
@@ -273,7 +273,7 @@ def test_an_assigned_weight_is_refused() -> None:
     w = next(v for v in graph.inputs if v.name == "w")
     doubled = _op(graph, "Add", [w, w], replica=1)
     graph.outputs.append(doubled)
-    graph.meta["variable_updates"] = [(doubled.name, "w1")]
+    graph.meta.variable_updates = [(doubled.name, "w1")]
     with pytest.raises(NotImplementedError, match="not updated from a summed gradient"):
         ShardParametersPass(["w"])(graph, PARTS_CTX)
 
@@ -295,7 +295,7 @@ def test_zero1_runs_after_and_finds_nothing_left_of_the_sharded_weight() -> None
 
 def test_requires_a_replicated_graph() -> None:
     graph = _before()
-    del graph.meta["replication"]
+    graph.meta.replication = None
     with pytest.raises(PreconditionError, match="ShardParametersPass cannot run .* not replicated"):
         ShardParametersPass(["w"])(graph, PARTS_CTX)
 
@@ -318,10 +318,10 @@ def _one_replica_per_worker() -> Graph:
     new_m = _op(graph, "Add", [_op(graph, "Mul", [mu, m], replica=0), total], replica=0)
     new_w = _op(graph, "Sub", [w, _op(graph, "Mul", [lr, new_m], replica=0)], replica=0)
     graph.outputs = [y, new_w, new_m]
-    graph.meta["variables"] = [("w", VariableSpec("w1", "w", "<f4", SHAPE, True, "MirroredVariable")),
+    graph.meta.variables = [("w", VariableSpec("w1", "w", "<f4", SHAPE, True, "MirroredVariable")),
                                ("m", VariableSpec("m1", "m", "<f4", SHAPE, False, "MirroredVariable"))]
-    graph.meta["variable_updates"] = [(new_w.name, "w1"), (new_m.name, "m1")]
-    graph.meta["replication"] = Replication(1, 1, 2, {}, {}, {})
+    graph.meta.variable_updates = [(new_w.name, "w1"), (new_m.name, "m1")]
+    graph.meta.replication = Replication(1, 1, 2, {}, {}, {})
     return graph
 
 
@@ -350,6 +350,6 @@ def test_across_workers_each_worker_stores_gathers_and_updates_its_shard() -> No
     shard = ShardParametersPass(["w"], num_workers=2, worker=1, comm_group="mw")
     graph = check_pass(shard, _one_replica_per_worker(), modified=True, expected=_expected_worker_one(),
                        ctx=PassContext(devices=("cpu:0",)), numerics=False, meta_keys=META)
-    assert graph.meta["sharded_state"]["w1"] == {"replicas": 2, "shard": 2, "size": 3, "workers": 2, "worker": 1,
+    assert graph.meta.sharded_state["w1"] == {"replicas": 2, "shard": 2, "size": 3, "workers": 2, "worker": 1,
                                                  "local": 1, "parts": ["w/part0"], "parameter": True}
     assert "num_workers=2, worker=1, comm_group='mw'" in repr(shard)

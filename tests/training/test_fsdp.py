@@ -182,7 +182,7 @@ def test_some_weights_sharded_the_others_mirrored_with_zero1_slots(one_device) -
     losses = [mixed.step(i) for i in range(STEPS)]
     np.testing.assert_allclose(losses, single_losses, rtol=1e-5)
     _assert_close(mixed.state(), single.state())
-    layouts = mixed.rewritten().meta["sharded_state"]
+    layouts = mixed.rewritten().meta.sharded_state
     parameters = {uid.split("#")[0] for uid, layout in layouts.items() if layout.get("parameter")}
     assert parameters == set(kernels)
     assert len(layouts) == 2 + 8  # the kernels, and the m and v of every weight
