@@ -15,8 +15,14 @@ and :class:`~graphdist.passes.lower_layouts.LowerLayoutsPass` (per-device
 programs on local shapes, with the all-reduces, all-gathers, reduce-scatters
 and slices the layouts need). See ``docs/model-parallel.md``.
 
+A weight whose layout names the batch axis (and no other axis) is FSDP /
+ZeRO-3: :class:`~graphdist.passes.shard_parameters.ShardParametersPass` stores
+it in one shard per replica, gathers it before use, reduce-scatters its
+gradient and keeps its optimizer state in shards; the layout passes see it
+whole.
+
 Not built yet (each raises ``NotImplementedError`` where it is asked for):
-a weight split over the batch axis (FSDP / ZeRO-3), several worker processes,
+one weight split over the batch axis and another axis, several worker processes,
 re-planning a stored step under a mesh.
 """
 
@@ -237,14 +243,30 @@ class ModelParallelStrategy(Strategy):
             layout = self._layout_map[primary._name]
         if layout is None:
             return (None,) * len(variable.shape)
-        _check_fits(variable, layout, self._mesh)
-        if any(axis == self._batch_dim_name and self._mesh.axis_size(axis) > 1 for axis in layout):
+        _check_fits(variable, layout, self._mesh, self._batch_dim_name)
+        if self._is_fsdp(layout) and any(axis not in (None, self._batch_dim_name) for axis in layout):
             raise NotImplementedError(
-                f"variable {variable._name!r} is split over the batch axis {self._batch_dim_name!r} "
-                f"(layout {layout}): weights sharded over the batch axis are FSDP (ZeRO-3), which "
-                "ModelParallelStrategy does not build yet; split it over another mesh axis, or leave that "
-                "dimension None")
+                f"variable {variable._name!r} is split over the batch axis {self._batch_dim_name!r} and over another "
+                f"mesh axis (layout {layout}): FSDP over the batch axis and tensor parallelism over the other axes "
+                "are not combined on one variable yet; split it over the batch axis alone (FSDP) or over the other "
+                "axes alone")
         return layout
+
+    def _is_fsdp(self, layout: AxisLayout) -> bool:
+        """Whether ``layout`` shards a weight over the batch axis (FSDP / ZeRO-3)."""
+        return self._mesh.axis_size(self._batch_dim_name) > 1 and self._batch_dim_name in layout
+
+    def _sharded_parameters(self, variables: Sequence[Any]) -> tuple[str, ...]:
+        """The names of the weights split over the batch axis: ``ShardParametersPass`` stores them in shards
+        (their optimizer slots follow them there).
+        """
+        return tuple(v._name for v in variables
+                     if getattr(v, "_slot_primary", None) is None and self._is_fsdp(self.variable_layout(v)))
+
+    def _tensor_layout(self, variable: Any) -> list[str | None]:
+        """The layout the layout passes see: an FSDP weight is whole to them (gathered before use)."""
+        layout = self.variable_layout(variable)
+        return [None] * len(layout) if self._is_fsdp(layout) else list(layout)
 
     def _live_variables(self) -> list[Any]:
         alive = [v for v in (ref() for ref in self._variables) if v is not None]
@@ -267,10 +289,12 @@ class ModelParallelStrategy(Strategy):
         """The synchronous pipeline over the batch axis's replicas plus the layout passes."""
         variables = self._live_variables()
         self._warn_unmatched_patterns(variables)
-        layouts = {v.uid: list(self.variable_layout(v)) for v in variables}
-        patterns = [(pattern, list(self._layout_map._layouts[pattern])) for pattern in self._layout_map]
+        layouts = {v.uid: self._tensor_layout(v) for v in variables}
+        patterns = [(pattern, list(self._layout_map._layouts[pattern])) for pattern in self._layout_map
+                    if not self._is_fsdp(self._layout_map._layouts[pattern])]
         return PipelineConfig(devices=self.extended.worker_devices, strategy=type(self).__name__,
                               collective_attrs={"algorithm": "ring"},
+                              shard_parameters=self._sharded_parameters(variables),
                               layouts={"mesh": self._spec.to_json(), "variables": layouts, "patterns": patterns})
 
     def variable_placement(self, spec: VariableSpec, variable: Any = None) -> VariablePlacement:
@@ -340,14 +364,15 @@ def _check_axis_names(axes: AxisLayout, mesh: DeviceMesh, what: str) -> None:
                                    "dimension")
 
 
-def _check_fits(variable: Any, layout: AxisLayout, mesh: DeviceMesh) -> None:
+def _check_fits(variable: Any, layout: AxisLayout, mesh: DeviceMesh, batch_axis: str | None = None) -> None:
     shape = tuple(variable.shape)
     if len(layout) != len(shape):
         raise InvalidArgumentError(
             f"variable {variable._name!r} has rank {len(shape)} (shape {shape}) but its layout {layout} has "
             f"{len(layout)} entries; give the LayoutMap one mesh axis or None per dimension of it")
     for dim, (size, axis) in enumerate(zip(shape, layout)):
-        if axis is not None and size % mesh.axis_size(axis):
+        # A weight sharded over the batch axis (FSDP) is flattened and padded into equal shards: any size fits.
+        if axis is not None and axis != batch_axis and size % mesh.axis_size(axis):
             raise InvalidArgumentError(
                 f"variable {variable._name!r}: dimension {dim} (size {size}) is not divisible by mesh axis {axis!r} "
                 f"(size {mesh.axis_size(axis)}); pad the dimension to a multiple of {mesh.axis_size(axis)}, or "

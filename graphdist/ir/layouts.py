@@ -180,7 +180,9 @@ class MeshSpec:
         else:
             grid = grid.reshape((1, *sizes))
             replicas = 1
-        per_replica = tuple(tuple(str(d) for d in grid[r].reshape(-1)) for r in range(replicas))
+        # np.asarray(grid[r]): on a one-axis mesh the batch axis leaves a 0-d cell, one device, not an array.
+        per_replica = tuple(tuple(str(d) for d in np.asarray(grid[r], dtype=object).reshape(-1))
+                            for r in range(replicas))
         return cls(names, sizes, batch_axis, per_replica)
 
 

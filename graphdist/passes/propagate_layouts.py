@@ -65,8 +65,9 @@ moves up through the reshapes and copies that made the value. Rules
 
 Cases:
 * a mesh whose non-batch axes all have size one: every layout replicated;
-* a variable split over the batch axis: ``NotImplementedError`` (FSDP is not
-  built here); an axis that does not divide its dimension: ``GraphError``;
+* a variable split over the batch axis: ``NotImplementedError`` (FSDP is
+  ``ShardParametersPass``'s, which ``ModelParallelStrategy`` configures); an
+  axis that does not divide its dimension: ``GraphError``;
 * a second run: recomputes the same layouts, ``modified`` is ``False``.
 
 Backward: after forward propagation, a value computed whole whose readers
@@ -146,8 +147,9 @@ class PropagateLayoutsPass(PassBase):
                 continue
             if axis == self.mesh.batch_axis and self.mesh.size(axis) > 1:
                 raise NotImplementedError(f"variable {spec.name!r} is split over the batch axis {axis!r}: weights "
-                                          "sharded over the batch axis are FSDP (ZeRO-3), not built by the layout "
-                                          "passes")
+                                          "sharded over the batch axis are FSDP (ZeRO-3), which ShardParametersPass "
+                                          "builds (PipelineConfig.shard_parameters); give the layout passes them "
+                                          "whole")
             if int(size) % self.mesh.size(axis):
                 raise GraphError(f"variable {spec.name!r}: dimension {dim} (size {size}) is not divisible by mesh "
                                  f"axis {axis!r} (size {self.mesh.size(axis)}); pad it or leave it unsplit")

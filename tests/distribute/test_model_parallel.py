@@ -492,14 +492,6 @@ def test_pattern_matching_no_variable_warns(caplog: pytest.LogCaptureFixture) ->
     assert len(warnings) == 1 and "'conv.*kernel'" in warnings[0]
 
 
-def test_weight_split_over_the_batch_axis_is_fsdp_not_built_here() -> None:
-    layout_map = gd.experimental.LayoutMap(_mesh((2, 1)))
-    layout_map["dense.*kernel"] = ("batch", None)
-    strategy = gd.experimental.ModelParallelStrategy(layout_map=layout_map, batch_dim_name="batch")
-    with strategy.scope(), pytest.raises(NotImplementedError, match="FSDP"):
-        gd.Variable(np.zeros((4, 6), np.float32), name="dense/kernel")
-
-
 def test_sharding_constraint_rank_must_match() -> None:
     strategy = gd.experimental.ModelParallelStrategy(device_mesh=_mesh())
     with strategy.scope(), pytest.raises(InvalidArgumentError, match=r"has 1 entries but the value has rank 2"):
