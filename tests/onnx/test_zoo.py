@@ -39,7 +39,9 @@ def test_zoo_model_under_mirrored_equals_onnxruntime(name: str) -> None:
     result = strategy.run(model, args=(gd.PerReplica([x[:PER_REPLICA], x[PER_REPLICA:]]),))
     for replica, (got, want) in enumerate(zip(result.values, expected)):
         assert got.shape == want.shape, (replica, got.shape, want.shape)
-        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-7, err_msg=f"{name} replica {replica}")
+        # Outputs are O(1); one near zero keeps only an absolute error of the order of float32's rounding over
+        # a deep network (the graph may fuse or order ops unlike ORT's session), hence the 1e-5 floor.
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-5, err_msg=f"{name} replica {replica}")
     # The random weights make a real classifier: not the zoo's uniform answer, different per image.
     images = np.concatenate(expected).reshape(2 * PER_REPLICA, -1)
     for first, second in zip(images[:-1], images[1:]):
