@@ -37,6 +37,7 @@ slot                   passes                                               fill
 ``cross_worker``       ``InsertCrossWorkerCollectivesPass``                 ``multi_worker``
 ``lower_collectives``  ``LowerCollectivesPass``                             always
 ``bucketing``          ``BucketCollectivesPass``                            ``bucketing``
+``lower_ops``          ``LowerOpsPass``                                     ``lowerings``
 ``deterministic``      ``LowerDeterministicReductionsPass``                 ``deterministic_chunks``
 ``logical_devices``    ``ShardLogicalDevicesPass``, ``PlaceLogicalDevicesPass``  ``logical_cores``
 ``layouts``            ``PropagateLayoutsPass``, ``LowerLayoutsPass``       ``layouts``
@@ -72,6 +73,7 @@ from graphdist.passes.lower_collectives import LowerCollectivesPass
 from graphdist.passes.lower_deterministic_reductions import LowerDeterministicReductionsPass
 from graphdist.passes.lower_index_checks import LowerIndexChecksPass
 from graphdist.passes.lower_layouts import LowerLayoutsPass
+from graphdist.passes.lower_ops import LowerOpsPass
 from graphdist.passes.lower_single_reader_all_reduces import LowerSingleReaderAllReducesPass
 from graphdist.passes.lower_stop_gradients import LowerStopGradientsPass
 from graphdist.passes.lower_variable_updates import LowerVariableUpdatesPass
@@ -95,7 +97,7 @@ STAGES: dict[str, tuple[str, ...]] = {
     "rewritten": ("accumulate", "differentiate", "chunk_reductions", "replicate", "variable_updates",
                   "parameter_servers", "collectives", "shard_parameters", "shard_optimizer", "balance_updates",
                   "single_readers", "central_storage", "cross_worker", "lower_collectives", "bucketing",
-                  "deterministic", "logical_devices", "layouts", "cleanup", "devices", "index_checks"),
+                  "lower_ops", "deterministic", "logical_devices", "layouts", "cleanup", "devices", "index_checks"),
     "partitioned": ("partition",),
 }
 SLOTS = tuple(slot for slots in STAGES.values() for slot in slots)
@@ -112,6 +114,9 @@ class PipelineConfig:
         collective_attrs: Attributes of multi-participant all-reduces
             (``{"algorithm": "ring"}``, ``reduce_to_one`` with ``reduce_to_device``...).
         bucketing: ``BucketCollectivesPass`` options (``num_packs`` or ``bytes_per_pack``), or ``None``.
+        lowerings: Op type -> registered graph lowering (``graphdist.passes.lowerings``) that ``LowerOpsPass``
+            applies once the collectives are lowered, e.g. ``{"AllReduce": "reduce_scatter_all_gather"}``
+            (``gd.ReduceScatterAllGather()``); ``None``: none. An unknown name fails when the pipeline is built.
         reduce_at_readers: Sum a gradient read by one replica on that replica instead of all-reducing
             it (``LowerSingleReaderAllReducesPass``): the strategy picks its reductions itself (no
             ``cross_device_ops`` was given) and no packs were asked for.
@@ -152,6 +157,7 @@ class PipelineConfig:
     replica_offset: int = 0
     collective_attrs: Mapping[str, Any] | None = None
     bucketing: Mapping[str, Any] | None = None
+    lowerings: Mapping[str, str] | None = None
     reduce_at_readers: bool = False
     shard_optimizer_state: bool = False
     shard_parameters: tuple[str, ...] = ()
@@ -285,6 +291,8 @@ def build_pipeline(config: PipelineConfig) -> Pipeline:
                                                                   str(options.get("algorithm", "auto")))]
     if config.bucketing:
         slots["bucketing"] = [BucketCollectivesPass(**dict(config.bucketing))]
+    if config.lowerings:
+        slots["lower_ops"] = [LowerOpsPass(dict(config.lowerings))]
     if config.logical_cores:
         cores = [list(c) for c in config.logical_cores]
         slots["logical_devices"] = [ShardLogicalDevicesPass(cores), PlaceLogicalDevicesPass(cores)]
@@ -333,6 +341,8 @@ def deterministic_config(config: PipelineConfig, chunks: int, accumulate_steps: 
                                               "in the ring's order"),
                (bool(config.shard_parameters), "sharded parameters (FSDP) reduce-scatter the gradients in the "
                                                "ring's order"),
+               (bool(config.lowerings), "lowered all-reduces (reduce-scatter + all-gather) add in the ring's "
+                                        "order"),
                (bool(config.layouts), f"{config.strategy} splits matrix products over devices and adds their "
                                       "partial sums in another order than one device")]
     for refuse, why in refused:

@@ -6,6 +6,7 @@ from graphdist.distribute.cross_device_ops import (
     CrossDeviceOps,
     HierarchicalCopyAllReduce,
     NcclAllReduce,
+    ReduceScatterAllGather,
     ReductionToOneDevice,
 )
 from graphdist.distribute.mirrored import MirroredStrategy
@@ -29,6 +30,7 @@ __all__ = [
     "CentralStorageStrategy",
     "CrossDeviceOps",
     "NcclAllReduce",
+    "ReduceScatterAllGather",
     "HierarchicalCopyAllReduce",
     "ReductionToOneDevice",
     "ReduceOp",

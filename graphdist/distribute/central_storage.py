@@ -88,6 +88,7 @@ class CentralStorageStrategy(Strategy):
         return PipelineConfig(devices=self.extended.worker_devices, strategy=type(self).__name__,
                               collective_attrs=self.cross_device_ops.collective_attrs(),
                               bucketing=self.cross_device_ops.bucketing() or None,
+                              lowerings=self.cross_device_ops.lowerings() or None,
                               parameter_device=self.parameter_device)
 
     def variable_placement(self, spec: VariableSpec, variable: Any = None) -> VariablePlacement:

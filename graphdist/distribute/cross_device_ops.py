@@ -7,6 +7,10 @@ writes into the collective nodes and the local communicator executes:
   all-reduce (reduce-scatter + all-gather over chunks).
 * :class:`HierarchicalCopyAllReduce`: pairwise tree reduction, then copies.
 * :class:`ReductionToOneDevice`: reduce everything on one device, then broadcast.
+* :class:`ReduceScatterAllGather`: each all-reduce lowered, in the graph, into a
+  reduce-scatter and an all-gather (``LowerOpsPass`` with the registered
+  ``AllReduce`` lowering ``"reduce_scatter_all_gather"``): two plan tasks, so
+  the scheduler can run other work between the two phases.
 
 ``num_packs`` / ``bytes_per_pack`` ask for bucketing: the pipeline then runs
 :class:`graphdist.passes.bucket_collectives.BucketCollectivesPass`, which fuses small
@@ -23,7 +27,8 @@ import numpy as np
 
 from graphdist.errors import InvalidArgumentError
 
-__all__ = ["CrossDeviceOps", "NcclAllReduce", "HierarchicalCopyAllReduce", "ReductionToOneDevice"]
+__all__ = ["CrossDeviceOps", "NcclAllReduce", "HierarchicalCopyAllReduce", "ReductionToOneDevice",
+           "ReduceScatterAllGather"]
 
 
 class CrossDeviceOps:
@@ -79,6 +84,12 @@ class CrossDeviceOps:
     def collective_attrs(self) -> dict[str, Any]:
         """Attributes written into each lowered collective node."""
         return {"algorithm": self.algorithm}
+
+    def lowerings(self) -> dict[str, str]:
+        """Op type -> registered graph lowering (``graphdist.passes.lowerings``) the pipeline applies to the
+        collectives (``LowerOpsPass``); none by default.
+        """
+        return {}
 
     def bucketing(self) -> dict[str, int] | None:
         """Arguments of :class:`graphdist.passes.bucket_collectives.BucketCollectivesPass` (``None``: no bucketing)."""
@@ -136,3 +147,18 @@ class ReductionToOneDevice(CrossDeviceOps):
     def __repr__(self) -> str:
         extra = ", shard_optimizer_state=True" if self.shard_optimizer_state else ""
         return f"ReductionToOneDevice(reduce_to_device={self.reduce_to_device!r}{extra})"
+
+
+class ReduceScatterAllGather(CrossDeviceOps):
+    """Each all-reduce as a reduce-scatter then an all-gather, two tasks of the plan.
+
+    The ring all-reduce's two phases, made explicit in the graph by the registered ``AllReduce`` lowering
+    ``"reduce_scatter_all_gather"`` (:mod:`graphdist.passes.lowerings`): the plan shows them, and the
+    scheduler may run other work between them. A group whose element count does not split evenly into its
+    participants stays one ring all-reduce.
+    """
+
+    algorithm = "ring"
+
+    def lowerings(self) -> dict[str, str]:
+        return {"AllReduce": "reduce_scatter_all_gather"}

@@ -68,6 +68,7 @@ class MirroredStrategy(Strategy):
         return PipelineConfig(devices=self.extended.worker_devices, strategy=type(self).__name__,
                               collective_attrs=self._cross_device_ops.collective_attrs(),
                               bucketing=self._cross_device_ops.bucketing() or None,
+                              lowerings=self._cross_device_ops.lowerings() or None,
                               reduce_at_readers=self._reduce_at_readers,
                               shard_optimizer_state=self._cross_device_ops.shard_optimizer_state)
 

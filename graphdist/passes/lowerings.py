@@ -91,6 +91,10 @@ def _all_reduce_as_reduce_scatter_all_gather(graph: Graph, group: Sequence[Node]
         unflat = graph.add_node("Reshape", [gather.outputs[0], shape], name=f"{node.name}_unflat")
         for new in (scatter, gather, unflat):
             new.device, new.replica = node.device, node.replica
-            new.meta.update({k: v for k, v in node.meta.items() if k in ("replica",)})
+            new.meta.update({k: v for k, v in node.meta.items() if k in ("replica", "context")})
+        for half in (scatter, gather):
+            # Every member of a group must run for any to finish: the all-reduce's "side_effect" mark keeps a
+            # member whose result no one reads alive (EliminateDeadNodesPass), and so must its two halves.
+            half.meta.update({k: v for k, v in node.meta.items() if k == "side_effect"})
         results.append(unflat.outputs[0])
     return results
