@@ -191,7 +191,8 @@ def test_predict_returns_every_example_in_input_order(name: str) -> None:
     assert out.shape == (11, 2)
     np.testing.assert_allclose(out, np.asarray(model(x)), rtol=1e-5, atol=1e-6)
     one = model.predict(x[:1], batch_size=4)   # a batch of one: the second replica gets nothing
-    np.testing.assert_allclose(one, out[:1], rtol=1e-6)
+    # Another batch size is another compiled program: its matmul kernel may round outputs near zero differently.
+    np.testing.assert_allclose(one, out[:1], rtol=1e-6, atol=1e-6)
 
 
 def test_dataset_input_of_unknown_length_and_steps_per_epoch() -> None:

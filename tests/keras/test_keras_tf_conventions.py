@@ -51,7 +51,9 @@ def test_float64_inputs_run_in_the_layers_float32() -> None:
     np.testing.assert_array_equal(eager, model(x64.astype(np.float32)))
     traced = strategy.run(lambda x: model(x), args=(x64,))
     assert all(v.dtype == np.float32 for v in traced.values)
-    np.testing.assert_allclose(traced.values[0], eager, rtol=1e-6)
+    # ORT's matmul (per replica) vs numpy's (BLAS kernel chosen for the CPU): outputs near zero differ by ulps of
+    # the O(1) terms, more than rtol allows.
+    np.testing.assert_allclose(traced.values[0], eager, rtol=1e-6, atol=1e-6)
 
     float64_layer = L.Dense(2, dtype="float64")
     assert float64_layer(x64).dtype == np.float64 and float64_layer(x64.astype(np.float32)).dtype == np.float64
