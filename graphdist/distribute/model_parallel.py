@@ -22,8 +22,9 @@ gradient and keeps its optimizer state in shards; the layout passes see it
 whole.
 
 Not built yet (each raises ``NotImplementedError`` where it is asked for):
-one weight split over the batch axis and another axis, several worker processes,
-re-planning a stored step under a mesh.
+one weight split over the batch axis and another axis; with several worker
+processes (the batch axis spans them, FSDP weights are sharded across them), a
+mesh axis other than the batch axis of size > 1.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from typing import Any
 import numpy as np
 
 from graphdist.compile.pipeline import PipelineConfig
+from graphdist.distribute.cluster import task_rank
+from graphdist.distribute.multi_worker import MultiWorkerExtended, MultiWorkerMirroredStrategy, default_cluster_resolver
 from graphdist.distribute.strategy import Strategy, get_strategy
 from graphdist.distribute.variables import MirroredVariable
 from graphdist.errors import InvalidArgumentError
@@ -180,13 +183,32 @@ class ModelParallelStrategy(Strategy):
         layout_map: Which variables are split how (:class:`LayoutMap`); its mesh is the strategy's.
         batch_dim_name: The mesh axis the batch is split over (default: the mesh's first axis).
         device_mesh: The mesh, when no ``layout_map`` is given (every variable replicated).
+        cluster_resolver: Where the cluster comes from (default: ``GRAPHDIST_CONFIG`` / ``TF_CONFIG``, else the
+            MPI ranks, as for ``MultiWorkerMirroredStrategy``). With several workers the mesh is global: its
+            batch axis spans the workers (worker ``w`` holds the devices of batch positions
+            ``w * n / W ... (w + 1) * n / W - 1``), weights split over the batch axis are FSDP across the
+            workers, and every other axis must have size 1.
 
     Raises:
-        InvalidArgumentError: No mesh, or ``batch_dim_name`` is not one of its axes.
+        InvalidArgumentError: No mesh, or ``batch_dim_name`` is not one of its axes; with several workers, a
+            batch axis whose size is not a multiple of the worker count.
+        NotImplementedError: Several workers and a mesh axis other than the batch axis of size > 1.
     """
 
+    def __new__(cls, *args: Any, cluster_resolver: Any = None, **kwargs: Any) -> ModelParallelStrategy:
+        # Several worker processes (TF_CONFIG / GRAPHDIST_CONFIG, or mpiexec): the batch axis spans the workers.
+        if cls is ModelParallelStrategy and _worker_count(_resolver(cluster_resolver)) > 1:
+            cls = _MultiWorkerModelParallelStrategy
+        return super().__new__(cls)
+
     def __init__(self, layout_map: LayoutMap | None = None, batch_dim_name: str | None = None,
-                 device_mesh: DeviceMesh | None = None) -> None:
+                 device_mesh: DeviceMesh | None = None, cluster_resolver: Any = None) -> None:
+        self._init_mesh(layout_map, batch_dim_name, device_mesh)
+        super().__init__([devices[0] for devices in self._spec.devices])
+        logger.info("Using ModelParallelStrategy: mesh %s, batch over %r", self._mesh.shape, self._batch_dim_name)
+
+    def _init_mesh(self, layout_map: LayoutMap | None, batch_dim_name: str | None,
+                   device_mesh: DeviceMesh | None) -> None:
         if layout_map is not None and not isinstance(layout_map, LayoutMap):
             raise InvalidArgumentError(f"ModelParallelStrategy: layout_map must be a gd.experimental.LayoutMap, got "
                                        f"{type(layout_map).__name__}")
@@ -204,8 +226,6 @@ class ModelParallelStrategy(Strategy):
         self._batch_dim_name = batch
         self._variables: list[weakref.ref] = []
         self._warned_patterns: set[str] = set()
-        super().__init__([devices[0] for devices in self._spec.devices])
-        logger.info("Using ModelParallelStrategy: mesh %s, batch over %r", mesh.shape, batch)
 
     @property
     def device_mesh(self) -> DeviceMesh:
@@ -305,6 +325,80 @@ class ModelParallelStrategy(Strategy):
     def __repr__(self) -> str:
         return (f"ModelParallelStrategy(mesh={self._mesh.shape}, axis_names={self._mesh.axis_names}, "
                 f"batch_dim_name={self._batch_dim_name!r})")
+
+
+class _MultiWorkerModelParallelStrategy(ModelParallelStrategy, MultiWorkerMirroredStrategy):
+    """``ModelParallelStrategy`` in a job of several worker processes (``ModelParallelStrategy(...)`` makes it).
+
+    The mesh is global and its batch axis spans the workers: each worker runs the replicas of its block of
+    batch positions, as ``MultiWorkerMirroredStrategy`` runs its local devices (global replica ids,
+    cross-worker all-reduces through MPI), and a weight split over the batch axis is FSDP across every
+    worker's replicas (``ShardParametersPass`` with the workers' communicator). Tensor parallelism across or
+    within workers is not built: every other mesh axis must have size 1, so the layout passes have nothing to
+    split and are left out (``with_sharding_constraint`` pins nothing).
+    """
+
+    _extended_cls = MultiWorkerExtended
+
+    def __init__(self, layout_map: LayoutMap | None = None, batch_dim_name: str | None = None,
+                 device_mesh: DeviceMesh | None = None, cluster_resolver: Any = None) -> None:
+        self._init_mesh(layout_map, batch_dim_name, device_mesh)
+        resolver = _resolver(cluster_resolver)
+        workers = _worker_count(resolver)
+        mesh, batch = self._mesh, self._batch_dim_name
+        split = [f"{name!r} (size {size})" for name, size in zip(mesh.axis_names, mesh.shape)
+                 if name != batch and size > 1]
+        if split:
+            raise NotImplementedError(
+                f"ModelParallelStrategy across {workers} worker processes: mesh axis {', '.join(split)} splits "
+                f"weights within a replica, which is not built across workers yet; only the batch axis {batch!r} "
+                "may be larger than 1 (FSDP weights over it are supported), or run tensor parallelism in one "
+                "process")
+        positions = mesh.axis_size(batch)
+        if positions % workers:
+            raise InvalidArgumentError(
+                f"ModelParallelStrategy: the batch axis {batch!r} has {positions} positions, which {workers} worker "
+                f"processes cannot share equally; give the mesh a batch axis of a multiple of {workers} (e.g. "
+                f"{workers} for one device per worker)")
+        per_worker = positions // workers
+        rank = task_rank(resolver.cluster_spec(), resolver.task_type, resolver.task_id)
+        local = [self._spec.devices[r][0] for r in range(rank * per_worker, (rank + 1) * per_worker)]
+        MultiWorkerMirroredStrategy.__init__(self, cluster_resolver=resolver, devices=local)
+        logger.info("Using ModelParallelStrategy across %d workers: mesh %s, batch over %r, this worker's "
+                    "devices %s", workers, mesh.shape, batch, local)
+
+    @property
+    def name(self) -> str:
+        """``ModelParallelStrategy``, as plans and messages show it."""
+        return "ModelParallelStrategy"
+
+    def pipeline_config(self) -> PipelineConfig:
+        """``MultiWorkerMirroredStrategy``'s pipeline with the FSDP weights stored in shards across the workers."""
+        variables = self._live_variables()
+        self._warn_unmatched_patterns(variables)
+        return MultiWorkerMirroredStrategy.pipeline_config(self).replace(
+            strategy="ModelParallelStrategy", shard_parameters=self._sharded_parameters(variables))
+
+    def variable_placement(self, spec: VariableSpec, variable: Any = None) -> VariablePlacement:
+        """Mirrored on this worker's devices (FSDP weights: one shard per replica)."""
+        return Strategy.variable_placement(self, spec, variable)
+
+    def __repr__(self) -> str:
+        return (f"ModelParallelStrategy(mesh={self._mesh.shape}, axis_names={self._mesh.axis_names}, "
+                f"batch_dim_name={self._batch_dim_name!r}, worker={self._worker_index}/{self._num_workers})")
+
+
+def _resolver(cluster_resolver: Any) -> Any:
+    return cluster_resolver if cluster_resolver is not None else default_cluster_resolver()
+
+
+def _worker_count(resolver: Any) -> int:
+    """How many synchronous worker processes the cluster has (1 outside a cluster), as
+    ``MultiWorkerMirroredStrategy`` counts them.
+    """
+    spec = resolver.cluster_spec()
+    workers = spec.num_tasks("chief") + spec.num_tasks("worker")
+    return workers if resolver.task_type in (None, "chief", "worker") and workers > 1 else 1
 
 
 def with_sharding_constraint(x: Any, layout: Any) -> Any:
