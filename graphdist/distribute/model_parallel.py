@@ -22,9 +22,9 @@ gradient and keeps its optimizer state in shards; the layout passes see it
 whole.
 
 Not built yet (each raises ``NotImplementedError`` where it is asked for):
-one weight split over the batch axis and another axis; with several worker
-processes (the batch axis spans them, FSDP weights are sharded across them), a
-mesh axis other than the batch axis of size > 1.
+one weight split over the batch axis and another axis. With several worker
+processes the batch axis spans them (FSDP weights are sharded across them) and
+the other axes stay within each worker.
 """
 
 from __future__ import annotations
@@ -186,13 +186,12 @@ class ModelParallelStrategy(Strategy):
         cluster_resolver: Where the cluster comes from (default: ``GRAPHDIST_CONFIG`` / ``TF_CONFIG``, else the
             MPI ranks, as for ``MultiWorkerMirroredStrategy``). With several workers the mesh is global: its
             batch axis spans the workers (worker ``w`` holds the devices of batch positions
-            ``w * n / W ... (w + 1) * n / W - 1``), weights split over the batch axis are FSDP across the
-            workers, and every other axis must have size 1.
+            ``w * n / W ... (w + 1) * n / W - 1``, the other axes within it), weights split over the batch
+            axis are FSDP across the workers, weights split over the other axes are split within each worker.
 
     Raises:
         InvalidArgumentError: No mesh, or ``batch_dim_name`` is not one of its axes; with several workers, a
             batch axis whose size is not a multiple of the worker count.
-        NotImplementedError: Several workers and a mesh axis other than the batch axis of size > 1.
     """
 
     def __new__(cls, *args: Any, cluster_resolver: Any = None, **kwargs: Any) -> ModelParallelStrategy:
@@ -333,9 +332,10 @@ class _MultiWorkerModelParallelStrategy(ModelParallelStrategy, MultiWorkerMirror
     The mesh is global and its batch axis spans the workers: each worker runs the replicas of its block of
     batch positions, as ``MultiWorkerMirroredStrategy`` runs its local devices (global replica ids,
     cross-worker all-reduces through MPI), and a weight split over the batch axis is FSDP across every
-    worker's replicas (``ShardParametersPass`` with the workers' communicator). Tensor parallelism across or
-    within workers is not built: every other mesh axis must have size 1, so the layout passes have nothing to
-    split and are left out (``with_sharding_constraint`` pins nothing).
+    worker's replicas (``ShardParametersPass`` with the workers' communicator). The other axes stay within a
+    worker (each worker holds whole batch positions, with all their devices): the layout passes split each
+    replica over its devices on this worker's part of the mesh, as in one process. A model axis spanning
+    workers cannot be expressed (a batch position's devices all belong to one worker).
     """
 
     _extended_cls = MultiWorkerExtended
@@ -346,14 +346,6 @@ class _MultiWorkerModelParallelStrategy(ModelParallelStrategy, MultiWorkerMirror
         resolver = _resolver(cluster_resolver)
         workers = _worker_count(resolver)
         mesh, batch = self._mesh, self._batch_dim_name
-        split = [f"{name!r} (size {size})" for name, size in zip(mesh.axis_names, mesh.shape)
-                 if name != batch and size > 1]
-        if split:
-            raise NotImplementedError(
-                f"ModelParallelStrategy across {workers} worker processes: mesh axis {', '.join(split)} splits "
-                f"weights within a replica, which is not built across workers yet; only the batch axis {batch!r} "
-                "may be larger than 1 (FSDP weights over it are supported), or run tensor parallelism in one "
-                "process")
         positions = mesh.axis_size(batch)
         if positions % workers:
             raise InvalidArgumentError(
@@ -362,7 +354,10 @@ class _MultiWorkerModelParallelStrategy(ModelParallelStrategy, MultiWorkerMirror
                 f"{workers} for one device per worker)")
         per_worker = positions // workers
         rank = task_rank(resolver.cluster_spec(), resolver.task_type, resolver.task_id)
-        local = [self._spec.devices[r][0] for r in range(rank * per_worker, (rank + 1) * per_worker)]
+        mine = self._spec.devices[rank * per_worker:(rank + 1) * per_worker]  # per batch position: its devices
+        shape = tuple(per_worker if name == batch else size for name, size in zip(mesh.axis_names, mesh.shape))
+        self._local_spec = MeshSpec(mesh.axis_names, shape, batch, mine)
+        local = [devices[0] for devices in mine]
         MultiWorkerMirroredStrategy.__init__(self, cluster_resolver=resolver, devices=local)
         logger.info("Using ModelParallelStrategy across %d workers: mesh %s, batch over %r, this worker's "
                     "devices %s", workers, mesh.shape, batch, local)
@@ -376,8 +371,17 @@ class _MultiWorkerModelParallelStrategy(ModelParallelStrategy, MultiWorkerMirror
         """``MultiWorkerMirroredStrategy``'s pipeline with the FSDP weights stored in shards across the workers."""
         variables = self._live_variables()
         self._warn_unmatched_patterns(variables)
-        return MultiWorkerMirroredStrategy.pipeline_config(self).replace(
+        config = MultiWorkerMirroredStrategy.pipeline_config(self).replace(
             strategy="ModelParallelStrategy", shard_parameters=self._sharded_parameters(variables))
+        if all(size == 1 for name, size in zip(self._mesh.axis_names, self._mesh.shape)
+               if name != self._batch_dim_name):
+            return config  # nothing split within a replica: no layout passes
+        layouts = {v.uid: self._tensor_layout(v) for v in variables}
+        patterns = [(pattern, list(axes)) for pattern, axes in self._layout_map._layouts.items()
+                    if not self._is_fsdp(axes)]
+        # The layout passes see this worker's part of the mesh: its batch positions, each with its model devices.
+        return config.replace(layouts={"mesh": self._local_spec.to_json(), "variables": layouts,
+                                       "patterns": patterns})
 
     def variable_placement(self, spec: VariableSpec, variable: Any = None) -> VariablePlacement:
         """Mirrored on this worker's devices (FSDP weights: one shard per replica)."""

@@ -1,8 +1,9 @@
 """One worker of the ModelParallelStrategy-across-workers test (``graphdist launch --workers 2 -- python THIS
-DIR POSITIONS``).
+DIR POSITIONS MODEL``).
 
-``ModelParallelStrategy`` on a mesh (POSITIONS, 1) whose ``batch`` axis spans the 2 workers, every MLP weight
-laid out over ``batch`` (FSDP across the workers): 5 Adam steps compared with OneDeviceStrategy on the same
+``ModelParallelStrategy`` on a mesh (POSITIONS, MODEL) whose ``batch`` axis spans the 2 workers, MLP weights
+laid out over ``batch`` (FSDP across the workers) and, with MODEL 2, the first kernel over ``model`` (split
+within each worker): 5 Adam steps compared with OneDeviceStrategy on the same
 global batches; this process must store only its shards of every weight and slot; a checkpoint saved by every
 worker is restored by the chief into OneDevice. Prints ``worker W ok ...`` with the numbers (the test reads
 them).
@@ -17,16 +18,22 @@ import graphdist as gd
 from tests.distribute.mw_zero1_worker import Trainer, largest_difference
 
 
-def strategy(positions: int) -> gd.experimental.ModelParallelStrategy:
-    mesh = gd.experimental.DeviceMesh((positions, 1), ("batch", "model"))
+def strategy(positions: int, model: int) -> gd.experimental.ModelParallelStrategy:
+    """Mesh (positions, model); with model 1 every weight FSDP, with model 2 the first kernel split over
+    ``model`` (within each worker) and the second kernel FSDP over ``batch`` (across the workers)."""
+    mesh = gd.experimental.DeviceMesh((positions, model), ("batch", "model"))
     layout_map = gd.experimental.LayoutMap(mesh)
-    layout_map["kernel"] = ("batch", None)
-    layout_map["bias"] = ("batch",)
+    if model == 1:
+        layout_map["kernel"] = ("batch", None)
+        layout_map["bias"] = ("batch",)
+    else:
+        layout_map["dense_0/kernel"] = ("model", None)
+        layout_map["dense_1/kernel"] = ("batch", None)
     return gd.experimental.ModelParallelStrategy(layout_map=layout_map, batch_dim_name="batch")
 
 
-def main(directory: Path, positions: int) -> None:
-    mp = strategy(positions)
+def main(directory: Path, positions: int, model: int) -> None:
+    mp = strategy(positions, model)
     worker = mp.cluster_resolver.task_id
     sharded, single = Trainer(mp), Trainer(gd.OneDeviceStrategy("cpu:0"))
     for i in range(5):
@@ -38,6 +45,7 @@ def main(directory: Path, positions: int) -> None:
     scatters = len(rewritten.find_nodes("CrossWorkerReduceScatter", gd.ir.GRAPHDIST_DOMAIN))
     weights = [v for v in sharded.model.trainable_variables if v.worker_shard is not None]
     stored = sum(v._stored_nbytes for v in sharded.model.trainable_variables)
+    largest_part = max(part.nbytes for part in sharded.model.trainable_variables[0]._value)  # first kernel
     whole = sum(v.numpy().nbytes for v in sharded.model.trainable_variables)  # numpy() gathers: every worker
     saved = sharded.checkpoint().save(directory / f"mp-fsdp-worker{worker}.npz")
     restored = 0.0
@@ -49,8 +57,8 @@ def main(directory: Path, positions: int) -> None:
         restored = largest_difference(moved.state(), single.state())
     print(f"worker {worker} ok trained {trained:.1e} restored {restored:.1e} gathers {gathers} scatters {scatters} "
           f"weights {len(weights)} stored {stored} whole {whole} replicas {mp.num_replicas_in_sync} "
-          f"local {len(mp.extended.worker_devices)}", flush=True)
+          f"local {len(mp.extended.worker_devices)} part0 {largest_part}", flush=True)
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[2]))
+    main(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))
