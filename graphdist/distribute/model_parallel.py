@@ -21,10 +21,12 @@ it in one shard per replica, gathers it before use, reduce-scatters its
 gradient and keeps its optimizer state in shards; the layout passes see it
 whole.
 
-Not built yet (each raises ``NotImplementedError`` where it is asked for):
-one weight split over the batch axis and another axis. With several worker
-processes the batch axis spans them (FSDP weights are sharded across them) and
-the other axes stay within each worker.
+With several worker processes (``graphdist launch``, ``TF_CONFIG``) the batch
+axis spans them: FSDP weights are sharded across the workers, the other axes
+split each replica within its worker.
+
+Not built yet (raises ``NotImplementedError`` where it is asked for): one
+weight split over the batch axis and another axis.
 """
 
 from __future__ import annotations
