@@ -135,6 +135,11 @@ def _make_strategy(name: str | None, devices_text: str | None) -> Any:
             return None
         name = "one_device" if len(devices) == 1 else "mirrored"
     key = normalise_strategy_name(name)
+    if key == "model_parallel":  # a mesh and a LayoutMap of regular expressions are Python objects
+        raise UsageError(
+            f"--strategy {name} needs a device mesh and a LayoutMap, which the command line cannot give; make "
+            "gd.experimental.ModelParallelStrategy(layout_map=...) in Python, trace the step under it and export "
+            "its plan there (concrete.export(dir)), then inspect or re-plan that directory here")
     if key not in strategy_names(multi_process=False):
         later = set(strategy_names(multi_process=True))
         why = " (a multi-process strategy: run the script with `graphdist launch`)" if key in later else ""

@@ -21,9 +21,12 @@ it in one shard per replica, gathers it before use, reduce-scatters its
 gradient and keeps its optimizer state in shards; the layout passes see it
 whole.
 
-Not built yet (each raises ``NotImplementedError`` where it is asked for):
-one weight split over the batch axis and another axis, several worker processes,
-re-planning a stored step under a mesh.
+With several worker processes (``graphdist launch``, ``TF_CONFIG``) the batch
+axis spans them: FSDP weights are sharded across the workers, the other axes
+split each replica within its worker.
+
+Not built yet (raises ``NotImplementedError`` where it is asked for): one
+weight split over the batch axis and another axis.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from typing import Any
 import numpy as np
 
 from graphdist.compile.pipeline import PipelineConfig
+from graphdist.distribute.cluster import task_rank
+from graphdist.distribute.multi_worker import MultiWorkerExtended, MultiWorkerMirroredStrategy, default_cluster_resolver
 from graphdist.distribute.strategy import Strategy, get_strategy
 from graphdist.distribute.variables import MirroredVariable
 from graphdist.errors import InvalidArgumentError
@@ -180,13 +185,31 @@ class ModelParallelStrategy(Strategy):
         layout_map: Which variables are split how (:class:`LayoutMap`); its mesh is the strategy's.
         batch_dim_name: The mesh axis the batch is split over (default: the mesh's first axis).
         device_mesh: The mesh, when no ``layout_map`` is given (every variable replicated).
+        cluster_resolver: Where the cluster comes from (default: ``GRAPHDIST_CONFIG`` / ``TF_CONFIG``, else the
+            MPI ranks, as for ``MultiWorkerMirroredStrategy``). With several workers the mesh is global: its
+            batch axis spans the workers (worker ``w`` holds the devices of batch positions
+            ``w * n / W ... (w + 1) * n / W - 1``, the other axes within it), weights split over the batch
+            axis are FSDP across the workers, weights split over the other axes are split within each worker.
 
     Raises:
-        InvalidArgumentError: No mesh, or ``batch_dim_name`` is not one of its axes.
+        InvalidArgumentError: No mesh, or ``batch_dim_name`` is not one of its axes; with several workers, a
+            batch axis whose size is not a multiple of the worker count.
     """
 
+    def __new__(cls, *args: Any, cluster_resolver: Any = None, **kwargs: Any) -> ModelParallelStrategy:
+        # Several worker processes (TF_CONFIG / GRAPHDIST_CONFIG, or mpiexec): the batch axis spans the workers.
+        if cls is ModelParallelStrategy and _worker_count(_resolver(cluster_resolver)) > 1:
+            cls = _MultiWorkerModelParallelStrategy
+        return super().__new__(cls)
+
     def __init__(self, layout_map: LayoutMap | None = None, batch_dim_name: str | None = None,
-                 device_mesh: DeviceMesh | None = None) -> None:
+                 device_mesh: DeviceMesh | None = None, cluster_resolver: Any = None) -> None:
+        self._init_mesh(layout_map, batch_dim_name, device_mesh)
+        super().__init__([devices[0] for devices in self._spec.devices])
+        logger.info("Using ModelParallelStrategy: mesh %s, batch over %r", self._mesh.shape, self._batch_dim_name)
+
+    def _init_mesh(self, layout_map: LayoutMap | None, batch_dim_name: str | None,
+                   device_mesh: DeviceMesh | None) -> None:
         if layout_map is not None and not isinstance(layout_map, LayoutMap):
             raise InvalidArgumentError(f"ModelParallelStrategy: layout_map must be a gd.experimental.LayoutMap, got "
                                        f"{type(layout_map).__name__}")
@@ -204,8 +227,6 @@ class ModelParallelStrategy(Strategy):
         self._batch_dim_name = batch
         self._variables: list[weakref.ref] = []
         self._warned_patterns: set[str] = set()
-        super().__init__([devices[0] for devices in self._spec.devices])
-        logger.info("Using ModelParallelStrategy: mesh %s, batch over %r", mesh.shape, batch)
 
     @property
     def device_mesh(self) -> DeviceMesh:
@@ -305,6 +326,85 @@ class ModelParallelStrategy(Strategy):
     def __repr__(self) -> str:
         return (f"ModelParallelStrategy(mesh={self._mesh.shape}, axis_names={self._mesh.axis_names}, "
                 f"batch_dim_name={self._batch_dim_name!r})")
+
+
+class _MultiWorkerModelParallelStrategy(ModelParallelStrategy, MultiWorkerMirroredStrategy):
+    """``ModelParallelStrategy`` in a job of several worker processes (``ModelParallelStrategy(...)`` makes it).
+
+    The mesh is global and its batch axis spans the workers: each worker runs the replicas of its block of
+    batch positions, as ``MultiWorkerMirroredStrategy`` runs its local devices (global replica ids,
+    cross-worker all-reduces through MPI), and a weight split over the batch axis is FSDP across every
+    worker's replicas (``ShardParametersPass`` with the workers' communicator). The other axes stay within a
+    worker (each worker holds whole batch positions, with all their devices): the layout passes split each
+    replica over its devices on this worker's part of the mesh, as in one process. A model axis spanning
+    workers cannot be expressed (a batch position's devices all belong to one worker).
+    """
+
+    _extended_cls = MultiWorkerExtended
+
+    def __init__(self, layout_map: LayoutMap | None = None, batch_dim_name: str | None = None,
+                 device_mesh: DeviceMesh | None = None, cluster_resolver: Any = None) -> None:
+        self._init_mesh(layout_map, batch_dim_name, device_mesh)
+        resolver = _resolver(cluster_resolver)
+        workers = _worker_count(resolver)
+        mesh, batch = self._mesh, self._batch_dim_name
+        positions = mesh.axis_size(batch)
+        if positions % workers:
+            raise InvalidArgumentError(
+                f"ModelParallelStrategy: the batch axis {batch!r} has {positions} positions, which {workers} worker "
+                f"processes cannot share equally; give the mesh a batch axis of a multiple of {workers} (e.g. "
+                f"{workers} for one device per worker)")
+        per_worker = positions // workers
+        rank = task_rank(resolver.cluster_spec(), resolver.task_type, resolver.task_id)
+        mine = self._spec.devices[rank * per_worker:(rank + 1) * per_worker]  # per batch position: its devices
+        shape = tuple(per_worker if name == batch else size for name, size in zip(mesh.axis_names, mesh.shape))
+        self._local_spec = MeshSpec(mesh.axis_names, shape, batch, mine)
+        local = [devices[0] for devices in mine]
+        MultiWorkerMirroredStrategy.__init__(self, cluster_resolver=resolver, devices=local)
+        logger.info("Using ModelParallelStrategy across %d workers: mesh %s, batch over %r, this worker's "
+                    "devices %s", workers, mesh.shape, batch, local)
+
+    @property
+    def name(self) -> str:
+        """``ModelParallelStrategy``, as plans and messages show it."""
+        return "ModelParallelStrategy"
+
+    def pipeline_config(self) -> PipelineConfig:
+        """``MultiWorkerMirroredStrategy``'s pipeline with the FSDP weights stored in shards across the workers."""
+        variables = self._live_variables()
+        self._warn_unmatched_patterns(variables)
+        config = MultiWorkerMirroredStrategy.pipeline_config(self).replace(
+            strategy="ModelParallelStrategy", shard_parameters=self._sharded_parameters(variables))
+        if all(size == 1 for name, size in zip(self._mesh.axis_names, self._mesh.shape)
+               if name != self._batch_dim_name):
+            return config  # nothing split within a replica: no layout passes
+        layouts = {v.uid: self._tensor_layout(v) for v in variables}
+        patterns = [(pattern, list(axes)) for pattern, axes in self._layout_map._layouts.items()
+                    if not self._is_fsdp(axes)]
+        # The layout passes see this worker's part of the mesh: its batch positions, each with its model devices.
+        return config.replace(layouts={"mesh": self._local_spec.to_json(), "variables": layouts,
+                                       "patterns": patterns})
+
+    def variable_placement(self, spec: VariableSpec, variable: Any = None) -> VariablePlacement:
+        """Mirrored on this worker's devices (FSDP weights: one shard per replica)."""
+        return Strategy.variable_placement(self, spec, variable)
+
+    def __repr__(self) -> str:
+        return (f"ModelParallelStrategy(mesh={self._mesh.shape}, axis_names={self._mesh.axis_names}, "
+                f"batch_dim_name={self._batch_dim_name!r}, worker={self._worker_index}/{self._num_workers})")
+
+
+def _resolver(cluster_resolver: Any) -> Any:
+    return cluster_resolver if cluster_resolver is not None else default_cluster_resolver()
+
+
+def _worker_count(resolver: Any) -> int:
+    """How many synchronous worker processes the cluster has (1 outside a cluster), as
+    ``MultiWorkerMirroredStrategy`` counts them.
+    """
+    spec = resolver.cluster_spec()
+    workers = spec.num_tasks("chief") + spec.num_tasks("worker")
+    return workers if resolver.task_type in (None, "chief", "worker") and workers > 1 else 1
 
 
 def with_sharding_constraint(x: Any, layout: Any) -> Any:

@@ -55,7 +55,8 @@ def normalise_strategy_name(name: str) -> str:
     key = key[: -len("strategy")] if key.endswith("strategy") else key
     key = key.rstrip("_")
     return {"onedevice": "one_device", "centralstorage": "central_storage",
-            "multiworkermirrored": "multi_worker_mirrored", "parameterserver": "parameter_server"}.get(key, key)
+            "multiworkermirrored": "multi_worker_mirrored", "parameterserver": "parameter_server",
+            "modelparallel": "model_parallel"}.get(key, key)
 
 
 def strategy_entry(name: str) -> StrategyEntry:
