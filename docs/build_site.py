@@ -164,6 +164,9 @@ def _parse(page: Path) -> _Links:
 
 def check_links(site: Path) -> list[str]:
     """Every local link of every page of ``site`` that names no file (or, on a guide page, no ``id``)."""
+    # Absolute paths throughout: with a relative ``site`` (the Makefile's docs/site), relative page paths are
+    # never "under" the resolved site, and every link read as broken.
+    site = site.resolve()
     problems = []
     parsed = {page: _parse(page) for page in sorted(site.rglob("*.html"))}
     guide = {page for page in parsed if page.parent == site}
@@ -173,7 +176,7 @@ def check_links(site: Path) -> list[str]:
                 continue  # http(s), mailto, data: not checked here (no network in CI)
             path_part, _, anchor = link.partition("#")
             target = (page.parent / path_part).resolve() if path_part else page
-            if not target.is_file() or site.resolve() not in target.parents:
+            if not target.is_file() or site not in target.parents:
                 problems.append(f"{page.relative_to(site)}: broken link {link!r}")
             elif anchor and target in guide and page in guide and anchor not in parsed[target].ids:
                 problems.append(f"{page.relative_to(site)}: link {link!r}: no id {anchor!r} in {target.name}")

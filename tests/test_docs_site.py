@@ -57,6 +57,20 @@ def test_the_link_check_finds_a_broken_link_and_a_missing_anchor(tmp_path: Path)
                         "a.html: broken link 'missing.png'"]
 
 
+def test_the_link_check_reads_a_relative_site_folder_as_make_docs_gives_it(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # `make docs` passes --output docs/site, a relative path: in-page anchors and links must still resolve.
+    site = tmp_path / "site"
+    (site / "api").mkdir(parents=True)
+    (site / "a.html").write_text('<a id="top"></a><a href="#top">top</a> <a href="api/m.html#f">m</a> '
+                                 '<a href="b.html#nowhere">b</a>')
+    (site / "b.html").write_text('<h1 id="here">b</h1>')
+    (site / "api" / "m.html").write_text('<a href="#f">f</a> <a href="../a.html">a</a> <a href="gone.html">x</a>')
+    monkeypatch.chdir(tmp_path)
+    assert _builder().check_links(Path("site")) == ["a.html: link 'b.html#nowhere': no id 'nowhere' in b.html",
+                                                    "api/m.html: broken link 'gone.html'"]
+
+
 class _Recorder(http.server.SimpleHTTPRequestHandler):
     """Serves the site and records every request with its status (what the browser asked for)."""
 
