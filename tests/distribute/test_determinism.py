@@ -19,6 +19,7 @@ import pytest
 import graphdist as gd
 from graphdist.compile import plan as plan_module
 from graphdist.errors import GraphError, InvalidArgumentError
+from graphdist.runtime import devices as devices_module
 from tests.distribute import mpi_jobs
 from tests.distribute.determinism_common import (
     GLOBAL_BATCH,
@@ -94,6 +95,15 @@ def test_same_bits_for_one_and_two_intra_op_threads(deterministic, one_device_re
         for label, make in [("one_device", lambda: gd.OneDeviceStrategy("cpu:0")), *STRATEGIES.items()]:
             _assert_same_bits(train(make(), model), one_device_reference[model],
                               f"{model} {label} with {threads} intra-op thread(s)")
+
+
+def test_same_bits_on_a_host_with_many_cores(deterministic, one_device_reference, monkeypatch) -> None:
+    # On a 16-core host one device gets 16 ORT intra-op threads, Mirrored(2) 8 per replica; past 4 threads
+    # ORT's SGEMM splits a matmul's sum between threads, so the ConvNet's bits followed the host's cores.
+    # Deterministic plans keep to the checked thread counts (Plan.compile), loaded and re-planned ones too.
+    monkeypatch.setattr(devices_module, "host_cores", lambda: 16)
+    for label, make in [("one_device", lambda: gd.OneDeviceStrategy("cpu:0")), ("mirrored2", STRATEGIES["mirrored2"])]:
+        _assert_same_bits(train(make(), "convnet"), one_device_reference["convnet"], f"convnet {label} on 16 cores")
 
 
 @pytest.mark.parametrize("model", MODELS)
