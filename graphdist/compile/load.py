@@ -429,7 +429,7 @@ def _load(reader: _Reader, backend: str | None) -> LoadedPlan:
 
     chunks = (doc.get("traced") or {}).get("deterministic_chunks")
     if chunks:  # op determinism: Plan.compile keeps to the intra-op thread counts it was checked with
-        graph.meta["deterministic_chunks"] = chunks
+        graph.meta.deterministic_chunks = chunks
     plan = Plan(graph, segments, constants, comms)
     _check_dag(reader, plan, doc, fed)
     plan.compile(get_backend(backend_name))

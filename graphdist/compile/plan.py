@@ -158,7 +158,7 @@ class Plan:
 
         cache = cache or default_cache()
         threads = thread_budget(len(self.devices) or 1)
-        if self.graph.meta.get("deterministic_chunks"):
+        if self.graph.meta.deterministic_chunks:
             # Past 4 intra-op threads ONNX Runtime's SGEMM splits a matmul's sum between threads (its bits then
             # follow the thread count, i.e. the host's cores per device): op determinism keeps to the thread
             # counts tests/backends/test_kernel_determinism.py checks.

@@ -69,7 +69,9 @@ class GraphMeta:
             (``AccumulateGradientsPass``, ``SplitBatchChunksPass``, ``ChunkBatchReductionsPass``); ``None``
             before. Its presence tells the batch-cutting passes the cut is done.
         deterministic_chunks: Chunks of the global batch the deterministic-reduction passes cut it into
-            (``SplitBatchChunksPass``, ``ChunkBatchReductionsPass``); ``None`` when not cut that way.
+            (``SplitBatchChunksPass``, ``ChunkBatchReductionsPass``; ``compile/load.py`` for loaded plans, whose
+            ``Plan.compile`` then keeps to the intra-op thread counts op determinism was checked with); ``None``
+            when not cut that way.
         per_replica_inputs: Graph input name -> variant (``None`` when every replica has the same shape) of
             the inputs that hold a per-replica value. Written by ``compile/step_io.py`` while tracing and
             ``compile/step.py`` for loaded plans; read by ``ReplicatePass``, the batch passes, replan.
