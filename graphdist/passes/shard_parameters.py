@@ -79,7 +79,6 @@ from graphdist.ir.liveness import live_nodes
 from graphdist.ir.placement import VariableSpec, variable_specs
 from graphdist.passes.base import PassBase, PassContext, PassResult
 from graphdist.passes.shard_optimizer_state import (
-    REPLICA_PARTS_OPTION,
     ShardOptimizerStatePass,
     _gradient_groups,
     _place_sharded,
@@ -196,11 +195,7 @@ class ShardParametersPass(PassBase):
 
     # ------------------------------------------------------------ rewrite
     def _wants_parts(self, ctx: PassContext) -> bool:
-        if self.workers.count > 1:
-            return True
-        if self.replica_parts is not None:
-            return bool(self.replica_parts)
-        return bool(ctx.options.get(REPLICA_PARTS_OPTION, False))
+        return self._zero._wants_parts(ctx)  # the same settings, so ZeRO-1's rule: parts across workers always
 
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
         replication = graph.meta.replication
