@@ -9,15 +9,12 @@ import numpy as np
 import pytest
 
 import graphdist as gd
-from graphdist.models.datasets import digits
-from graphdist.models.mlp import MLP
 from graphdist.passes.shard_optimizer_state import state_bytes_per_replica
 from graphdist.passes.shard_parameters import parameter_bytes_per_replica
+from tests.distribute.digits_training import DigitsTrainer
 
 SIZES = (64, 32, 10)
-BATCH = 32
 STEPS = 5
-DATA = digits()
 KERNELS = tuple(f"mlp/dense_{i}/kernel" for i in range(len(SIZES) - 1))
 BIASES = tuple(f"mlp/dense_{i}/bias" for i in range(len(SIZES) - 1))
 
@@ -31,24 +28,10 @@ def _fsdp(devices: int) -> gd.Strategy:
     return gd.experimental.ModelParallelStrategy(layout_map=layout_map, batch_dim_name="batch")
 
 
-def _train(strategy: gd.Strategy, steps: int = STEPS) -> tuple[list[float], list[np.ndarray], gd.Graph, MLP]:
-    with strategy.scope():
-        model = MLP(SIZES, seed=0, trainable=True)
-        optimizer = gd.optimizers.Adam(0.01)
-    replica_step = model.make_train_step(optimizer, BATCH)
-
-    @gd.function
-    def train(x, labels):
-        return strategy.reduce("SUM", strategy.run(replica_step, args=(x, labels)), axis=None)
-
-    def batch(i: int) -> tuple:
-        rows = slice(i * BATCH, (i + 1) * BATCH)
-        dataset = gd.data.Dataset.from_tensors((DATA.x_train[rows], DATA.y_train[rows]))
-        return next(iter(strategy.experimental_distribute_dataset(dataset)))
-
-    losses = [float(train(*batch(i))) for i in range(steps)]
-    state = [v.numpy() for v in (*model.trainable_variables, *optimizer.variables())]
-    return losses, state, train.get_concrete_function(*batch(0)).graph("rewritten"), model
+def _train(strategy: gd.Strategy, steps: int = STEPS) -> tuple[list[float], list[np.ndarray], gd.Graph, object]:
+    trainer = DigitsTrainer(strategy, SIZES)
+    losses = [trainer.step(i) for i in range(steps)]
+    return losses, trainer.state(), trainer.rewritten(), trainer.model
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 from sklearn.datasets import load_digits
 
 import graphdist as gd
-from graphdist.models.mlp import MLP
+from tests.distribute.digits_training import DigitsTrainer, assert_same_state
 
 BATCH = 16
 STEPS = 4
@@ -36,50 +36,20 @@ def _mesh_strategy(shape: tuple[int, int]) -> gd.Strategy:
     return gd.experimental.ModelParallelStrategy(layout_map=layout_map, batch_dim_name="batch")
 
 
-class _Trainer:
-    """The MLP and Adam made in ``strategy``'s scope; ``step(i)`` trains on global batch ``i``."""
-
-    def __init__(self, strategy: gd.Strategy) -> None:
-        self.strategy = strategy
-        with strategy.scope():
-            self.model = MLP(SIZES, trainable=True, seed=0)
-            self.optimizer = gd.optimizers.Adam(0.01)
-        replica_step = self.model.make_train_step(self.optimizer, global_batch_size=BATCH)
-
-        @gd.function
-        def train(xb: object, yb: object) -> np.ndarray:
-            return strategy.reduce("SUM", strategy.run(replica_step, args=(xb, yb)), axis=None)
-
-        self.train = train
-
-    def batch(self, i: int) -> tuple:
-        rows = slice(i * BATCH, (i + 1) * BATCH)
-        dataset = gd.data.Dataset.from_tensors((X[rows], Y[rows]))
-        return next(iter(self.strategy.experimental_distribute_dataset(dataset)))
-
-    def step(self, i: int) -> float:
-        return float(self.train(*self.batch(i)))
-
-    def state(self) -> list[np.ndarray]:
-        return [v.numpy() for v in (*self.model.trainable_variables, *self.optimizer.variables())]
+def _trainer(strategy: gd.Strategy) -> DigitsTrainer:
+    return DigitsTrainer(strategy, SIZES, BATCH, X, Y)
 
 
 @pytest.fixture(scope="module")
 def one_device() -> tuple[list[float], list[np.ndarray]]:
-    trainer = _Trainer(gd.OneDeviceStrategy("cpu:0"))
+    trainer = _trainer(gd.OneDeviceStrategy("cpu:0"))
     losses = [trainer.step(i) for i in range(STEPS)]
     return losses, trainer.state()
 
 
-def _assert_close(got: list[np.ndarray], want: list[np.ndarray]) -> None:
-    assert len(got) == len(want)
-    for a, b in zip(got, want):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-
-
 def test_replan_from_mesh_1x2_to_2x2_to_mirrored_trains_on_like_one_device(one_device) -> None:
     want_losses, want_state = one_device
-    first = _Trainer(_mesh_strategy((1, 2)))
+    first = _trainer(_mesh_strategy((1, 2)))
     # One batch group: a distributed dataset's elements are plain arrays, as in TensorFlow; per-replica values
     # (gd.PerReplica of one) make a step whose batch a re-plan splits over more replicas.
     batch = [gd.PerReplica([part]) for part in first.batch(0)]
@@ -94,21 +64,21 @@ def test_replan_from_mesh_1x2_to_2x2_to_mirrored_trains_on_like_one_device(one_d
     assert not any(n.attrs.get("group_key", "").startswith("layout") for n in mirrored.graph("rewritten").nodes)
     losses += [float(mirrored(X[i * BATCH:(i + 1) * BATCH], Y[i * BATCH:(i + 1) * BATCH])) for i in (2, 3)]
     np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
-    _assert_close(list(mirrored.variables.values()), want_state)
+    assert_same_state(list(mirrored.variables.values()), want_state)
 
 
 def test_a_checkpoint_moves_from_mesh_1x2_to_mesh_2x2_and_to_one_device(one_device, tmp_path: Path) -> None:
     want_losses, want_state = one_device
-    first = _Trainer(_mesh_strategy((1, 2)))
+    first = _trainer(_mesh_strategy((1, 2)))
     losses = [first.step(i) for i in range(2)]
     path = gd.train.Checkpoint(model=first.model, optimizer=first.optimizer).save(tmp_path / "mesh_1x2.npz")
-    second = _Trainer(_mesh_strategy((2, 2)))
+    second = _trainer(_mesh_strategy((2, 2)))
     gd.train.Checkpoint(model=second.model, optimizer=second.optimizer).restore(path)
     losses.append(second.step(2))
     assert any(v.worker_shard is not None for v in second.model.trainable_variables)  # stored in blocks again
     path = gd.train.Checkpoint(model=second.model, optimizer=second.optimizer).save(tmp_path / "mesh_2x2.npz")
-    last = _Trainer(gd.OneDeviceStrategy("cpu:0"))
+    last = _trainer(gd.OneDeviceStrategy("cpu:0"))
     gd.train.Checkpoint(model=last.model, optimizer=last.optimizer).restore(path)
     losses.append(last.step(3))
     np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
-    _assert_close(last.state(), want_state)
+    assert_same_state(last.state(), want_state)

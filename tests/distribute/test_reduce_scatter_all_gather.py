@@ -10,32 +10,15 @@ import pytest
 import graphdist as gd
 from graphdist.compile.pipeline import PipelineConfig, build_pipeline
 from graphdist.errors import InvalidArgumentError
-from graphdist.models.datasets import digits
-from graphdist.models.mlp import MLP
+from tests.distribute.digits_training import DigitsTrainer, assert_same_state
 
-SIZES = (64, 32, 10)
-BATCH = 32
-DATA = digits()
+STEPS = 5
 
 
-def _train(strategy: gd.Strategy, steps: int = 5) -> tuple[list[float], list[np.ndarray], object]:
-    with strategy.scope():
-        model = MLP(SIZES, seed=0, trainable=True)
-        optimizer = gd.optimizers.Adam(0.01)
-    replica_step = model.make_train_step(optimizer, BATCH)
-
-    @gd.function
-    def train(x, labels):
-        return strategy.reduce("SUM", strategy.run(replica_step, args=(x, labels)), axis=None)
-
-    def batch(i: int) -> tuple:
-        rows = slice(i * BATCH, (i + 1) * BATCH)
-        dataset = gd.data.Dataset.from_tensors((DATA.x_train[rows], DATA.y_train[rows]))
-        return next(iter(strategy.experimental_distribute_dataset(dataset)))
-
-    losses = [float(train(*batch(i))) for i in range(steps)]
-    state = [v.numpy() for v in (*model.trainable_variables, *optimizer.variables())]
-    return losses, state, train.get_concrete_function(*batch(0))
+def _train(strategy: gd.Strategy) -> tuple[list[float], list, DigitsTrainer]:
+    trainer = DigitsTrainer(strategy)
+    losses = [trainer.step(i) for i in range(STEPS)]
+    return losses, trainer.state(), trainer
 
 
 @pytest.fixture(scope="module")
@@ -48,18 +31,17 @@ def test_training_with_lowered_all_reduces_equals_one_device(devices: int, one_d
     want_losses, want_state, _ = one_device
     strategy = gd.MirroredStrategy([f"cpu:{i}" for i in range(devices)],
                                    cross_device_ops=gd.ReduceScatterAllGather())
-    losses, state, concrete = _train(strategy)
+    losses, state, trainer = _train(strategy)
     np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
-    for got, want in zip(state, want_state):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    rewritten = concrete.graph("rewritten")
+    assert_same_state(state, want_state)
+    rewritten = trainer.rewritten()
     ops = [n.op_type for n in rewritten.nodes if n.domain == gd.ir.GRAPHDIST_DOMAIN]
     # Each of the 4 gradients splits evenly into 2 and 4 shards except the 10-element bias over 4 devices;
     # it and the scalar loss sum stay ring all-reduces (the lowering declines a group that does not split).
     uneven = 1 if devices == 4 else 0
     assert ops.count("ReduceScatter") == ops.count("AllGather") == (4 - uneven) * devices
     assert ops.count("AllReduce") == (1 + uneven) * devices
-    summary = concrete.plan.summary()
+    summary = trainer.train.get_concrete_function(*trainer.batch(0)).plan.summary()
     assert "ReduceScatter" in summary and "AllGather" in summary
 
 
