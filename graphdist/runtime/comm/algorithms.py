@@ -59,7 +59,8 @@ from typing import Any
 from graphdist.errors import InvalidArgumentError
 
 __all__ = ["AllReduceAlgorithm", "Link", "LOCAL_LINK", "MESH_LINK", "MPI_LINK", "algorithm", "collective_cost",
-           "algorithm_names", "check_algorithm", "register_algorithm", "ring_schedule", "pairwise_schedule", "root_first_schedule"]
+           "algorithm_names", "check_algorithm", "register_algorithm", "ring_schedule",
+           "pairwise_schedule", "root_first_schedule"]
 
 # A schedule says in which order one range of the flat buffer combines its contributions:
 # (order, None) is the chain ((b[order[0]] + b[order[1]]) + b[order[2]]) + ...;
