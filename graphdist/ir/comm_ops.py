@@ -14,6 +14,14 @@ runs them between the backends' segments, never a backend:
   row-major order (``k = x.size / group_size``; a value of rank above 1 is
   read flat, which costs the communicator nothing and spares a segment the
   copy a flattened output would be);
+* ``AllToAll(x) -> y`` (``split_axis``, ``concat_axis``, ``group_key``,
+  ``group_size``): each participant cuts its value into ``group_size`` equal
+  chunks along ``split_axis`` and sends chunk ``j`` to participant ``j``,
+  which concatenates the chunks it receives along ``concat_axis`` in
+  participant order (``split_axis`` shrinks ``group_size`` times,
+  ``concat_axis`` grows as much). It moves a value split over one dimension
+  to a split over another: each participant sends ``(n-1)/n`` of its block,
+  where an all-gather and a slice would send all of it ``n-1`` times;
 * ``CrossWorkerAllReduce`` / ``CrossWorkerAllGather`` / ``CrossWorkerReduceScatter``
   (``num_workers``, ``sequence``, ``comm_group``): the same between worker
   processes, through MPI (worker ``w`` of a reduce-scatter gets chunk ``w``);
@@ -40,7 +48,8 @@ __all__ = ["COMMUNICATION_OPS", "CROSS_WORKER_OPS", "RUNTIME_CHECK_OPS", "SUMMED
            "is_communication", "is_runtime_check", "register_comm_ops"]
 
 #: graphdist ops run by a communicator; the only nodes that may read values placed on another device.
-COMMUNICATION_OPS = frozenset({"AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Send", "Recv", "Transfer",
+COMMUNICATION_OPS = frozenset({"AllReduce", "AllGather", "ReduceScatter", "AllToAll", "Broadcast", "Send", "Recv",
+                               "Transfer",
                                # between processes (graphdist.runtime.comm.mpi, graphdist.runtime.ps_server)
                                "CrossWorkerAllReduce", "CrossWorkerAllGather", "CrossWorkerReduceScatter",
                                "PSPull", "PSPush",
@@ -133,6 +142,31 @@ def _reference_reduce_scatter(*values: np.ndarray, reduce_op: str = "SUM", **_: 
     return tuple(np.array(part, copy=True) for part in np.split(total.reshape(-1), len(values)))
 
 
+def _infer_all_to_all(node: Node, _: int | None) -> TypeList:
+    x = _in(node, 0)
+    count = int(node.attrs.get("group_size", 1))
+    if x.rank == 0:
+        raise GraphError(f"AllToAll {node.name} needs a value of rank >= 1, got {x.type_str()}")
+    split = normalize_axis(node.attrs.get("split_axis", 0), x.rank, "AllToAll split_axis")
+    concat = normalize_axis(node.attrs.get("concat_axis", 0), x.rank, "AllToAll concat_axis")
+    shape = list(x.shape)
+    dim = shape[split]
+    if isinstance(dim, int) and dim % count:
+        raise GraphError(f"AllToAll {node.name}: dimension {split} of {x.type_str()} does not split into {count} "
+                         "equal chunks; pad it to a multiple of the group size first")
+    shape[split] = dim // count if isinstance(dim, int) else f"{dim}/{count}"
+    dim = shape[concat]
+    shape[concat] = dim * count if isinstance(dim, int) else f"{dim}*{count}"
+    return [(x.dtype, tuple(shape))]
+
+
+def _reference_all_to_all(*values: np.ndarray, split_axis: int = 0, concat_axis: int = 0,
+                          **_: Any) -> tuple[np.ndarray, ...]:
+    """All-to-all over the given participants: participant ``j`` joins chunk ``j`` of every participant's value."""
+    chunks = [np.split(value, len(values), axis=split_axis) for value in values]
+    return tuple(np.concatenate([mine[j] for mine in chunks], axis=concat_axis) for j in range(len(values)))
+
+
 def _reference_identity(value: np.ndarray, **_: Any) -> tuple[np.ndarray]:
     return (value,)
 
@@ -156,6 +190,10 @@ def register_comm_ops() -> None:
     register_op(OpDef("ReduceScatter", GRAPHDIST_DOMAIN, _infer_scatter, reference=_reference_reduce_scatter,
                       doc="Reduce values over a replica group; member `shard` gets that equal shard of it (flat).",
                       attrs={"reduce_op": "SUM", "group_size": 1, "shard": 0}))
+    register_op(OpDef("AllToAll", GRAPHDIST_DOMAIN, _infer_all_to_all, reference=_reference_all_to_all,
+                      doc="Member i sends chunk j of its value along `split_axis` to member j, which joins "
+                          "the chunks along `concat_axis` in member order.",
+                      attrs={"split_axis": 0, "concat_axis": 0, "group_size": 1}))
     register_op(OpDef("Transfer", GRAPHDIST_DOMAIN, _unary(), reference=_reference_identity,
                       doc="Moves a value to the node's device (inserted by PartitionPass)."))
     cross_worker = _between_processes("cross-worker collectives (the MPI communicator)")

@@ -18,7 +18,8 @@
 Sizes are static byte counts; "moved" is an estimate of the bytes a
 collective sends between devices per step for ``n`` participants holding
 ``S`` bytes each: all-reduce ``2 (n-1) S`` (ring, hierarchical copy and
-reduce-to-one all send that much), all-gather ``n (n-1) S``, transfer ``S``.
+reduce-to-one all send that much), all-gather ``n (n-1) S``, all-to-all
+``(n-1) S`` (each keeps ``1/n`` of its value), transfer ``S``.
 """
 
 from __future__ import annotations
@@ -129,6 +130,8 @@ def moved_bytes(op: str, participants: int, nbytes: int | None, attrs: dict | No
         return None if total is None else total // workers
     if op == "AllGather":
         return n * (n - 1) * nbytes
+    if op == "AllToAll":
+        return (n - 1) * nbytes  # each participant keeps 1/n of its value and sends the rest
     return 2 * (n - 1) * nbytes  # AllReduce, ReduceScatter + AllGather, Broadcast-like
 
 

@@ -19,15 +19,27 @@ axis; one group per replica and per position on the other axes):
 * split over ``X`` -> not split: ``AllGather`` along that dimension;
 * not split -> split over ``Y``: a local ``Slice`` by the device's coordinate
   (no communication);
-* split over ``X`` -> split over ``Y`` elsewhere: ``AllGather`` then ``Slice``
-  (no ``AllToAll`` yet).
+* split over ``X`` along dimension ``a`` -> split over ``X`` along ``b`` (not
+  split before): an ``AllToAll`` (``split_axis=b``, ``concat_axis=a``) where
+  the cost model prices it below the alternative and ``b``'s local length
+  divides by the axis' size, else ``AllGather`` along ``a`` then ``Slice``
+  along ``b``;
+* split over ``X`` -> split over ``Y`` elsewhere: ``AllGather`` then ``Slice``.
 
-Cost model (bytes each device sends, ring algorithms, ``S`` the value's bytes
-on a device, ``n`` the group's size): ``AllReduce`` ``2 (n-1)/n S``,
-``ReduceScatter`` ``(n-1)/n S``, ``AllGather`` ``(n-1) S``, ``Slice`` 0. Of the
-two ways to reduce a partial value a split reader wants, the reduce-scatter
-(half the all-reduce's bytes, no slice after) is taken whenever it applies.
-Each collective's node has ``meta["bytes_per_device"]`` by this model.
+Cost model (:func:`graphdist.runtime.comm.algorithms.collective_cost`, on
+the pass's ``link``, :data:`~graphdist.runtime.comm.algorithms.MESH_LINK` by
+default): each collective costs its messages' latency plus the bytes each
+device sends (and combines) at the link's rates; with ``S`` the value's bytes
+on a device and ``n`` the group's size, a device sends ``2 (n-1)/n S`` for an
+``AllReduce`` (ring), ``(n-1)/n S`` for a ``ReduceScatter``, ``(n-1) S`` for an
+``AllGather``, ``(n-1)/n S`` for an ``AllToAll``, and 0 for a ``Slice``; each
+collective is ``n - 1`` messages (``2 (n-1)`` for the all-reduce). Of the two
+ways to reduce a partial value a split reader wants, the reduce-scatter (half
+the all-reduce's bytes, no slice after) is taken whenever it applies; of the
+two ways to move a split to another dimension, the cheaper by the model (the
+all-to-all: the same messages, ``1/n`` the bytes of the all-gather). Each
+collective's node has ``meta["bytes_per_device"]`` and
+``meta["predicted_seconds"]`` by this model.
 
 ``graph.meta.layouts`` lists every value split or partial over the mesh
 (type, layout, block per device); ``Graph.summary()`` shows it.
@@ -78,6 +90,7 @@ from graphdist.ir.placement_ops import SHARDING_CONSTRAINT
 from graphdist.passes.base import PassBase, PassContext, PassResult
 from graphdist.passes.layout_rules import ADD_ONCE_KEY, layout_of
 from graphdist.passes.shard_optimizer_state import REPLICA_PARTS_OPTION
+from graphdist.runtime.comm.algorithms import MESH_LINK, Link, collective_cost
 
 __all__ = ["GLOBAL_LAYOUT_KEY", "LowerLayoutsPass", "collective_bytes", "variable_bytes_per_device"]
 
@@ -95,7 +108,7 @@ def collective_bytes(op_type: str, local_bytes: int, group: int) -> int:
         return 0
     if op_type == "AllReduce":
         return 2 * (group - 1) * local_bytes // group
-    if op_type == "ReduceScatter":
+    if op_type in ("ReduceScatter", "AllToAll"):
         return (group - 1) * local_bytes // group
     if op_type == "AllGather":
         return (group - 1) * local_bytes
@@ -123,15 +136,19 @@ class LowerLayoutsPass(PassBase):
     Args:
         replica_parts: Store each split variable as one part per device of a replica (``None``: as
             ``PassContext.options[REPLICA_PARTS_OPTION]`` says, which ``gd.function`` sets; else whole).
+        link: The cost model's link between the mesh's devices (chooses between reshards).
     """
 
     runs_after = ("PropagateLayoutsPass",)
 
-    def __init__(self, replica_parts: bool | None = None) -> None:
+    def __init__(self, replica_parts: bool | None = None, link: Link = MESH_LINK) -> None:
         self.replica_parts = replica_parts
+        self.link = link
 
     def __repr__(self) -> str:
-        return f"{self.name}()" if self.replica_parts is None else f"{self.name}(replica_parts={self.replica_parts})"
+        args = [] if self.replica_parts is None else [f"replica_parts={self.replica_parts}"]
+        args += [] if self.link == MESH_LINK else [f"link={self.link}"]
+        return f"{self.name}({', '.join(args)})"
 
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
         mesh: MeshSpec | None = graph.meta.mesh
@@ -146,7 +163,7 @@ class LowerLayoutsPass(PassBase):
             return PassResult(graph, modified=bool(constraints))
         parts = self.replica_parts if self.replica_parts is not None else bool(
             ctx.options.get(REPLICA_PARTS_OPTION, False))
-        _Lowering(graph, mesh, parts).run()
+        _Lowering(graph, mesh, parts, self.link).run()
         return PassResult(graph, modified=True)
 
     def ensures(self, graph: Graph, ctx: PassContext) -> None:
@@ -161,9 +178,10 @@ class LowerLayoutsPass(PassBase):
 class _Lowering:
     """One run of the pass over a graph."""
 
-    def __init__(self, graph: Graph, mesh: MeshSpec, parts: bool = False) -> None:
+    def __init__(self, graph: Graph, mesh: MeshSpec, parts: bool = False, link: Link = MESH_LINK) -> None:
         self.graph = graph
         self.mesh = mesh
+        self.link = link
         self.count = mesh.devices_per_replica
 
         self.local: dict[int, list[Value]] = {}  # node outputs -> a value per device of their replica
@@ -376,6 +394,7 @@ class _Lowering:
         if want.partial - current.partial:
             raise GraphError(f"LowerLayoutsPass: %{value.name} is {current}, a reader wants it partial ({want}); "
                              "no rule asks a whole value to become partial")
+        values, current = self._exchange(values, current, want, replica)
         dims = list(current.dims)
         for dim, axis in enumerate(current.dims):
             if axis is not None and want.dims[dim] != axis:
@@ -404,6 +423,34 @@ class _Lowering:
                                 v.producer.replica, f"{v.name}_block").outputs[0] for v in scattered]
             current = Layout(dims, current.partial - {axis})
         return values, current
+
+    def _exchange(self, values: list[Value], current: Layout, want: Layout,
+                  replica: int) -> tuple[list[Value], Layout]:
+        """Moves each axis ``want`` splits another dimension over (one not split now) by an all-to-all, where
+        the cost model prices that below gathering the value and slicing it.
+        """
+        for dim, axis in enumerate(current.dims):
+            if axis is None or want.dims[dim] == axis or axis not in want.dims:
+                continue
+            target = want.dims.index(axis)
+            if current.dims[target] is not None or not self._exchange_pays(values[0], target, axis):
+                continue
+            values = self._collective("AllToAll", values, axis, replica, {"split_axis": target, "concat_axis": dim})
+            dims = list(current.dims)
+            dims[dim], dims[target] = None, axis
+            current = Layout(tuple(dims), current.partial)
+        return values, current
+
+    def _exchange_pays(self, local: Value, target: int, axis: str) -> bool:
+        """Whether an all-to-all can split ``local``'s dimension ``target`` over ``axis`` and costs less than an
+        all-gather (then a free slice).
+        """
+        size = self.mesh.size(axis)
+        if not local.is_static or int(local.shape[target]) % size:
+            return False
+        nbytes = int(local.nbytes or 0)
+        return collective_cost("AllToAll", nbytes, size, self.link) < collective_cost("AllGather", nbytes, size,
+                                                                                      self.link)
 
     def _scatter_dim(self, local: Value, current: Layout, want: Layout, axis: str) -> int | None:
         if not local.is_static or axis in current.dims:
@@ -443,9 +490,10 @@ class _Lowering:
             key = f"layout{self.groups}.{values[0].name}/{self.mesh.group_name(index, axis)}/r{replica}"
             extra = {"shard": self.mesh.coordinates(index)[axis]} if shard else {}
             nbytes = int(value.nbytes or 0)
+            seconds = collective_cost(op_type, nbytes, size, self.link, str(attrs.get("algorithm", "ring")))
             node = self._add(op_type, [value], {**attrs, **extra, "group_key": key, "group_size": size},
                              self.mesh.devices[replica][index], replica, f"{value.name}_{op_type.lower()}",
-                             GRAPHDIST_DOMAIN, meta={"side_effect": True,
+                             GRAPHDIST_DOMAIN, meta={"side_effect": True, "predicted_seconds": seconds,
                                                      "bytes_per_device": collective_bytes(op_type, nbytes, size)})
             out.append(node.outputs[0])
         return out

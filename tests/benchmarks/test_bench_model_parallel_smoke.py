@@ -23,3 +23,11 @@ def test_model_parallel_benchmark_smoke() -> None:
     assert mirrored["collective_bytes_predicted"] == 2 * 4 * (params + 1)  # every gradient and the loss, x2 replicas
     assert split["collective_bytes_predicted"] == 2 * 4 * 8 * 8  # the (8, 8) block product, from both devices
     assert bench.markdown(results).startswith("## Tensor parallelism vs Mirrored on 2 logical devices")
+    transformer = results["transformer"]["ops"]
+    assert set(transformer) == {"AllReduce (layouts)", "AllReduce (gradients across batch groups)"}
+    for row in transformer.values():
+        assert row["measured"] == row["plan"] > 0 and row["groups"] > 0
+    # The lowering's model (2 (n-1)/n S per device, n = 2) and the summary's estimate (2 (n-1) S per group) agree.
+    layouts = transformer["AllReduce (layouts)"]
+    assert layouts["sent_per_device"] == layouts["sent_estimate"] == layouts["plan"]
+    assert "| AllReduce (layouts) | 10 |" in bench.markdown(results)

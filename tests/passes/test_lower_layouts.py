@@ -6,6 +6,7 @@ run the collectives)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from graphdist.ir import GRAPHDIST_DOMAIN, Graph, Value
 from graphdist.ir.layouts import INPUT_LAYOUTS_KEY, MeshSpec
@@ -14,6 +15,7 @@ from graphdist.ir.placement_ops import SHARDING_CONSTRAINT
 from graphdist.passes.base import PassContext
 from graphdist.passes.lower_layouts import LowerLayoutsPass
 from graphdist.passes.propagate_layouts import PropagateLayoutsPass
+from graphdist.runtime.comm import algorithms
 from tests.passes.pass_checks import check_pass
 
 DEVICES = ["cpu:0", "cpu:1"]
@@ -202,3 +204,51 @@ def test_split_variable_stored_in_parts_reads_and_writes_its_blocks() -> None:
     assert state["parts"] == ["w1/part0", "w1/part1"] and state["shard"] == 24
     assert state["blocks"] == [[[0, 8], [0, 3]], [[0, 8], [3, 6]]]
     assert graph.meta.placement["w1#1"].kind == "sharded"
+
+
+def _exchange(lowered: bool) -> Graph:
+    """``exp(x @ w1)`` with w1 split by columns, the product pinned split by rows: one all-to-all moves the split
+    (each device keeps its half of its rows, sends the other half), no gather."""
+    graph = Graph("exchange")
+    x = graph.add_input("x", np.float32, (4, 8))
+    w1 = _variable(graph, "w1", (8, 6))
+    if not lowered:
+        product = _node(graph, "MatMul", [x, w1])
+        pinned = _node(graph, SHARDING_CONSTRAINT, [product], {"layout": ["model", ""]}, GRAPHDIST_DOMAIN)
+        graph.outputs = [_node(graph, "Exp", [pinned])]
+        return _propagated(graph)
+    cols = _blocks(graph, w1, 1, 6)
+    products = [_node(graph, "MatMul", [x, c], device=d) for c, d in zip(cols, DEVICES)]
+    rows = [_node(graph, "AllToAll", [p], {"split_axis": 0, "concat_axis": 1, "group_key": "g", "group_size": 2},
+                  GRAPHDIST_DOMAIN, device=d) for p, d in zip(products, DEVICES)]
+    exps = [_node(graph, "Exp", [r], device=d) for r, d in zip(rows, DEVICES)]
+    graph.outputs = [_node(graph, "Concat", exps, {"axis": 0}, device="cpu:0")]
+    return graph
+
+
+def test_split_moved_to_another_dimension_is_one_all_to_all() -> None:
+    graph = check_pass(LowerLayoutsPass(), _exchange(False), modified=True, expected=_exchange(True),
+                       placement=True, numerics=False)
+    (first, second) = [n for n in graph.nodes if n.op_type == "AllToAll"]
+    assert first.attrs["group_key"] == second.attrs["group_key"]
+    assert [tuple(n.outputs[0].shape) for n in (first, second)] == [(2, 6), (2, 6)]
+    # (n-1)/n of the 4x3 float32 block; the all-gather it replaces would send (n-1) = all of it.
+    assert first.meta["bytes_per_device"] == 4 * 3 * 4 // 2
+    link = algorithms.MESH_LINK
+    assert first.meta["predicted_seconds"] == pytest.approx(link.latency_s + 24 * link.seconds_per_byte)
+
+
+def test_all_to_all_is_taken_only_where_the_cost_model_prices_it_lower() -> None:
+    """On a link where bytes cost nothing, the all-to-all (one message) ties with the all-gather (one message):
+    not cheaper, so the pass gathers and slices, as before the all-to-all existed."""
+    free_bytes = algorithms.Link(latency_s=1e-6, seconds_per_byte=0.0, combine_seconds_per_byte=0.0)
+    pass_ = LowerLayoutsPass(link=free_bytes)
+    assert "link=" in repr(pass_) and repr(LowerLayoutsPass()) == "LowerLayoutsPass()"
+    graph = check_pass(pass_, _exchange(False), modified=True, numerics=False)
+    ops = [(n.op_type, n.device) for n in graph.nodes]
+    assert not any(op == "AllToAll" for op, _ in ops)
+    assert ops.count(("AllGather", "cpu:0")) == ops.count(("AllGather", "cpu:1")) == 1
+    gathered = [n for n in graph.nodes if n.op_type == "AllGather"]
+    assert [tuple(n.outputs[0].shape) for n in gathered] == [(4, 6), (4, 6)]
+    assert all(user.op_type == "Slice" for n in gathered for user, _ in n.outputs[0].uses)
+

@@ -38,6 +38,7 @@ def ops() -> dict:
         "gather0": comm.all_gather(x, 0).tolist(),
         "gather1": comm.all_gather(x, axis=-1).tolist(),
         "bcast": comm.broadcast(x.copy(), root=1).tolist(),
+        "alltoall": comm.all_to_all(np.arange(8, dtype=np.int64).reshape(2, 4) + 100 * r, 1, 0).tolist(),
         "scatter": comm.reduce_scatter(np.arange(5, dtype=np.float64) * (r + 1)).tolist(),
         "objects": comm.allgather_object({"rank": r}),
         "transposed": comm.all_reduce(x.T).tolist(),  # not C-contiguous: copied once

@@ -64,3 +64,20 @@ def test_costs_follow_the_alpha_beta_model() -> None:
         cost = algorithm(name).cost
         assert cost(big, 1, LOCAL_LINK) == 0.0
         assert cost(tiny, 3, LOCAL_LINK) <= cost(big, 3, LOCAL_LINK)
+
+
+def test_collective_costs_are_latency_per_message_plus_bytes_sent_and_combined() -> None:
+    """The alpha-beta-gamma prices the layout lowering ranks reshards by, from the table in the module docstring."""
+    link = algorithms.Link(latency_s=1.0, seconds_per_byte=0.5, combine_seconds_per_byte=0.25)
+    cost = algorithms.collective_cost
+    assert cost("AllGather", 800, 4, link) == 3 * 1.0 + 3 * 800 * 0.5
+    assert cost("AllToAll", 800, 4, link) == 3 * 1.0 + 600 * 0.5  # (p-1)/p of the block
+    assert cost("ReduceScatter", 800, 4, link) == 3 * 1.0 + 600 * 0.5 + 600 * 0.25
+    assert cost("AllReduce", 800, 4, link) == algorithm("ring").cost(800, 4, link)
+    assert cost("AllToAll", 800, 1, link) == 0.0
+    # Moving a split to another dimension: the all-to-all costs less than gathering on every registered link.
+    for each in (LOCAL_LINK, MPI_LINK, algorithms.MESH_LINK):
+        assert cost("AllToAll", 1 << 20, 2, each) <= cost("AllGather", 1 << 20, 2, each)
+    assert cost("AllToAll", 1 << 20, 2, algorithms.MESH_LINK) < cost("AllGather", 1 << 20, 2, algorithms.MESH_LINK)
+    with pytest.raises(InvalidArgumentError, match="no cost model for 'Broadcast'"):
+        cost("Broadcast", 8, 2, link)

@@ -19,7 +19,8 @@ def test_single_rank_collectives_are_copies() -> None:
     assert result is not x and result.tolist() == x.tolist()
     assert comm.all_gather(x.reshape(2, 2), axis=1).shape == (2, 2)
     assert comm.reduce_scatter(x).tolist() == x.tolist()
-    assert comm.sequence == 3
+    assert comm.all_to_all(x.reshape(2, 2), 1, 0).tolist() == x.reshape(2, 2).tolist()
+    assert comm.sequence == 4
 
 
 @pytest.mark.parametrize(("call", "fragment"), [
@@ -29,6 +30,8 @@ def test_single_rank_collectives_are_copies() -> None:
     (lambda c: c.all_reduce(np.array(["a"])), "numeric buffers"),
     (lambda c: c.all_gather(np.float32(1)), "rank >= 1"),
     (lambda c: c.all_gather(np.ones(2), axis=1), "axis 1 is out of range"),
+    (lambda c: c.all_to_all(np.float32(1)), "all_to_all: the buffer must have rank >= 1"),
+    (lambda c: c.all_to_all(np.ones((2, 3)), concat_axis=2), "all_to_all: axis 2 is out of range"),
     (lambda c: c.broadcast(np.ones(2), root=3), "root 3 is not a rank"),
     (lambda c: c.all_reduce(np.array([True]), "MEAN"), "MEAN of booleans"),
 ])
@@ -70,6 +73,9 @@ def test_two_ranks_every_collective(tmp_path) -> None:
         assert out["gather0"] == np.concatenate(x, 0).tolist()
         assert out["gather1"] == np.concatenate(x, 1).tolist()
         assert out["bcast"] == x[1].tolist()
+        # rank r gets columns [2r, 2r + 2) of both ranks' (2, 4) buffers, rank 0's rows first
+        blocks = [np.arange(8).reshape(2, 4) + 100 * q for q in range(2)]
+        assert out["alltoall"] == np.concatenate([b[:, 2 * r:2 * r + 2] for b in blocks], 0).tolist()
         total = np.arange(5) * 3.0
         assert out["scatter"] == (total[:2] if r == 0 else total[2:]).tolist()
         assert out["objects"] == [{"rank": 0}, {"rank": 1}]

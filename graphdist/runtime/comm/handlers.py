@@ -6,7 +6,7 @@ module and function, and imported on first dispatch, so the scheduler runs any
 plan whatever else the process imported (a parameter-server plan does not need
 ``graphdist.distribute``), and importing the runtime does not import MPI:
 
-* ``AllReduce`` / ``AllGather``: the in-process communicator (``local``);
+* ``AllReduce`` / ``AllGather`` / ``AllToAll``: the in-process communicator (``local``);
 * ``ReduceScatter``: ``reduce_scatter`` (a view per shard of the local all-reduce);
 * ``CrossWorker*``: the MPI communicator (``mpi.run_comm_task``);
 * ``PSPull`` / ``PSPush``: the parameter-server client (``ps_server.run_ps_task``).
@@ -35,6 +35,7 @@ CommHandler = Callable[[str, dict[str, Any], list[np.ndarray]], list[np.ndarray]
 BUILTIN_HANDLERS: dict[str, str] = {
     "AllReduce": "graphdist.runtime.comm.local:run_all_reduce_task",
     "AllGather": "graphdist.runtime.comm.local:run_all_gather_task",
+    "AllToAll": "graphdist.runtime.comm.local:run_all_to_all_task",
     "ReduceScatter": "graphdist.runtime.comm.reduce_scatter:run_reduce_scatter_task",
     **{op: "graphdist.runtime.comm.mpi:run_comm_task" for op in CROSS_WORKER_OPS},
     "PSPull": "graphdist.runtime.ps_server:run_ps_task",

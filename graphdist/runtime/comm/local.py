@@ -85,8 +85,10 @@ __all__ = [
     "REUSE_MIN_BYTES",
     "all_reduce",
     "all_gather",
+    "all_to_all",
     "run_all_reduce_task",
     "run_all_gather_task",
+    "run_all_to_all_task",
     "configure",
     "settings",
     "clear_pool",
@@ -479,6 +481,54 @@ def all_gather(buffers: Sequence[np.ndarray], axis: int = 0) -> list[np.ndarray]
     return [out] * len(arrays)
 
 
+def all_to_all(buffers: Sequence[np.ndarray], split_axis: int = 0, concat_axis: int = 0) -> list[np.ndarray]:
+    """Replica ``j`` gets chunk ``j`` (along ``split_axis``) of every replica's buffer, joined along ``concat_axis``.
+
+    Args:
+        buffers: One array per replica, all of one dtype and shape, ``split_axis`` a multiple of the replica count.
+        split_axis: The axis each buffer is cut along into one equal chunk per replica.
+        concat_axis: The axis a replica's received chunks are joined along, in replica order.
+
+    Returns:
+        One read-only array per replica (each its own: replicas get different results), ``split_axis``
+        ``len(buffers)`` times shorter and ``concat_axis`` as many times longer than the inputs.
+
+    Raises:
+        InvalidArgumentError: no buffers, scalars, shapes or dtypes differ, an axis is out of range, or
+            ``split_axis`` does not split into equal chunks.
+    """
+    arrays = _arrays(buffers, "all-to-all")
+    first = arrays[0]
+    _check_numeric(first, "all-to-all")
+    ndim, count = first.ndim, len(arrays)
+    if ndim == 0:
+        raise InvalidArgumentError("all-to-all needs buffers of rank >= 1 (scalars cannot be split)")
+    for name, axis in (("split_axis", split_axis), ("concat_axis", concat_axis)):
+        if not -ndim <= axis < ndim:
+            raise InvalidArgumentError(f"all-to-all: {name} {axis} is out of range for rank-{ndim} buffers")
+    split_axis, concat_axis = split_axis % ndim, concat_axis % ndim
+    for array in arrays:
+        if array.shape != first.shape or array.dtype != first.dtype:
+            raise InvalidArgumentError(
+                f"all-to-all needs one shape and dtype on every replica, got {_describe(arrays)}")
+    if first.shape[split_axis] % count:
+        raise InvalidArgumentError(
+            f"all-to-all: split_axis {split_axis} of shape {first.shape} does not split into {count} equal chunks; "
+            "pad it to a multiple of the replica count")
+    chunk = first.shape[split_axis] // count
+    shape = list(first.shape)
+    shape[split_axis] = chunk
+    shape[concat_axis] *= count
+    index = [slice(None)] * ndim
+    results = []
+    for j in range(count):  # each replica's chunks are views; one copy, into its own output
+        index[split_axis] = slice(j * chunk, (j + 1) * chunk)
+        out = _empty(int(np.prod(shape)), first.dtype).reshape(shape)
+        np.concatenate([array[tuple(index)] for array in arrays], axis=concat_axis, out=out)
+        out.flags.writeable = False
+        results.append(out)
+    return results
+
 
 # ------------------------------------------------------- scheduler handlers
 def run_all_reduce_task(op: str, attrs: dict[str, Any], buffers: list[np.ndarray]) -> list[np.ndarray]:
@@ -489,6 +539,12 @@ def run_all_reduce_task(op: str, attrs: dict[str, Any], buffers: list[np.ndarray
 def run_all_gather_task(op: str, attrs: dict[str, Any], buffers: list[np.ndarray]) -> list[np.ndarray]:
     """Runs a plan's ``AllGather`` task (the scheduler's handler, ``graphdist.runtime.comm.handlers``)."""
     return all_gather(buffers, int(attrs.get("axis", 0)))
+
+
+def run_all_to_all_task(op: str, attrs: dict[str, Any], buffers: list[np.ndarray]) -> list[np.ndarray]:
+    """Runs a plan's ``AllToAll`` task (the scheduler's handler, ``graphdist.runtime.comm.handlers``)."""
+    return all_to_all(buffers, int(attrs.get("split_axis", 0)), int(attrs.get("concat_axis", 0)))
+
 
 _settings["threads"] = max(1, _env_int("GRAPHDIST_COMM_THREADS", _settings["threads"]))
 _settings["pool_bytes"] = max(0, _env_int("GRAPHDIST_COMM_POOL_BYTES", _settings["pool_bytes"]))

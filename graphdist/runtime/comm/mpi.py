@@ -310,6 +310,25 @@ class MPICommunicator:
             return gathered.reshape((self.size * send.shape[0], *send.shape[1:]))
         return np.concatenate(list(gathered), axis=axis)
 
+    def all_to_all(self, buffer: np.ndarray, split_axis: int = 0, concat_axis: int = 0, name: str = "") -> np.ndarray:
+        """Rank ``r`` gets chunk ``r`` (along ``split_axis``) of every rank's ``buffer`` (all of one shape), joined
+        along ``concat_axis`` in rank order (``MPI_Alltoall`` of the chunks).
+        """
+        send = _contiguous(buffer)
+        if send.ndim == 0:
+            raise InvalidArgumentError("all_to_all: the buffer must have rank >= 1 (scalars cannot be split)")
+        if send.shape[_axis(split_axis, send.ndim, "all_to_all")] % self.size:
+            raise InvalidArgumentError(f"all_to_all: split_axis {split_axis} of shape {send.shape} does not split "
+                                       f"into {self.size} equal chunks (one per rank); pad it first")
+        chunks = np.stack(np.split(send, self.size, axis=int(split_axis)))  # chunk r is contiguous, for rank r
+        received = np.empty_like(chunks)
+        self._begin("all_to_all", name, f"split_axis={split_axis} concat_axis={concat_axis}", send)
+        if self.size == 1:
+            np.copyto(received, chunks)
+        else:
+            self._wait(self._comm.Ialltoall(_mpi_buffer(chunks), _mpi_buffer(received)), "all_to_all", name)
+        return np.concatenate(list(received), axis=_axis(concat_axis, send.ndim, "all_to_all"))
+
     def broadcast(self, buffer: np.ndarray, root: int = 0, name: str = "") -> np.ndarray:
         """Every rank gets root's ``buffer`` (written in place when it is writeable and contiguous)."""
         if not 0 <= int(root) < self.size:
@@ -542,9 +561,9 @@ def _mpi_buffer(array: np.ndarray) -> Any:
     return array.reshape(1) if array.ndim == 0 else array
 
 
-def _axis(axis: int, ndim: int) -> int:
+def _axis(axis: int, ndim: int, what: str = "all_gather") -> int:
     if not -ndim <= int(axis) < ndim:
-        raise InvalidArgumentError(f"all_gather: axis {axis} is out of range for a buffer of rank {ndim}")
+        raise InvalidArgumentError(f"{what}: axis {axis} is out of range for a buffer of rank {ndim}")
     return int(axis) % ndim
 
 
