@@ -42,6 +42,7 @@ slot                   passes                                               fill
 ``logical_devices``    ``ShardLogicalDevicesPass``, ``PlaceLogicalDevicesPass``  ``logical_cores``
 ``layouts``            ``PropagateLayoutsPass``, ``LowerLayoutsPass``       ``layouts``
 ``cleanup``            ``FoldConstantsPass``, ``EliminateDeadNodesPass``    always
+``limit_gathers``      ``LimitParameterGathersPass``                        ``shard_parameters``
 ``devices``            ``AssignDevicesPass``                                always
 ``index_checks``       ``LowerIndexChecksPass``                             always
 ``partition``          ``PartitionPass``                                    always
@@ -69,6 +70,7 @@ from graphdist.passes.eliminate_dead_nodes import EliminateDeadNodesPass
 from graphdist.passes.fold_constants import FoldConstantsPass
 from graphdist.passes.insert_collectives import InsertCollectivesPass
 from graphdist.passes.insert_cross_worker_collectives import InsertCrossWorkerCollectivesPass
+from graphdist.passes.limit_parameter_gathers import LimitParameterGathersPass
 from graphdist.passes.lower_collectives import LowerCollectivesPass
 from graphdist.passes.lower_deterministic_reductions import LowerDeterministicReductionsPass
 from graphdist.passes.lower_index_checks import LowerIndexChecksPass
@@ -97,7 +99,8 @@ STAGES: dict[str, tuple[str, ...]] = {
     "rewritten": ("accumulate", "differentiate", "chunk_reductions", "replicate", "variable_updates",
                   "parameter_servers", "collectives", "shard_parameters", "shard_optimizer", "balance_updates",
                   "single_readers", "central_storage", "cross_worker", "lower_collectives", "bucketing",
-                  "lower_ops", "deterministic", "logical_devices", "layouts", "cleanup", "devices", "index_checks"),
+                  "lower_ops", "deterministic", "logical_devices", "layouts", "cleanup", "limit_gathers", "devices",
+                  "index_checks"),
     "partitioned": ("partition",),
 }
 SLOTS = tuple(slot for slots in STAGES.values() for slot in slots)
@@ -271,6 +274,7 @@ def build_pipeline(config: PipelineConfig) -> Pipeline:
         slots["shard_parameters"] = [ShardParametersPass(
             config.shard_parameters, config.num_workers, config.replica_offset // max(config.replicas, 1),
             str(workers.get("comm_group", "")))]
+        slots["limit_gathers"] = [LimitParameterGathersPass()]  # one layer's gathered weights at a time
     if config.shard_optimizer_state:
         workers = dict(config.multi_worker or {})
         slots["shard_optimizer"] = [ShardOptimizerStatePass(

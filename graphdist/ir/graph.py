@@ -17,7 +17,7 @@ its edits: nodes join and leave it only through :meth:`Graph.add_node`,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -645,18 +645,28 @@ class Graph:
         """Nodes with the given op type (and domain when given)."""
         return [n for n in self.nodes if n.op_type == op_type and (domain is None or n.domain == domain)]
 
-    def topological_sort(self) -> None:
+    def topological_sort(self, after: Mapping[int, Sequence[Node]] | None = None) -> None:
         """Reorders ``nodes`` so every node follows its producers (stable).
+
+        Args:
+            after: Ordering edges besides the data edges: node id -> nodes it must follow (a collective
+                that waits for other nodes' segments, ``LimitParameterGathersPass``).
 
         Raises:
             GraphError: The graph has a cycle.
         """
         position = {id(n): i for i, n in enumerate(self.nodes)}
         indegree = {id(n): 0 for n in self.nodes}
+        waiters: dict[int, list[Node]] = {}
         for node in self.nodes:
             for producer in _producers(node):
                 if id(producer) in indegree:
                     indegree[id(node)] += 1
+        for node in self.nodes:
+            for earlier in (after or {}).get(id(node), ()):
+                if id(earlier) in indegree:
+                    indegree[id(node)] += 1
+                    waiters.setdefault(id(earlier), []).append(node)
         import heapq
 
         ready = [(position[id(n)], n) for n in self.nodes if indegree[id(n)] == 0]
@@ -665,7 +675,7 @@ class Graph:
         while ready:
             _, node = heapq.heappop(ready)
             ordered.append(node)
-            for consumer in _consumers(node):
+            for consumer in (*_consumers(node), *waiters.get(id(node), ())):
                 if id(consumer) in indegree:
                     indegree[id(consumer)] -= 1
                     if indegree[id(consumer)] == 0:

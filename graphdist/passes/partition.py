@@ -47,6 +47,10 @@ Cases:
   that waits for a later group (see ``number_cross_worker_groups``);
 * a compute node reading another device's value: a ``Transfer`` node on the
   reader's device is inserted (one per value and device);
+* a collective that waits for values (``attrs["after"]``, set by
+  ``LimitParameterGathersPass``): it counts as reading them (its phase is
+  theirs or later, its readers' later still), and ``attrs["after_segments"]``
+  names their segments for the scheduler;
 * graph already partitioned: unchanged.
 """
 
@@ -59,8 +63,12 @@ from graphdist.ir.comm_ops import is_communication
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node
 from graphdist.passes.base import PassBase, PassContext, PassResult
 from graphdist.passes.insert_cross_worker_collectives import number_cross_worker_groups
+from graphdist.passes.limit_parameter_gathers import ordering_edges
 
-__all__ = ["PartitionPass", "segment_name", "overlap_enabled", "OVERLAP_ENV"]
+__all__ = ["PartitionPass", "segment_name", "overlap_enabled", "OVERLAP_ENV", "AFTER_SEGMENTS_ATTR"]
+
+#: Collective attribute: the segments that must have run before the collective starts (from ``attrs["after"]``).
+AFTER_SEGMENTS_ATTR = "after_segments"
 
 #: Environment variable that turns the overlap cut on (``1``, ``true``, ``on``, ``yes``; off by default).
 OVERLAP_ENV = "GRAPHDIST_OVERLAP"
@@ -118,16 +126,30 @@ def _insert_transfers(graph: Graph) -> bool:
     return modified
 
 
-def _phases(graph: Graph) -> dict[int, int]:
+def _phases(graph: Graph, after: dict[int, list[Node]]) -> dict[int, int]:
     phase: dict[int, int] = {}
     for node in graph.nodes:
         best = 0
-        for value in node.inputs:
-            producer = value.producer if value is not None else None
-            if producer is not None:
-                best = max(best, phase[id(producer)] + (1 if is_communication(producer) else 0))
+        producers = [v.producer for v in node.inputs if v is not None and v.producer is not None]
+        for producer in (*producers, *after.get(id(node), ())):
+            best = max(best, phase[id(producer)] + (1 if is_communication(producer) else 0))
         phase[id(node)] = best
     return phase
+
+
+def _name_awaited_segments(graph: Graph, after: dict[int, list[Node]]) -> bool:
+    """Sets ``attrs["after_segments"]`` of each collective that waits for values: their segments, which the
+    scheduler runs first (``LimitParameterGathersPass``).
+    """
+    modified = False
+    for node in graph.nodes:
+        if id(node) not in after:
+            continue
+        names = sorted({p.meta["segment"] for p in after[id(node)] if "segment" in p.meta})
+        if node.attrs.get(AFTER_SEGMENTS_ATTR) != names:
+            node.attrs[AFTER_SEGMENTS_ATTR] = names
+            modified = True
+    return modified
 
 
 def _bucket_parts(graph: Graph, phase: dict[int, int], device_of: dict[int, str]) -> dict[int, int]:
@@ -203,7 +225,10 @@ class PartitionPass(PassBase):
 
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
         modified = _insert_transfers(graph)
-        phase = _phases(graph)
+        after = ordering_edges(graph)
+        if after:  # the edges' producers come first in the node order, which the phases are computed in
+            graph.topological_sort(after=after)
+        phase = _phases(graph, after)
         modified = number_cross_worker_groups(graph, phase) or modified
         compute = [n for n in graph.nodes if not is_communication(n)]
         single = not any(is_communication(n) for n in graph.nodes) and len({n.device for n in compute}) <= 1
@@ -215,4 +240,5 @@ class PartitionPass(PassBase):
             if node.meta.get("segment") != name:
                 node.meta["segment"] = name
                 modified = True
+        modified = _name_awaited_segments(graph, after) or modified
         return PassResult(graph, modified)

@@ -59,9 +59,10 @@ Cases:
 
 Memory: each replica stores ``1/N`` of every selected weight and of its slots between steps
 (:func:`parameter_bytes_per_replica` + ``state_bytes_per_replica``). During a step the gathered copies
-are ordinary step values: today's scheduler keeps a step's values until the step ends, so a step's peak
-still holds every gathered weight once per phase; the graph is built so that a runtime freeing values
-after their last reader would hold one layer's gathered weight at a time.
+are ordinary step values, which the scheduler frees once their last reader has run. The pass marks each
+gather (``GATHER_META`` on its first collective, ``WEIGHT_META`` on the gathered weight) so that
+:class:`~graphdist.passes.limit_parameter_gathers.LimitParameterGathersPass` can order one layer's gathers
+after the previous layer's readers: then a replica holds one layer's gathered weights at a time.
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ from graphdist.passes.shard_optimizer_state import (
     _Workers,
 )
 
-__all__ = ["ShardParametersPass", "parameter_bytes_per_replica", "normalise_variable_names"]
+__all__ = ["ShardParametersPass", "parameter_bytes_per_replica", "normalise_variable_names", "GATHER_META",
+           "WEIGHT_META"]
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +98,11 @@ _FORWARD, _BACKWARD = "forward", "backward"
 
 #: Node meta key of the nodes that cut a whole-stored variable's input into its parts.
 _PART_META = "fsdp_part"
+
+#: Node meta keys that mark a gather for ``LimitParameterGathersPass``: the first collective of a gather
+#: (it reads the replica's part) and the node whose output is the gathered weight its readers read; both
+#: hold the gather's key ``fsdp.<variable>.<forward|backward>``.
+GATHER_META, WEIGHT_META = "fsdp_gather", "fsdp_weight"
 
 
 def normalise_variable_names(names: Iterable[str]) -> tuple[str, ...]:
@@ -404,7 +411,13 @@ class _Builder:
                          for r, part in enumerate(parts)]
             else:
                 flats = list(parts)
-            return [self._unflatten(flat, value, r, phase) for r, flat in enumerate(flats)]
+            heads = parts if self.workers.count > 1 else flats
+            for head in heads:
+                head.producer.meta[GATHER_META] = key
+            weights = [self._unflatten(flat, value, r, phase) for r, flat in enumerate(flats)]
+            for weight in weights:
+                weight.producer.meta[WEIGHT_META] = key
+            return weights
 
     def _collective(self, op_type: str, value: Value, replica: int, attrs: dict[str, Any], phase: str) -> Value:
         node = self.graph.add_node(op_type, [value], attrs, domain=GRAPHDIST_DOMAIN, name=f"fsdp_{phase}_gather")

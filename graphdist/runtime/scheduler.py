@@ -94,6 +94,8 @@ class Scheduler:
         producer.update({alias: producer[source] for source, aliases in self._aliases.items() if source in producer
                          for alias in aliases})
         self._deps = [{id(producer[n]) for n in t.inputs if n in producer} for t in self._tasks]
+        self._add_awaited_segments(plan)
+        self._readers = _reader_counts(self._tasks, plan.output_names)
         # Tasks numbered by attrs["sequence"] (collectives between processes) run in that order, so that
         # every process issues them in the same order whatever order its devices finish in.
         ordered = sorted((t for t in self._tasks if t.kind == "comm" and "sequence" in plan.comms[t.index].attrs),
@@ -106,6 +108,22 @@ class Scheduler:
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._overlaps = overlapping_segments(plan.segments, plan.comms)
+
+    def _add_awaited_segments(self, plan: Any) -> None:
+        """A collective waits for the segments its ``attrs["after_segments"]`` names (a gather of sharded
+        weights waits for the previous layer's readers: ``LimitParameterGathersPass``).
+
+        Raises:
+            PlanError: A named segment is not in the plan.
+        """
+        segments = {t.name: t for t in self._tasks if t.kind == "segment"}
+        for task, deps in zip(self._tasks, self._deps):
+            if task.kind != "comm":
+                continue
+            for name in plan.comms[task.index].attrs.get("after_segments", ()):
+                if name not in segments:
+                    raise PlanError(f"collective {task.name} waits for segment {name!r}, which the plan lacks")
+                deps.add(id(segments[name]))
 
     def _executor(self) -> ThreadPoolExecutor:
         with self._lock:
@@ -221,6 +239,7 @@ class Scheduler:
     def _run_tasks(self, env: dict[str, Any], failures: list[tuple[int, Exception] | None],
                    recorder: timeline.StepRecorder | None, numbers: list[Any] | None = None) -> None:
         remaining = {id(t): set(deps) for t, deps in zip(self._tasks, self._deps)}
+        unread = dict(self._readers)
         by_id = {id(t): t for t in self._tasks}
         done: set[int] = set()
         running: dict[Future, _Task] = {}
@@ -241,7 +260,7 @@ class Scheduler:
                 except BaseException:
                     cancel_running()
                     raise
-                self._finish(task, outputs, env, done, remaining)
+                self._finish(task, outputs, env, done, remaining, unread)
 
         while remaining or running:
             launch = ready()
@@ -267,14 +286,14 @@ class Scheduler:
                     except BaseException:
                         cancel_running()
                         raise
-                    self._finish(task, outputs, env, done, remaining)
+                    self._finish(task, outputs, env, done, remaining, unread)
                 if inline_segment is not None:
                     try:
                         outputs = self._run_segment(inline_segment.index, env, recorder, numbers)
                     except BaseException:
                         cancel_running()
                         raise
-                    self._finish(inline_segment, outputs, env, done, remaining)
+                    self._finish(inline_segment, outputs, env, done, remaining, unread)
                     collect([f for f in running if f.done()])  # what finished meanwhile, without waiting
                 launch = ready()
             if not running:
@@ -294,7 +313,7 @@ class Scheduler:
         return next((t for t in reversed(segments) if waiting <= self._after[id(t)]), None)
 
     def _finish(self, task: _Task, outputs: Sequence[np.ndarray], env: dict[str, Any], done: set[int],
-                remaining: dict[int, set[int]]) -> None:
+                remaining: dict[int, set[int]], unread: dict[str, int]) -> None:
         env.update(zip(task.outputs, outputs))
         if self._aliases:
             for name, value in zip(task.outputs, outputs):
@@ -302,9 +321,37 @@ class Scheduler:
         done.add(id(task))
         for deps in remaining.values():
             deps.discard(id(task))
+        self._free_read_values(task, env, unread)
+
+    @staticmethod
+    def _free_read_values(task: _Task, env: dict[str, Any], unread: dict[str, int]) -> None:
+        """Drops the values no task still to run reads (so a step holds, e.g., one layer's gathered weights at
+        a time, not every value until it ends); the plan's outputs are not counted, so they stay.
+        """
+        for name in task.inputs:
+            if name in unread:
+                unread[name] -= 1
+                if unread[name] <= 0:
+                    env.pop(name, None)
+        for name in task.outputs:
+            if unread.get(name) == 0:  # read by no task and not an output (its aliases may be)
+                env.pop(name, None)
 
 
 _ASSERT = "AssertInRange"
+
+
+def _reader_counts(tasks: Sequence[_Task], outputs: Sequence[str]) -> dict[str, int]:
+    """Value name -> how many task inputs read it, for every value but the plan's outputs; a value some
+    task produces and none reads counts ``0``.
+    """
+    kept = set(outputs)
+    counts: dict[str, int] = {name: 0 for task in tasks for name in task.outputs if name not in kept}
+    for task in tasks:
+        for name in task.inputs:
+            if name not in kept:
+                counts[name] = counts.get(name, 0) + 1
+    return counts
 
 
 def _descendants(tasks: Sequence[_Task], deps: Sequence[set[int]]) -> dict[int, frozenset[int]]:
