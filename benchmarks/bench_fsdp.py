@@ -1,0 +1,183 @@
+"""FSDP (weights over the batch axis of ModelParallelStrategy's mesh) vs Mirrored: memory inside a step and step time.
+
+An MLP (default 784-4096-4096-4096-10, 37.8 M parameters) trains with Adam on 2 logical CPU devices in
+three variants, each in its own child process (its own peak RSS):
+
+* ``mirrored``: ``MirroredStrategy(["cpu:0", "cpu:1"])``, every weight whole on every replica;
+* ``fsdp``: ``ModelParallelStrategy`` on mesh ``(2,)`` with every kernel and bias laid out over the batch axis
+  (``ShardParametersPass``), one layer's gathered weights at a time (``LimitParameterGathersPass``);
+* ``fsdp_unordered``: the same with ``LimitParameterGathersPass`` switched off, as plans were before it: every
+  gather free to run at the start of the step.
+
+Reported per variant: parameter + optimizer-state bytes per device (the plan's count), the most bytes of
+gathered weights alive at once on one device during a step (the scheduler's values, watched on one extra
+step after the timed ones), peak RSS of the process, and the median step time after a warm-up step, with
+the ratios against Mirrored in the same run.
+
+    python -m benchmarks.bench_fsdp [--quick] [--steps N] [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import numpy as np
+
+from benchmarks import median_ms, peak_rss_bytes, run_child, update_section
+
+__all__ = ["NAME", "SIZES", "VARIANTS", "run", "child", "markdown", "main"]
+
+NAME = "fsdp"
+SIZES = (784, 4096, 4096, 4096, 10)
+BATCH = 32
+VARIANTS = ("mirrored", "fsdp", "fsdp_unordered")
+
+
+def _strategy(variant: str) -> Any:
+    import graphdist as gd
+
+    devices = ["cpu:0", "cpu:1"]
+    if variant == "mirrored":
+        return gd.MirroredStrategy(devices)
+    if variant == "fsdp_unordered":  # what the pipeline did before LimitParameterGathersPass
+        from graphdist.passes.base import PassResult
+        from graphdist.passes.limit_parameter_gathers import LimitParameterGathersPass
+
+        LimitParameterGathersPass.call = lambda self, graph, ctx: PassResult(graph, False)  # type: ignore[method-assign]
+    mesh = gd.experimental.DeviceMesh((2,), ("batch",), devices)
+    layout_map = gd.experimental.LayoutMap(mesh)
+    layout_map["kernel"] = ("batch", None)
+    layout_map["bias"] = ("batch",)
+    return gd.experimental.ModelParallelStrategy(layout_map=layout_map, batch_dim_name="batch")
+
+
+def _gathered_peak(train: Any, args: tuple) -> int:
+    """Runs one step watching the scheduler's values: the most bytes of gathered weights alive on one device."""
+    from graphdist.runtime.scheduler import Scheduler
+
+    plan = train.get_concrete_function(*args).plan
+    device_of = {name: device for c in plan.comms if c.op == "AllGather" and c.name.startswith("fsdp.")
+                 for name, device in zip(c.outputs, c.devices)}
+    most = [0]
+    original = Scheduler._finish
+
+    def watch(self: Any, task: Any, outputs: Any, env: dict[str, Any], *rest: Any) -> None:
+        original(self, task, outputs, env, *rest)
+        alive: dict[str, int] = {}
+        for name in env:
+            if name in device_of:
+                alive[device_of[name]] = alive.get(device_of[name], 0) + np.asarray(env[name]).nbytes
+        most[0] = max(most[0], *alive.values(), 0)
+
+    Scheduler._finish = watch  # type: ignore[method-assign]
+    try:
+        train(*args)
+    finally:
+        Scheduler._finish = original  # type: ignore[method-assign]
+    return most[0]
+
+
+def child(variant: str, sizes: tuple[int, ...], batch: int, steps: int) -> dict[str, Any]:
+    """Trains in this process and returns its measurements (run in a fresh process for a clean RSS)."""
+    import graphdist as gd
+    from graphdist.models.mlp import MLP
+    from graphdist.passes.shard_optimizer_state import state_bytes_per_replica
+    from graphdist.passes.shard_parameters import parameter_bytes_per_replica
+
+    strategy = _strategy(variant)
+    with strategy.scope():
+        model = MLP(sizes, seed=0, trainable=True)
+        optimizer = gd.optimizers.Adam(1e-4)
+    replica_step = model.make_train_step(optimizer, batch)
+
+    @gd.function
+    def train(x: Any, labels: Any) -> Any:
+        return strategy.reduce("SUM", strategy.run(replica_step, args=(x, labels)), axis=None)
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, sizes[0])).astype(np.float32)
+    labels = rng.integers(0, sizes[-1], batch)
+    args = next(iter(strategy.experimental_distribute_dataset(gd.data.Dataset.from_tensors((x, labels)))))
+    train(*args)  # compiles, and the first step
+    step_ms = median_ms(lambda: train(*args), steps)
+    graph = train.get_concrete_function(*args).graph("rewritten")
+    plan = train.get_concrete_function(*args).plan
+    return {"variant": variant, "params": int(sum(np.prod(v.shape) for v in model.trainable_variables)),
+            "bytes_per_device": parameter_bytes_per_replica(graph) + state_bytes_per_replica(graph),
+            "gathered_peak_bytes": _gathered_peak(train, args),
+            "segments": len(plan.segments),
+            "peak_rss_bytes": peak_rss_bytes(), "step_ms": step_ms,
+            "checksum": float(sum(np.abs(v.numpy()).sum(dtype=np.float64) for v in model.trainable_variables))}
+
+
+def run(sizes: tuple[int, ...] = SIZES, batch: int = BATCH, steps: int = 5, timeout: float = 900.0) -> dict[str, Any]:
+    """Every variant in a child process, and the ratios against Mirrored."""
+    results: dict[str, Any] = {"sizes": list(sizes), "batch": batch, "steps": steps}
+    for variant in VARIANTS:
+        results[variant] = run_child("benchmarks.bench_fsdp", ["--child", variant, "--sizes",
+                                                                ",".join(map(str, sizes)), "--batch", str(batch),
+                                                                "--steps", str(steps)], timeout)
+    base = results["mirrored"]
+    for variant in VARIANTS[1:]:
+        got = results[variant]
+        got["bytes_ratio"] = got["bytes_per_device"] / base["bytes_per_device"]
+        got["rss_ratio"] = got["peak_rss_bytes"] / base["peak_rss_bytes"]
+        got["step_ratio"] = got["step_ms"] / base["step_ms"]
+        got["same_weights"] = bool(np.isclose(got["checksum"], base["checksum"], rtol=1e-4))
+    return results
+
+
+def _row(label: str, r: dict[str, Any]) -> str:
+    ratios = (f" | {r['bytes_ratio']:.3f} | {r['rss_ratio']:.2f} | {r['step_ratio']:.2f}" if "bytes_ratio" in r
+              else " | 1 | 1 | 1")
+    return (f"| {label} | {r['bytes_per_device'] / 2**20:,.1f} MiB | {r['gathered_peak_bytes'] / 2**20:,.1f} MiB"
+            f" | {r['segments']} | {r['peak_rss_bytes'] / 2**20:,.0f} MiB | {r['step_ms']:,.1f} ms{ratios} |")
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The BENCHMARKS.md section."""
+    labels = {"mirrored": "Mirrored(2)", "fsdp": "FSDP, mesh (2,), one layer at a time",
+              "fsdp_unordered": "FSDP, mesh (2,), gathers unordered"}
+    params = results["mirrored"]["params"]
+    same = all(results[v]["same_weights"] for v in VARIANTS[1:])
+    return "\n".join([
+        "## FSDP: one layer's gathered weights at a time", "",
+        f"MLP {'-'.join(map(str, results['sizes']))} ({params / 1e6:.1f} M parameters), Adam, global batch "
+        f"{results['batch']}, 2 logical CPU devices in one process; median of {results['steps']} steps after a "
+        "warm-up; each variant in its own process (`python -m benchmarks.bench_fsdp`). \"Gathered peak\" is the "
+        "most bytes of gathered weights alive at once on one device during a step (the scheduler's values); "
+        "ratios are against Mirrored in the same run.", "",
+        "| variant | parameters + Adam state per device (plan) | gathered peak per device | segments | peak RSS "
+        "(process) | step | bytes ratio | RSS ratio | step ratio |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *(_row(labels[v], results[v]) for v in VARIANTS), "",
+        f"Same weights after the steps in every variant: {same}. In one process the devices share host memory, so "
+        "the process RSS counts both devices' shards (the whole model once) plus the step's transient buffers; "
+        "the per-device columns are what one device of a multi-host run would hold.", ""])
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line (see the module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a small model")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=BATCH)
+    parser.add_argument("--sizes", default=None, help="layer sizes, comma-separated")
+    parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
+    parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    sizes = tuple(int(s) for s in args.sizes.split(",")) if args.sizes else ((64, 48, 48, 10) if args.quick else SIZES)
+    if args.child:
+        print(json.dumps(child(args.child, sizes, args.batch, args.steps)))
+        return
+    results = run(sizes, args.batch, args.steps)
+    text = markdown(results)
+    print(text)
+    if args.write:
+        update_section(NAME, text)
+
+
+if __name__ == "__main__":
+    main()
