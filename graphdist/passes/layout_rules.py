@@ -4,7 +4,14 @@ A rule takes a node and its inputs' layouts and returns the layout it reads
 each input in and the layouts of its outputs (a :data:`Rule`), or ``None``
 when it does not apply (the node then reads its inputs whole:
 :func:`replicated_rule`). The pass's docstring lists what each rule does;
-:func:`rule_for` picks one.
+:func:`rule_for` picks one. Among them:
+
+* a grouped ``Conv`` (:func:`_grouped_conv`) keeps a channel split whose
+  axis size divides ``group`` (whole groups per device; ``LowerLayoutsPass``
+  gives each copy its local ``group``), and reads its inputs whole otherwise;
+* ``Slice`` / ``Pad`` with constant bounds or amounts keep the split of every
+  dimension they take whole or leave unpadded and read a cut or padded split
+  dimension whole; a partial sum passes through where the op is linear.
 """
 
 from __future__ import annotations
