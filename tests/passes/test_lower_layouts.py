@@ -306,3 +306,19 @@ def test_slice_of_a_split_dimension_gathers_it_first() -> None:
                                                                                       ("cpu:1", 1, (8, 6))]
     assert [tuple(n.outputs[0].shape) for n in graph.nodes if n.op_type == "Slice" and n.inputs[0].producer
             in gathers] == [(8, 3), (8, 3)]
+
+
+def test_depthwise_conv_with_a_channel_multiplier_and_bias_computes_the_same_numbers() -> None:
+    """4 groups, 2 filters each (8 output channels): device i holds groups 2i, 2i + 1 (input channels 2i, 2i + 1,
+    output channels 4i .. 4i + 3, their bias); the reference backend runs both devices' programs."""
+    graph = Graph("multiplier")
+    image = graph.add_input("image", np.float32, (2, 4, 5, 5))
+    kernel, bias = _variable(graph, "k", (8, 1, 3, 3)), _variable(graph, "kb", (8,))
+    graph.outputs = [_node(graph, "Conv", [image, kernel, bias], {"kernel_shape": [3, 3], "group": 4})]
+    propagated = PropagateLayoutsPass(MESH, {"k#1": ("model", None, None, None), "kb#1": ("model",)})(
+        graph, PassContext()).graph
+    lowered = check_pass(LowerLayoutsPass(), propagated, modified=True)
+    convs = [n for n in lowered.nodes if n.op_type == "Conv"]
+    assert [(n.device, n.attrs["group"], tuple(n.outputs[0].shape)) for n in convs] == [
+        ("cpu:0", 2, (2, 4, 3, 3)), ("cpu:1", 2, (2, 4, 3, 3))]
+    assert not any(n.domain == GRAPHDIST_DOMAIN for n in lowered.nodes)
