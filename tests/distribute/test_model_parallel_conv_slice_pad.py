@@ -5,9 +5,10 @@ split kept through those ops (no gather before them in the forward pass)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import graphdist as gd
-from tests.distribute.test_model_parallel import _assert_same_training, _digits, _layout_ops, _mesh, _train_params
+from tests.distribute.test_model_parallel import _assert_same_training, _digits, _mesh, _train_params
 
 CHANNELS = 8
 
@@ -22,8 +23,40 @@ def _variables(shapes: list[tuple[str, tuple[int, ...], float]]) -> list:
                         .astype(np.float32), name=name) for name, shape, scale in shapes]
 
 
+def _train_distributed(strategy: gd.Strategy, make: object, forward: object, x: np.ndarray, y: np.ndarray
+                       ) -> tuple[list[float], list[np.ndarray], object]:
+    """Adam steps of ``forward(params, xb) -> logits`` on global batches of 16, split over the replicas by
+    ``experimental_distribute_dataset``."""
+    with strategy.scope():
+        params = make()
+        optimizer = gd.optimizers.Adam(0.01)
+
+    def replica_step(xb: np.ndarray, yb: np.ndarray) -> np.ndarray:
+        with gd.GradientTape() as tape:
+            per_example = gd.nn.sparse_softmax_cross_entropy(yb, forward(params, xb))
+            loss = gd.nn.compute_average_loss(per_example, global_batch_size=16)
+        optimizer.apply_gradients(zip(tape.gradient(loss, params), params))
+        return loss
+
+    @gd.function
+    def step(xb: object, yb: object) -> np.ndarray:
+        return strategy.reduce("SUM", strategy.run(replica_step, args=(xb, yb)), axis=None)
+
+    losses = []
+    for xb, yb in strategy.experimental_distribute_dataset(gd.data.Dataset.from_tensor_slices((x, y)).batch(16)):
+        losses.append(float(step(xb, yb)))
+    values = [v.numpy() for v in params] + [v.numpy() for v in optimizer.variables()]
+    return losses, values, step.get_concrete_function(xb, yb)
+
+
 def _forward_ops(concrete: object, op_type: str) -> list:
     return [n for n in concrete.graph("rewritten").nodes if n.op_type == op_type and not n.name.startswith("grad")]
+
+
+def _layout_sums(concrete: object, device: str = "cpu:0") -> int:
+    """All-reduces the layouts made on ``device`` (not the gradients' between batch groups)."""
+    return sum(1 for n in concrete.graph("rewritten").nodes if n.op_type == "AllReduce" and n.device == device
+               and n.attrs["group_key"].startswith("layout"))
 
 
 def _fed_by_a_gather(node: object) -> bool:
@@ -31,9 +64,11 @@ def _fed_by_a_gather(node: object) -> bool:
     return producer is not None and producer.op_type == "AllGather"
 
 
-def test_depthwise_separable_block_splits_whole_groups_and_equals_one_device() -> None:
+@pytest.mark.parametrize("shape", [(1, 2), (2, 2)])
+def test_depthwise_separable_block_splits_whole_groups_and_equals_one_device(shape: tuple[int, int]) -> None:
     """conv 1 -> 8 channels (split by output channels), depthwise 3x3 (8 groups, split: 4 per device), pointwise
-    1x1 (input channels split: a partial sum, its bias added once), dense."""
+    1x1 (input channels split: a partial sum, its bias added once), dense; on mesh (2, 2) each of the two batch
+    groups splits its half of the batch so."""
     x, y = _digits()
     images = x.reshape(-1, 1, 8, 8)
 
@@ -47,22 +82,23 @@ def test_depthwise_separable_block_splits_whole_groups_and_equals_one_device() -
         h = _conv(xb, params[0], params[1])
         h = _conv(h, params[2], params[3], groups=CHANNELS)
         h = _conv(h, params[4], params[5])
-        return h.reshape(16, CHANNELS * 64) @ params[6]
+        return h.reshape(-1, CHANNELS * 64) @ params[6]
 
-    layout_map = gd.experimental.LayoutMap(_mesh())
+    layout_map = gd.experimental.LayoutMap(_mesh(shape))
     layout_map["conv/kernel"] = ("model", None, None, None)
     layout_map["conv/bias"] = ("model",)
     layout_map["depthwise/kernel"] = ("model", None, None, None)
     layout_map["depthwise/bias"] = ("model",)
     layout_map["pointwise/kernel"] = (None, "model", None, None)
-    one = _train_params(gd.OneDeviceStrategy("cpu:0"), make, forward, images, y)
-    tp = _train_params(gd.experimental.ModelParallelStrategy(layout_map=layout_map), make, forward, images, y)
+    one = _train_distributed(gd.OneDeviceStrategy("cpu:0"), make, forward, images, y)
+    tp = _train_distributed(gd.experimental.ModelParallelStrategy(layout_map=layout_map), make, forward, images, y)
     _assert_same_training(one, tp, rtol=1e-4, atol=1e-5)
     depthwise = [n for n in _forward_ops(tp[2], "Conv") if int(n.attrs.get("group", 1)) > 1]
+    devices = [f"cpu:{i}" for i in range(shape[0] * shape[1])]
     assert sorted((n.device, n.attrs["group"], n.inputs[0].shape[1]) for n in depthwise) == [
-        ("cpu:0", CHANNELS // 2, CHANNELS // 2), ("cpu:1", CHANNELS // 2, CHANNELS // 2)]
+        (device, CHANNELS // 2, CHANNELS // 2) for device in devices]
     assert not any(_fed_by_a_gather(n) for n in depthwise)
-    assert _layout_ops(tp[2])[("AllReduce", "cpu:0")] == 1  # the pointwise conv's sum, in the forward pass
+    assert _layout_sums(tp[2]) == 1  # the pointwise conv's sum, in the forward pass
 
 
 def test_cropped_split_activation_stays_split_and_equals_one_device() -> None:
@@ -90,7 +126,7 @@ def test_cropped_split_activation_stays_split_and_equals_one_device() -> None:
     crops = [n for n in _forward_ops(tp[2], "Slice") if n.inputs[0].producer.op_type == "Relu"]
     assert sorted((n.device, tuple(n.outputs[0].shape)) for n in crops) == [
         ("cpu:0", (16, CHANNELS // 2, 6, 6)), ("cpu:1", (16, CHANNELS // 2, 6, 6))]
-    assert _layout_ops(tp[2])[("AllReduce", "cpu:0")] == 1  # the second conv's sum, in the forward pass
+    assert _layout_sums(tp[2]) == 1  # the second conv's sum, in the forward pass
 
 
 def _padded_model() -> object:
@@ -150,4 +186,4 @@ def test_padded_split_activation_of_an_imported_model_stays_split_and_equals_one
     pads = [n for n in _forward_ops(tp[2], "Pad") if n.inputs[0].producer.op_type == "Relu"]
     assert sorted((n.device, tuple(n.outputs[0].shape)) for n in pads) == [
         ("cpu:0", (16, CHANNELS // 2, 8, 8)), ("cpu:1", (16, CHANNELS // 2, 8, 8))]
-    assert _layout_ops(tp[2])[("AllReduce", "cpu:0")] == 1  # the second conv's sum, in the forward pass
+    assert _layout_sums(tp[2]) == 1  # the second conv's sum, in the forward pass
