@@ -453,7 +453,7 @@ def _constant_ints(node: Node, position: int, attr: str) -> list[int] | None:
 
 
 def _sliced_dims(node: Node) -> set[int] | None:
-    """The dimensions a ``Slice`` cuts (any other than all of it, in order); ``None``: not known statically."""
+    """The dimensions a ``Slice`` cuts (all but those it takes whole, in order); ``None``: not known statically."""
     value = node.inputs[0]
     starts, ends = _constant_ints(node, 1, "starts"), _constant_ints(node, 2, "ends")
     axes, steps = _constant_ints(node, 3, "axes"), _constant_ints(node, 4, "steps")
