@@ -4,7 +4,14 @@ A rule takes a node and its inputs' layouts and returns the layout it reads
 each input in and the layouts of its outputs (a :data:`Rule`), or ``None``
 when it does not apply (the node then reads its inputs whole:
 :func:`replicated_rule`). The pass's docstring lists what each rule does;
-:func:`rule_for` picks one.
+:func:`rule_for` picks one. Among them:
+
+* a grouped ``Conv`` (:func:`_grouped_conv`) keeps a channel split whose
+  axis size divides ``group`` (whole groups per device; ``LowerLayoutsPass``
+  gives each copy its local ``group``), and reads its inputs whole otherwise;
+* ``Slice`` / ``Pad`` with constant bounds or amounts keep the split of every
+  dimension they take whole or leave unpadded and read a cut or padded split
+  dimension whole; a partial sum passes through where the op is linear.
 """
 
 from __future__ import annotations
@@ -50,9 +57,11 @@ def rule_for(node: Node, mesh: MeshSpec) -> Any:
         return _elementwise
     if node.op_type in _REDUCTIONS:
         return _reduction
-    return {"MatMul": _matmul, "Gemm": _gemm, "Conv": _conv, "ConvTranspose": _conv, "Transpose": _transpose,
+    return {"MatMul": _matmul, "Gemm": _gemm, "Conv": functools.partial(_conv, mesh=mesh),
+            "ConvTranspose": functools.partial(_conv, mesh=mesh), "Transpose": _transpose,
             "Expand": _expand, "Softmax": _normalising, "LogSoftmax": _normalising,
             "LayerNormalization": _layer_norm, "Gather": _gather, "Concat": _concat, "Split": _split,
+            "Slice": _slice, "Pad": _pad,
             **dict.fromkeys(_RESHAPES, functools.partial(_reshape, mesh=mesh))}.get(node.op_type)
 
 
@@ -193,14 +202,16 @@ def _gemm(node: Node, layouts: list[Layout | None]) -> Rule | None:
     return wanted, [Layout((rows, cols), frozenset({contract} if contract else ()))]
 
 
-def _conv(node: Node, layouts: list[Layout | None]) -> Rule | None:
+def _conv(node: Node, layouts: list[Layout | None], mesh: MeshSpec) -> Rule | None:
     """``Conv`` / ``ConvTranspose`` (``group`` 1): batch from the input, output channels from the weights,
     the contracted channels split on both sides make a partial sum (its bias added once); spatial dimensions
-    are read whole.
+    are read whole. A grouped ``Conv``: :func:`_grouped_conv`.
     """
     x, w = layouts[0], layouts[1]
-    if x is None or w is None or int(node.attrs.get("group", 1)) != 1:
+    if x is None or w is None:
         return None
+    if int(node.attrs.get("group", 1)) != 1:
+        return _grouped_conv(node, x, w, mesh) if node.op_type == "Conv" else None
     spatial = (None,) * (node.inputs[0].rank - 2)
     k_w, c_w = (w.dims[1], w.dims[0]) if node.op_type == "Conv" else (w.dims[0], w.dims[1])
     batch, channels, contract = _contraction(x.dims[0], c_w, x.dims[1], k_w)
@@ -213,6 +224,25 @@ def _conv(node: Node, layouts: list[Layout | None]) -> Rule | None:
         if contract is not None:
             node.meta[ADD_ONCE_KEY] = [2]
     return wanted, [Layout((batch, channels, *spatial), frozenset({contract} if contract else ()))]
+
+
+def _grouped_conv(node: Node, x: Layout, w: Layout, mesh: MeshSpec) -> Rule | None:
+    """``Conv`` with ``group`` > 1: the channels split over an axis whose size divides ``group`` (the input's
+    channels, else the kernel's output channels) stay split: each device convolves whole groups (``group / n``
+    of them, ``LowerLayoutsPass`` sets its local ``group``), its input channels and the kernel's output
+    channels sliced alike; no sum. Any other split: ``None`` (read whole).
+    """
+    group = int(node.attrs.get("group", 1))
+    axis = next((a for a in (x.dims[1], w.dims[0]) if a is not None and group % mesh.size(a) == 0), None)
+    if axis is None:
+        return None
+    batch = x.dims[0] if x.dims[0] != axis else None
+    spatial = (None,) * (node.inputs[0].rank - 2)
+    wanted: list[Layout | None] = [Layout((batch, axis, *spatial)),
+                                   Layout((axis, *(None,) * (node.inputs[1].rank - 1)))]
+    if len(node.inputs) > 2 and node.inputs[2] is not None:
+        wanted.append(Layout((axis,)))
+    return wanted, [Layout((batch, axis, *spatial))]
 
 
 def aligned_batch(value: Value, out: Value, batch: Sequence[str | None]) -> tuple[str | None, ...]:
@@ -410,3 +440,79 @@ def _split(node: Node, layouts: list[Layout | None]) -> Rule | None:
     wanted = [Layout(dims, layout.partial)] + [None if v is None else Layout.replicated(v.rank)
                                                for v in node.inputs[1:]]
     return wanted, [Layout(dims, layout.partial) for _ in node.outputs]
+
+
+def _constant_ints(node: Node, position: int, attr: str) -> list[int] | None:
+    """Input ``position`` (or, before it was an input, attribute ``attr``) as ints; ``[]``: absent; ``None``:
+    not known statically.
+    """
+    if len(node.inputs) > position and node.inputs[position] is not None:
+        value = node.inputs[position].const_value
+        return None if value is None else [int(v) for v in value.reshape(-1)]
+    return [int(v) for v in node.attrs.get(attr) or []]
+
+
+def _sliced_dims(node: Node) -> set[int] | None:
+    """The dimensions a ``Slice`` cuts (all but those it takes whole, in order); ``None``: not known statically."""
+    value = node.inputs[0]
+    starts, ends = _constant_ints(node, 1, "starts"), _constant_ints(node, 2, "ends")
+    axes, steps = _constant_ints(node, 3, "axes"), _constant_ints(node, 4, "steps")
+    if starts is None or ends is None or axes is None or steps is None:
+        return None
+    axes = axes or list(range(len(starts)))
+    steps = steps or [1] * len(starts)
+    cut = set()
+    for start, end, axis, step in zip(starts, ends, axes, steps):
+        axis %= value.rank
+        size = value.shape[axis]
+        if not isinstance(size, int) or step != 1 or range(*slice(start, end, step).indices(size)) != range(size):
+            cut.add(axis)
+    return cut
+
+
+def _slice(node: Node, layouts: list[Layout | None]) -> Rule | None:
+    """``Slice`` (constant bounds): a dimension it takes whole keeps its axis (each device slices its block the
+    same way), a cut one is read whole; a partial sum stays partial (slicing is linear).
+    """
+    layout, cut = layouts[0], _sliced_dims(node)
+    if layout is None or cut is None:
+        return None
+    dims = _whole(layout, cut)
+    rest = [None if v is None else Layout.replicated(v.rank) for v in node.inputs[1:]]
+    return [Layout(dims, layout.partial), *rest], [Layout(dims, layout.partial)]
+
+
+def _padded_dims(node: Node) -> set[int] | None:
+    """The dimensions a ``Pad`` pads or crops (non-zero amounts); ``None``: not known statically."""
+    rank = node.inputs[0].rank
+    pads, axes = _constant_ints(node, 1, "pads"), _constant_ints(node, 3, "axes")
+    if pads is None or axes is None:
+        return None
+    axes = [a % rank for a in axes] if axes else list(range(rank))
+    if len(pads) != 2 * len(axes):
+        return None
+    return {axis for i, axis in enumerate(axes) if pads[i] or pads[i + len(axes)]}
+
+
+def _pad_is_linear(node: Node) -> bool:
+    """Whether ``Pad`` maps a sum to the sum of its results: copies (``edge`` / ``reflect`` / ``wrap``) or zeros."""
+    mode = node.attrs.get("mode", "constant")
+    if (mode.decode() if isinstance(mode, bytes) else mode) != "constant":
+        return True
+    fill = node.inputs[2] if len(node.inputs) > 2 else None
+    if fill is None:
+        return float(node.attrs.get("value", 0.0)) == 0.0
+    return fill.const_value is not None and not fill.const_value.any()
+
+
+def _pad(node: Node, layouts: list[Layout | None]) -> Rule | None:
+    """``Pad`` (constant amounts): a dimension not padded keeps its axis, a padded one is read whole; a partial
+    sum stays partial where padding is linear (zeros, or copies of elements), else it is summed first.
+    """
+    layout, padded = layouts[0], _padded_dims(node)
+    if layout is None or padded is None:
+        return None
+    partial = layout.partial if _pad_is_linear(node) else frozenset()
+    dims = _whole(layout, padded)
+    rest = [None if v is None else Layout.replicated(v.rank) for v in node.inputs[1:]]
+    return [Layout(dims, partial), *rest], [Layout(dims, partial)]

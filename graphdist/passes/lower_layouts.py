@@ -67,6 +67,8 @@ Cases:
   them; the others pass their summand on (negated for ``whole - partial``);
   a ``Gemm`` / ``Conv`` / ``ConvTranspose`` whose contraction is split: only the
   first device of each group adds the bias (``C``);
+* a grouped ``Conv`` whose channels are split (whole groups per device): each
+  copy's ``group`` is the number of groups its block holds;
 * a collective between replicas (``AllReduce`` of the batch axis): one copy
   per device, each in its own group (``group_key`` suffixed with the device
   index);
@@ -128,6 +130,13 @@ def variable_bytes_per_device(graph: Graph) -> int:
         elements = int(layout["shard"]) if layout else int(np.prod(spec.shape, dtype=np.int64))
         total += elements * np.dtype(spec.dtype).itemsize
     return total
+
+
+def _local_group(node: Node, local_input: Value | None) -> int:
+    """A grouped ``Conv``'s ``group`` on a device that holds ``local_input``'s channels (whole groups of them)."""
+    channels = int(node.inputs[0].shape[1])
+    local = int(local_input.shape[1]) if local_input is not None else channels
+    return int(node.attrs["group"]) * local // channels
 
 
 class LowerLayoutsPass(PassBase):
@@ -353,6 +362,8 @@ class _Lowering:
             local = self.mesh.local_shape(out.shape, layout_of(out))
             if local != tuple(out.shape):
                 inputs = [inputs[0], self._const(f"{node.name}_local_shape", local), *inputs[2:]]
+        if node.op_type == "Conv" and not node.domain and int(attrs.get("group", 1)) > 1:
+            attrs["group"] = _local_group(node, inputs[0])
         copy = self._add(node.op_type, inputs, attrs, device, replica, node.name, node.domain, len(node.outputs),
                          dict(meta))
         for out, new in zip(node.outputs, copy.outputs):

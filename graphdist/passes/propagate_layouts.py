@@ -40,7 +40,12 @@ moves up through the reshapes and copies that made the value. Rules
   the contraction is split;
 * ``Conv`` / ``ConvTranspose`` (``group`` 1): batch and output channels keep
   their axes, split input channels make a partial sum (the bias added once),
-  spatial dimensions are read whole;
+  spatial dimensions are read whole; a grouped ``Conv`` (``group`` > 1,
+  depthwise included) whose channels are split over an axis whose size
+  divides ``group`` (the input's channels, else the kernel's output channels)
+  keeps them split: each device convolves whole groups (its input channels,
+  kernel and bias sliced alike, its local ``group`` ``group / n``), no sum;
+  split otherwise, it reads its inputs whole;
 * reductions (``ReduceSum``, ``ReduceMean``, ``ReduceMax``, ...): kept
   dimensions keep their axes; a reduced split dimension makes ``ReduceSum``
   partial, the others read it gathered; ``ReduceSum`` of a partial value
@@ -56,6 +61,12 @@ moves up through the reshapes and copies that made the value. Rules
 * ``Gather``: the gathered dimension of the data is read whole, the others
   and the indices' keep their axes; ``Concat`` / ``Split``: the joined or cut
   dimension is read whole;
+* ``Slice`` (constant bounds) / ``Pad`` (constant amounts): a dimension the
+  slice takes whole (step 1, all of it) or the pad leaves alone (zero amounts)
+  keeps its axis, each device slicing or padding its block as the whole value
+  would be; a cut or padded dimension is read whole. A partial sum stays
+  partial (slicing is linear, and so is padding with zeros or copies of
+  elements; a non-zero fill sums it first);
 * ``ShardingConstraint``: reads its input in its layout, which its output has;
 * ``graphdist.AllReduce`` / ``AllGather`` between replicas: per device, as the
   input is laid out (``AllGather``'s axis whole);
@@ -78,8 +89,9 @@ its whole inputs (slices move no data, and each device computes only its
 block); this goes on backwards through the producers, and forward
 propagation runs again.
 
-Not built: backward pulls through reshapes, reductions and other ops,
-grouped convolutions, and ``AllToAll`` (a change of split axis is an all-gather and a slice).
+Not built: backward pulls through reshapes, reductions and other ops; a
+grouped ``ConvTranspose`` (it reads its inputs whole); a ``Slice`` that cuts a
+split dimension along the blocks (it is gathered first).
 """
 
 from __future__ import annotations

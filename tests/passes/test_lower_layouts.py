@@ -252,3 +252,73 @@ def test_all_to_all_is_taken_only_where_the_cost_model_prices_it_lower() -> None
     assert [tuple(n.outputs[0].shape) for n in gathered] == [(4, 6), (4, 6)]
     assert all(user.op_type == "Slice" for n in gathered for user, _ in n.outputs[0].uses)
 
+
+
+def _depthwise(lowered: bool) -> Graph:
+    """A depthwise ``conv(image, k)`` (4 groups of one channel), ``k`` split by output channels: each device
+    convolves its 2 channels with its 2 filters (``group`` 2), no collective; joined on cpu:0 for the output."""
+    graph = Graph("depthwise")
+    image = graph.add_input("image", np.float32, (2, 4, 5, 5))
+    kernel = _variable(graph, "k", (4, 1, 3, 3))
+    attrs = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
+    if not lowered:
+        graph.outputs = [_node(graph, "Conv", [image, kernel], {**attrs, "group": 4})]
+        return PropagateLayoutsPass(MESH, {"k#1": ("model", None, None, None)})(graph, PassContext()).graph
+    images, kernels = _blocks(graph, image, 1, 4), _blocks(graph, kernel, 0, 4)
+    convs = [_node(graph, "Conv", [i, k], {**attrs, "group": 2}, device=d) for i, k, d in zip(images, kernels, DEVICES)]
+    graph.outputs = [_node(graph, "Concat", convs, {"axis": 1}, device="cpu:0")]
+    return graph
+
+
+def test_grouped_conv_runs_whole_groups_per_device_with_its_local_group() -> None:
+    check_pass(LowerLayoutsPass(), _depthwise(False), modified=True, expected=_depthwise(True), placement=True)
+
+
+def _crop_and_pad(lowered: bool) -> Graph:
+    """``pad(w1[2:6], rows)`` with w1 split by columns: each device slices and pads its column block as the
+    whole would be (same bounds and amounts), no collective; joined on cpu:0 for the output."""
+    graph = Graph("crop_pad")
+    w1 = _variable(graph, "w1", (8, 6))
+    blocks = _blocks(graph, w1, 1, 6) if lowered else [w1]
+    devices = DEVICES if lowered else [None]
+    cuts = [_node(graph, "Slice", [b, _ints(graph, [2]), _ints(graph, [6]), _ints(graph, [0])], device=d)
+            for b, d in zip(blocks, devices)]
+    padded = [_node(graph, "Pad", [c, _ints(graph, [1, 0, 1, 0])], {"mode": "edge"}, device=d)
+              for c, d in zip(cuts, devices)]
+    if not lowered:
+        graph.outputs = padded
+        return _propagated(graph)
+    graph.outputs = [_node(graph, "Concat", padded, {"axis": 1}, device="cpu:0")]
+    return graph
+
+
+def test_slice_and_pad_of_untouched_split_dimensions_run_on_blocks() -> None:
+    check_pass(LowerLayoutsPass(), _crop_and_pad(False), modified=True, expected=_crop_and_pad(True), placement=True)
+
+
+def test_slice_of_a_split_dimension_gathers_it_first() -> None:
+    graph = Graph("cut")
+    w1 = _variable(graph, "w1", (8, 6))
+    graph.outputs = [_node(graph, "Slice", [w1, _ints(graph, [1]), _ints(graph, [4]), _ints(graph, [1])])]
+    graph = check_pass(LowerLayoutsPass(), _propagated(graph), modified=True, numerics=False)
+    gathers = [n for n in graph.nodes if n.op_type == "AllGather"]
+    assert [(n.device, n.attrs["axis"], tuple(n.outputs[0].shape)) for n in gathers] == [("cpu:0", 1, (8, 6)),
+                                                                                      ("cpu:1", 1, (8, 6))]
+    assert [tuple(n.outputs[0].shape) for n in graph.nodes if n.op_type == "Slice" and n.inputs[0].producer
+            in gathers] == [(8, 3), (8, 3)]
+
+
+def test_depthwise_conv_with_a_channel_multiplier_and_bias_computes_the_same_numbers() -> None:
+    """4 groups, 2 filters each (8 output channels): device i holds groups 2i, 2i + 1 (input channels 2i, 2i + 1,
+    output channels 4i .. 4i + 3, their bias); the reference backend runs both devices' programs."""
+    graph = Graph("multiplier")
+    image = graph.add_input("image", np.float32, (2, 4, 5, 5))
+    kernel, bias = _variable(graph, "k", (8, 1, 3, 3)), _variable(graph, "kb", (8,))
+    graph.outputs = [_node(graph, "Conv", [image, kernel, bias], {"kernel_shape": [3, 3], "group": 4})]
+    propagated = PropagateLayoutsPass(MESH, {"k#1": ("model", None, None, None), "kb#1": ("model",)})(
+        graph, PassContext()).graph
+    lowered = check_pass(LowerLayoutsPass(), propagated, modified=True)
+    convs = [n for n in lowered.nodes if n.op_type == "Conv"]
+    assert [(n.device, n.attrs["group"], tuple(n.outputs[0].shape)) for n in convs] == [
+        ("cpu:0", 2, (2, 4, 3, 3)), ("cpu:1", 2, (2, 4, 3, 3))]
+    assert not any(n.domain == GRAPHDIST_DOMAIN for n in lowered.nodes)

@@ -243,3 +243,120 @@ def test_a_pinned_split_is_pulled_back_into_the_producers_of_a_whole_value() -> 
     assert product.meta[LAYOUT_KEY] == relu.meta[LAYOUT_KEY] == pinned.meta[LAYOUT_KEY] == split
     assert pinned.producer.meta[RESHARDS_KEY] == [] and relu.producer.meta[RESHARDS_KEY] == []
     assert other.meta[LAYOUT_KEY] == Layout((None, None))  # a graph output: computed whole, sliced for the pin
+
+
+def _grouped_conv(groups: int, channels: int = 4) -> tuple[Graph, Value]:
+    """``conv(image, k, bias)`` with ``groups`` groups; ``k`` (O, C/groups, 3, 3) split by output channels."""
+    graph = Graph("grouped")
+    image = graph.add_input("image", np.float32, (2, channels, 5, 5))
+    kernel = _variable(graph, "k", (channels, channels // groups, 3, 3))
+    bias = _variable(graph, "kb", (channels,))
+    conv = _node(graph, "Conv", [image, kernel, bias], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1],
+                                                        "group": groups})
+    graph.outputs = [conv]
+    return graph, conv
+
+
+GROUPED = {"k#1": ("model", None, None, None), "kb#1": ("model",)}
+
+
+@pytest.mark.parametrize("groups", [2, 4])  # 4: depthwise (one channel per group)
+def test_grouped_conv_aligned_with_the_axis_splits_whole_groups_without_a_sum(groups: int) -> None:
+    graph, conv = _grouped_conv(groups)
+    check_pass(PropagateLayoutsPass(MESH, GROUPED), graph, modified=True, expected=_grouped_conv(groups)[0])
+    split = Layout((None, "model", None, None))
+    assert conv.producer.meta[INPUT_LAYOUTS_KEY] == [split, Layout(("model", None, None, None)), Layout(("model",))]
+    assert conv.producer.meta[RESHARDS_KEY] == [0]  # the whole image is sliced by channels, kernel and bias match
+    assert conv.meta[LAYOUT_KEY] == split and "add_once" not in conv.producer.meta
+
+
+def test_grouped_conv_reads_a_split_input_and_slices_its_whole_kernel() -> None:
+    graph = Graph("depthwise")
+    image = _variable(graph, "image", (2, 4, 5, 5))
+    kernel = graph.add_input("k", np.float32, (4, 1, 3, 3))
+    conv = _node(graph, "Conv", [image, kernel], {"kernel_shape": [3, 3], "group": 4})
+    graph.outputs = [conv]
+    check_pass(PropagateLayoutsPass(MESH, {"image#1": (None, "model", None, None)}), graph, modified=True)
+    assert conv.producer.meta[INPUT_LAYOUTS_KEY][1] == Layout(("model", None, None, None))
+    assert conv.producer.meta[RESHARDS_KEY] == [1]
+    assert conv.meta[LAYOUT_KEY] == Layout((None, "model", None, None))
+
+
+def test_grouped_conv_whose_groups_the_axis_does_not_divide_reads_whole_inputs() -> None:
+    graph, conv = _grouped_conv(3, channels=6)
+    check_pass(PropagateLayoutsPass(MESH, GROUPED), graph, modified=True)
+    assert conv.producer.meta[INPUT_LAYOUTS_KEY] == [Layout((None,) * 4), Layout((None,) * 4), Layout((None,))]
+    assert conv.producer.meta[RESHARDS_KEY] == [1, 2] and conv.meta[LAYOUT_KEY] == Layout((None,) * 4)
+
+
+def _slices() -> tuple[Graph, dict[str, Value]]:
+    """Slices of ``w1`` (8, 6), split by columns: rows, columns, all of both (steps 1, open ends), reversed rows."""
+    graph = Graph("slices")
+    w = _variable(graph, "w1", (8, 6))
+
+    def cut(starts: list[int], ends: list[int], axes: list[int], steps: list[int] | None = None) -> Value:
+        bounds = [graph.add_initializer(name, np.array(v, np.int64)) for name, v in
+                  (("starts", starts), ("ends", ends), ("axes", axes), ("steps", steps or [1] * len(axes)))]
+        return _node(graph, "Slice", [w, *bounds])
+
+    values = {"rows": cut([2], [6], [0]), "cols": cut([1], [5], [1]),
+              "full": cut([0, -6], [8, 2**62], [0, 1]), "reversed": cut([-1], [-2**62], [0], [-1])}
+    graph.outputs = list(values.values())
+    return graph, values
+
+
+def test_slice_keeps_the_split_of_dimensions_it_takes_whole_and_reads_cut_ones_whole() -> None:
+    graph, values = _slices()
+    check_pass(PropagateLayoutsPass(MESH, LAYOUTS), graph, modified=True, expected=_slices()[0])
+    split = Layout((None, "model"))
+    assert values["rows"].meta[LAYOUT_KEY] == values["full"].meta[LAYOUT_KEY] == split
+    assert values["rows"].producer.meta[RESHARDS_KEY] == values["full"].producer.meta[RESHARDS_KEY] == []
+    assert values["cols"].producer.meta[INPUT_LAYOUTS_KEY][0] == Layout((None, None))
+    assert values["cols"].producer.meta[RESHARDS_KEY] == [0] and values["cols"].meta[LAYOUT_KEY] == Layout((None,) * 2)
+    assert values["reversed"].meta[LAYOUT_KEY] == split  # the rows reversed, the columns untouched
+
+
+def test_slice_of_a_partial_sum_stays_partial() -> None:
+    graph = Graph("partial_slice")
+    a = graph.add_input("a", np.float32, (3, 6))
+    w = _variable(graph, "w2", (6, 4))
+    bounds = [graph.add_initializer(n, np.array(v, np.int64)) for n, v in (("s", [1]), ("e", [3]), ("x", [1]))]
+    cut = _node(graph, "Slice", [_node(graph, "MatMul", [a, w]), *bounds])
+    graph.outputs = [_node(graph, "Exp", [cut])]
+    check_pass(PropagateLayoutsPass(MESH, LAYOUTS), graph, modified=True)
+    assert cut.meta[LAYOUT_KEY] == Layout((None, None), M)  # summed after the slice: fewer bytes
+    assert cut.producer.meta[RESHARDS_KEY] == [] and graph.outputs[0].producer.meta[RESHARDS_KEY] == [0]
+
+
+def _pads(fill: float = 0.0) -> tuple[Graph, dict[str, Value]]:
+    """``w1`` (8, 6) split by columns padded along its rows, along its columns; a partial product padded."""
+    graph = Graph("pads")
+    w = _variable(graph, "w1", (8, 6))
+    a = graph.add_input("a", np.float32, (3, 6))
+    w2 = _variable(graph, "w2", (6, 4))
+
+    def pad(value: Value, amounts: list[int]) -> Value:
+        return _node(graph, "Pad", [value, graph.add_initializer("pads", np.array(amounts, np.int64)),
+                                    graph.add_initializer("fill", np.float32(fill))], {"mode": "constant"})
+
+    values = {"rows": pad(w, [1, 0, 2, 0]), "cols": pad(w, [0, 1, 0, 0]),
+              "partial": pad(_node(graph, "MatMul", [a, w2]), [1, 0, 0, 0])}
+    values["exp"] = _node(graph, "Exp", [values["partial"]])
+    graph.outputs = [values["rows"], values["cols"], values["exp"]]
+    return graph, values
+
+
+def test_pad_keeps_the_split_of_dimensions_it_does_not_pad_and_a_partial_sum_of_zeros() -> None:
+    graph, values = _pads()
+    check_pass(PropagateLayoutsPass(MESH, LAYOUTS), graph, modified=True, expected=_pads()[0])
+    assert values["rows"].meta[LAYOUT_KEY] == Layout((None, "model")) and not values["rows"].producer.meta[RESHARDS_KEY]
+    assert values["cols"].producer.meta[INPUT_LAYOUTS_KEY][0] == Layout((None, None))
+    assert values["cols"].meta[LAYOUT_KEY] == Layout((None, None))
+    assert values["partial"].meta[LAYOUT_KEY] == Layout((None, None), M)
+
+
+def test_pad_with_a_non_zero_fill_sums_a_partial_input_first() -> None:
+    graph, values = _pads(fill=1.0)
+    check_pass(PropagateLayoutsPass(MESH, LAYOUTS), graph, modified=True)
+    assert values["partial"].producer.meta[INPUT_LAYOUTS_KEY][0] == Layout((None, None))  # each summand padded
+    assert values["partial"].meta[LAYOUT_KEY] == Layout((None, None))                   # with 1 would add n
