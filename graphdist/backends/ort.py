@@ -87,6 +87,7 @@ from graphdist.backends.base import (
     read_verified_artifact,
     write_artifact_checksum,
 )
+from graphdist.backends.ort_memory import use_shared_arena
 from graphdist.errors import BackendError
 from graphdist.runtime.devices import Device, check_available, host_cores, parse_device
 from graphdist.runtime.tasks import MICRO_BATCHES_KEY
@@ -285,6 +286,7 @@ class OrtBackend:
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
         options.log_severity_level = 3
+        use_shared_arena(ort, options)  # one CPU arena for all segments' sessions (graphdist/backends/ort_memory.py)
         return options
 
     @staticmethod
