@@ -207,7 +207,7 @@ def _build_target(args: argparse.Namespace) -> _Built:
         from graphdist.cli.onnx_target import build_onnx_target
 
         step, example, strategy = build_onnx_target(args, strategy)
-        kind = "tensor-parallel" if isinstance(strategy, gd.experimental.ModelParallelStrategy) else "data-parallel"
+        kind = "model-parallel" if isinstance(strategy, gd.experimental.ModelParallelStrategy) else "data-parallel"
         return _Built(_concrete(step, example, target), strategy, example,
                       f"{kind} inference of {target} under {strategy!r}")
     if getattr(args, "input_shape", None):
