@@ -6,7 +6,7 @@ Subcommands:
 * ``graphdist inspect TARGET``: trace and compile ``module:function`` (on
   the module's example inputs), a ``make_step(strategy)`` factory, or an
   ``.onnx`` file (as a data-parallel inference step), under ``--strategy``
-  and ``--devices``, and show a stage: a graph (``traced``, ``rewritten``,
+  and ``--devices`` (``--mesh``, ``--layout``: ``model_parallel``), and show a stage: a graph (``traced``, ``rewritten``,
   ``partitioned``) as tables, DOT, SVG/PNG or ONNX, the ``plan`` (segments
   per device, communication), or the ``diff`` of each pass; TARGET may also
   be an exported plan directory (its plan, or one of the graphs it holds).
@@ -844,8 +844,15 @@ TARGET is one of:
                     batch) where the model leaves dimensions unknown.
 
 --strategy: one_device (first of --devices, default cpu:0), mirrored, central_storage,
-default; factories and .onnx targets default to one_device on cpu:0. --devices: a
-comma-separated list (cpu:0,cpu:1).
+default, model_parallel; factories and .onnx targets default to one_device on cpu:0.
+--devices: a comma-separated list (cpu:0,cpu:1).
+
+model_parallel (gd.experimental.ModelParallelStrategy, Keras 3's names): --mesh
+batch=2,model=2 is the DeviceMesh over --devices (row-major; default cpu:0...);
+--layout 'PATTERN=AXES' (repeatable) a LayoutMap entry: variables whose name the
+regular expression matches get one mesh axis or None per dimension; --batch-dim-name
+the axis the batch is split over. --mesh alone implies model_parallel. An .onnx
+target's variables are its initializers, by their names in the file.
 """
 
 _INSPECT_EPILOG = _TARGET_HELP + """
@@ -876,6 +883,10 @@ examples:
   graphdist export graphdist.models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 -o mlp_plan \\
       --save-inputs mlp_inputs.npz
   graphdist export mlp.onnx --strategy mirrored --devices cpu:0,cpu:1 -o mlp_inference
+  graphdist export graphdist.models.mlp:make_step --mesh batch=1,model=2 \\
+      --layout 'dense_0/kernel=None,model' --layout 'dense_1/kernel=model,None' -o mlp_tp
+  graphdist export digits_mlp.onnx --mesh batch=2,model=2 --devices cpu:0,cpu:1,cpu:2,cpu:3 \\
+      --layout '^coefficient$=None,model' --layout '^coefficient1$=model,None' -o digits_tp
 """
 
 _RUN_EPILOG = """\
