@@ -6,10 +6,11 @@ Subcommands:
 * ``graphdist inspect TARGET``: trace and compile ``module:function`` (on
   the module's example inputs), a ``make_step(strategy)`` factory, or an
   ``.onnx`` file (as a data-parallel inference step), under ``--strategy``
-  and ``--devices`` (``--mesh``, ``--layout``: ``model_parallel``), and show a stage: a graph (``traced``, ``rewritten``,
-  ``partitioned``) as tables, DOT, SVG/PNG or ONNX, the ``plan`` (segments
-  per device, communication), or the ``diff`` of each pass; TARGET may also
-  be an exported plan directory (its plan, or one of the graphs it holds).
+  and ``--devices`` (``--mesh``, ``--layout``: ``model_parallel``), and show
+  a stage: a graph (``traced``, ``rewritten``, ``partitioned``) as tables,
+  DOT, SVG/PNG or ONNX, the ``plan`` (segments per device, communication),
+  or the ``diff`` of each pass; TARGET may also be an exported plan
+  directory (its plan, or one of the graphs it holds).
 * ``graphdist export TARGET -o DIR``: write the compiled plan directory
   (``ConcreteFunction.export``).
 * ``graphdist run DIR --inputs FILE.npz [--steps N]``: load a plan directory
