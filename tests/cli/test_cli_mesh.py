@@ -19,6 +19,7 @@ import graphdist as gd
 from tests.cli.test_cli import MLP_STEP, assert_clean_failure, graphdist
 
 FOUR = "cpu:0,cpu:1,cpu:2,cpu:3"
+MESH = ("--mesh", "batch=1,model=2")
 #: The skl2onnx MLP's weights: ``X @ coefficient + intercepts``, Relu, ``@ coefficient1 + intercepts1``.
 #: Megatron's split: the first layer by columns (hidden units), the second by rows (a partial sum).
 SKLEARN_LAYOUTS = ("--layout", "^coefficient$=None,model", "--layout", "^intercepts$=None,model",
@@ -103,11 +104,27 @@ def test_onnx_fsdp_inference_equals_onnxruntime(digits_mlp, tmp_path: Path) -> N
     _run_and_compare(plan, inputs, _onnxruntime(path, x), tmp_path)
 
 
+def test_onnx_target_with_input_shape_under_a_mesh_equals_onnxruntime(tmp_path: Path) -> None:
+    from tests.cli.test_cli_onnx import symbolic_model
+
+    path = symbolic_model(tmp_path / "seq.onnx")  # x[N, S, 4] @ w[4, 3], Relu
+    plan, inputs, outputs = tmp_path / "plan", tmp_path / "x.npz", tmp_path / "y.npz"
+    result = graphdist("export", str(path), *MESH, "--layout", "^w$=model,None", "--input-shape", "x=4x5x4",
+                       "-o", str(plan))
+    assert result.returncode == 0, result.stderr
+    x = np.random.default_rng(2).standard_normal((4, 5, 4)).astype(np.float32)
+    np.savez(inputs, x=x)
+    assert graphdist("run", str(plan), "--inputs", str(inputs), "-o", str(outputs)).returncode == 0
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    with np.load(outputs) as got:
+        np.testing.assert_allclose(got["y"], session.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
+    assert_clean_failure(graphdist("inspect", str(path), *MESH, "--layout", "^w$=None,model", "--input-shape",
+                                   "x=4x5x4"),
+                         "--layout does not fit a variable", "'w': dimension 1 (size 3) is not divisible")
+
+
 def _losses(stdout: str) -> list[float]:
     return [float(v) for v in re.findall(r"^step \d+: out0 = (\S+)$", stdout, re.MULTILINE)]
-
-
-MESH = ("--mesh", "batch=1,model=2")
 
 
 def test_training_step_under_a_mesh_equals_one_device(tmp_path: Path) -> None:
@@ -115,12 +132,12 @@ def test_training_step_under_a_mesh_equals_one_device(tmp_path: Path) -> None:
     one = tmp_path / "one"
     assert graphdist("export", MLP_STEP, "--strategy", "one_device", "-o", str(one),
                      "--save-inputs", str(inputs)).returncode == 0
-    tp = tmp_path / "tp"
-    result = graphdist("export", MLP_STEP, "--mesh", "batch=1,model=2", "--devices", "cpu:0,cpu:1", *MLP_LAYOUTS,
+    tp = tmp_path / "tp"  # two batch groups of two devices: the batch split, each group's weights split
+    result = graphdist("export", MLP_STEP, "--mesh", "batch=2,model=2", "--devices", FOUR, *MLP_LAYOUTS,
                        "-o", str(tp))
     assert result.returncode == 0, result.stderr
-    assert "ModelParallelStrategy(mesh=(1, 2)" in result.stdout
-    replanned = tmp_path / "replanned"  # the one-device plan re-planned onto the mesh: no Python code needed
+    assert "ModelParallelStrategy(mesh=(2, 2)" in result.stdout
+    replanned = tmp_path / "replanned"  # the one-device plan re-planned onto a mesh: no Python code needed
     result = graphdist("replan", str(one), "--strategy", "model_parallel", "--mesh", "batch=1,model=2",
                        *MLP_LAYOUTS, "-o", str(replanned))
     assert result.returncode == 0, result.stderr
