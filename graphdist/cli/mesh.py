@@ -146,17 +146,21 @@ def make_model_parallel_strategy(args: argparse.Namespace, devices: list[str] | 
         raise UsageError(f"--batch-dim-name {batch!r} is not an axis of --mesh {args.mesh} (its axes: "
                          f"{', '.join(names)}); name one of them")
     layouts = _parse_layouts(args.layout or [], names)
-    try:
-        mesh = gd.experimental.DeviceMesh(shape, names, devices)
-    except gd.GraphdistError as err:
-        raise UsageError(f"--mesh {args.mesh}: {err}") from err
-    layout_map = gd.experimental.LayoutMap(mesh)
-    for pattern, axes in layouts.items():
-        layout_map[pattern] = axes
-    try:
-        return gd.experimental.ModelParallelStrategy(layout_map=layout_map, batch_dim_name=batch)
-    except gd.GraphdistError as err:
-        raise UsageError(f"cannot create the model_parallel strategy on --mesh {args.mesh}: {err}") from err
+    from graphdist.runtime.devices import soft_device_placement
+
+    # Strict placement, as for the other strategies: a plan made for the devices named here is for those devices.
+    with soft_device_placement(False):
+        try:
+            mesh = gd.experimental.DeviceMesh(shape, names, devices)
+        except gd.GraphdistError as err:
+            raise UsageError(f"--mesh {args.mesh}: {err}") from err
+        layout_map = gd.experimental.LayoutMap(mesh)
+        for pattern, axes in layouts.items():
+            layout_map[pattern] = axes
+        try:
+            return gd.experimental.ModelParallelStrategy(layout_map=layout_map, batch_dim_name=batch)
+        except gd.GraphdistError as err:
+            raise UsageError(f"cannot create the model_parallel strategy on --mesh {args.mesh}: {err}") from err
 
 
 def _parse_layouts(texts: Sequence[str], names: Sequence[str]) -> dict[str, tuple[str | None, ...]]:

@@ -164,6 +164,8 @@ def test_training_step_under_a_mesh_equals_one_device(tmp_path: Path) -> None:
     (("--mesh", "batch=1,batch=2"), ("names axis 'batch' twice",)),
     (("--mesh", "batch=2,model=2", "--devices", "cpu:0,cpu:1"),
      ("--mesh batch=2,model=2 needs 4 devices", "more devices than --devices lists (2", "list 4 devices")),
+    ((*MESH, "--devices", "cpu:0,cpu:0"), ("--mesh batch=1,model=2", "lists cpu:0 more than once")),
+    ((*MESH, "--devices", "cuda:0,cuda:1"), ("--mesh batch=1,model=2", "'cuda:0' is not available")),
     ((*MESH, "--layout", "dense_0/kernel=None,modl"),
      ("--layout 'dense_0/kernel=None,modl' names 'modl'", "not an axis of --mesh", "batch, model")),
     ((*MESH, "--layout", "dense_0/kernel"), ("is not PATTERN=AXES", "dense.*kernel=None,model")),
