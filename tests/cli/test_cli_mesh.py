@@ -177,6 +177,8 @@ def test_training_step_under_a_mesh_equals_one_device(tmp_path: Path) -> None:
      ("--layout does not fit", "'mlp/dense_0/kernel' has rank 2", "1 entries")),
     (("--mesh", "batch=1,model=3", "--layout", "dense_0/kernel=None,model"),
      ("--layout does not fit", "dimension 1 (size 32) is not divisible by mesh axis 'model' (size 3)")),
+    ((*MESH, "--layout", "dense_0=None,model", "--layout", "kernel=None,model"),
+     ("--layout does not fit", "'mlp/dense_0/kernel' matches several LayoutMap patterns (dense_0, kernel)")),
     ((*MESH, "--batch-dim-name", "data"), ("--batch-dim-name 'data' is not an axis of --mesh", "batch, model")),
     (("--strategy", "mirrored", *MESH), ("--mesh applies to --strategy model_parallel only",)),
     (("--strategy", "model_parallel"), ("needs --mesh AXIS=SIZE",)),
