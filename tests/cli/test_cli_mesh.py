@@ -1,8 +1,9 @@
 """``--strategy model_parallel`` with ``--mesh``, ``--layout`` and ``--batch-dim-name`` (run as a subprocess).
 
 Oracles: ONNX Runtime on the same ``.onnx`` file and input for an exported tensor-parallel inference plan
-(scikit-learn's MLP on the digits, exported by skl2onnx: MatMul + Add weights); the same training step exported
-under ``one_device`` for a factory's training step (losses and trained weights).
+(scikit-learn's MLP on the digits, exported by skl2onnx: MatMul + Add weights; PaddleOCR's classifier: Conv and
+MatMul weights as Constant nodes); the same training step exported under ``one_device`` for a factory's training
+step (losses and trained weights).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 
 import graphdist as gd
 from tests.cli.test_cli import MLP_STEP, assert_clean_failure, graphdist
+from tests.real_models import model_path
 
 FOUR = "cpu:0,cpu:1,cpu:2,cpu:3"
 MESH = ("--mesh", "batch=1,model=2")
@@ -92,6 +94,34 @@ def test_onnx_mlp_tensor_parallel_inference_equals_onnxruntime_and_replans(digit
         result = graphdist("replan", str(plan), *strategy, "-o", str(replanned))
         assert result.returncode == 0, result.stderr
         _run_and_compare(replanned, inputs, want, tmp_path)
+
+
+def test_paddle_ocr_classifier_with_split_convolutions_and_matmul_equals_onnxruntime(tmp_path: Path) -> None:
+    """PaddleOCR's text-direction classifier (Paddle2ONNX, from the rapidocr_onnxruntime wheel): its weights are
+    ``Constant`` nodes, which ``gd.onnx.load`` makes variables named by their outputs; two convolutions split by
+    output channels and the final MatMul by rows (a partial sum) over ``model``, the batch over ``batch``.
+    """
+    path = model_path("ppocr_cls")
+    plan, inputs, outputs = tmp_path / "plan", tmp_path / "x.npz", tmp_path / "y.npz"
+    flags = ("--mesh", "batch=2,model=2", "--layout", r"^fc_0\.w_0$=model,None",
+             "--layout", "^conv1_weights$=model,None,None,None",
+             "--layout", "^conv12_expand_weights$=model,None,None,None", "--input-shape", "x=4x3x48x192")
+    summary = graphdist("inspect", str(path), *flags, "--stage", "rewritten").stdout
+    for row in (r"%fc_0\.w_0\s+float32\[200,2\]\s+\[model, -\]\s+\[100x2\]",
+                r"%conv1_weights\s+float32\[8,3,3,3\]\s+\[model, -, -, -\]\s+\[4x3x3x3\]"):
+        assert re.search(row, summary), row
+    assert len(re.findall(r"graphdist\.AllReduce\s+SUM", summary)) == 2  # the MatMul's partial sums, per batch group
+    result = graphdist("export", str(path), *flags, "-o", str(plan))
+    assert result.returncode == 0, result.stderr
+    assert "WARNING" not in result.stderr, result.stderr
+    x = np.random.default_rng(3).standard_normal((4, 3, 48, 192)).astype(np.float32)
+    np.savez(inputs, x=x)
+    run = graphdist("run", str(plan), "--inputs", str(inputs), "-o", str(outputs))
+    assert run.returncode == 0, run.stderr
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (want,) = session.run(None, {"x": x})
+    with np.load(outputs) as got:
+        np.testing.assert_allclose(got[session.get_outputs()[0].name], want, rtol=1e-5, atol=1e-6)
 
 
 def test_onnx_fsdp_inference_equals_onnxruntime(digits_mlp, tmp_path: Path) -> None:
