@@ -250,3 +250,13 @@ def test_replan_checks_layouts_against_the_plans_variables(tmp_path: Path) -> No
                                    "-o", out), "over the batch axis 'batch' (FSDP)", "graphdist replan cannot")
     assert_clean_failure(graphdist("replan", str(plan), "-o", out), "--strategy (or --mesh")
     assert_clean_failure(graphdist("inspect", str(plan), *MESH), "already planned", "--mesh")
+
+
+def test_flag_values_parse_to_keras_names() -> None:
+    from graphdist.cli.mesh import parse_layout, parse_mesh
+
+    assert parse_mesh(" batch=2, model=4 ") == (("batch", "model"), (2, 4))
+    assert parse_layout("dense.*kernel=None,model", ("batch", "model")) == ("dense.*kernel", (None, "model"))
+    assert parse_layout("bias=model", ("batch", "model")) == ("bias", ("model",))
+    # A regular expression may hold '=' (a lookahead): the axes follow the last one.
+    assert parse_layout("(?=dense)\\w+/kernel=none,model", ("model",)) == ("(?=dense)\\w+/kernel", (None, "model"))
