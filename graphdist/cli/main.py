@@ -6,10 +6,11 @@ Subcommands:
 * ``graphdist inspect TARGET``: trace and compile ``module:function`` (on
   the module's example inputs), a ``make_step(strategy)`` factory, or an
   ``.onnx`` file (as a data-parallel inference step), under ``--strategy``
-  and ``--devices``, and show a stage: a graph (``traced``, ``rewritten``,
-  ``partitioned``) as tables, DOT, SVG/PNG or ONNX, the ``plan`` (segments
-  per device, communication), or the ``diff`` of each pass; TARGET may also
-  be an exported plan directory (its plan, or one of the graphs it holds).
+  and ``--devices`` (``--mesh``, ``--layout``: ``model_parallel``), and show
+  a stage: a graph (``traced``, ``rewritten``, ``partitioned``) as tables,
+  DOT, SVG/PNG or ONNX, the ``plan`` (segments per device, communication),
+  or the ``diff`` of each pass; TARGET may also be an exported plan
+  directory (its plan, or one of the graphs it holds).
 * ``graphdist export TARGET -o DIR``: write the compiled plan directory
   (``ConcreteFunction.export``).
 * ``graphdist run DIR --inputs FILE.npz [--steps N]``: load a plan directory
@@ -124,26 +125,40 @@ def _parse_devices(text: str | None) -> list[str] | None:
     return devices
 
 
-def _make_strategy(name: str | None, devices_text: str | None) -> Any:
-    """The strategy named on the command line (``None`` when neither --strategy nor --devices is given)."""
+def _make_strategy(name: str | None, devices_text: str | None, args: argparse.Namespace | None = None) -> Any:
+    """The strategy named on the command line (``None`` when neither --strategy nor --devices is given).
+
+    ``args``: the parsed command line, whose ``--mesh``, ``--layout`` and ``--batch-dim-name`` make a
+    ``model_parallel`` strategy (``--mesh`` or ``--layout`` without ``--strategy`` means ``model_parallel``).
+    """
     import graphdist as gd
     from graphdist.distribute.registry import normalise_strategy_name, strategy_entry, strategy_names
 
     devices = _parse_devices(devices_text)
+    mesh_flags = _mesh_flags(args)
     if name is None:
-        if devices is None:
+        if mesh_flags:
+            name = "model_parallel"
+        elif devices is None:
             return None
-        name = "one_device" if len(devices) == 1 else "mirrored"
+        else:
+            name = "one_device" if len(devices) == 1 else "mirrored"
     key = normalise_strategy_name(name)
-    if key == "model_parallel":  # a mesh and a LayoutMap of regular expressions are Python objects
-        raise UsageError(
-            f"--strategy {name} needs a device mesh and a LayoutMap, which the command line cannot give; make "
-            "gd.experimental.ModelParallelStrategy(layout_map=...) in Python, trace the step under it and export "
-            "its plan there (concrete.export(dir)), then inspect or re-plan that directory here")
+    if key == "model_parallel":
+        if args is None:
+            raise UsageError(f"--strategy {name} needs --mesh and --layout, which this command does not take")
+        from graphdist.cli.mesh import make_model_parallel_strategy
+
+        return make_model_parallel_strategy(args, devices)
+    if mesh_flags:
+        several = len(mesh_flags) > 1
+        raise UsageError(f"{', '.join(mesh_flags)} appl{'y' if several else 'ies'} to --strategy model_parallel only "
+                         f"(not {name}); drop {'them' if several else 'it'} or use --strategy model_parallel")
     if key not in strategy_names(multi_process=False):
         later = set(strategy_names(multi_process=True))
         why = " (a multi-process strategy: run the script with `graphdist launch`)" if key in later else ""
-        raise UsageError(f"unknown strategy {name!r}{why}; choose one of {', '.join(strategy_names(False))}")
+        raise UsageError(f"unknown strategy {name!r}{why}; choose one of "
+                         f"{', '.join((*strategy_names(False), 'model_parallel'))}")
     from graphdist.runtime.devices import soft_device_placement
 
     # Strict placement: a plan exported or inspected for the devices named here must be for those devices.
@@ -153,6 +168,14 @@ def _make_strategy(name: str | None, devices_text: str | None) -> Any:
         except gd.GraphdistError as err:
             raise UsageError(f"cannot create {key} strategy on {devices_text or 'its default devices'}: {err}") \
                 from err
+
+
+def _mesh_flags(args: argparse.Namespace | None) -> list[str]:
+    if args is None:
+        return []
+    from graphdist.cli.mesh import mesh_flags_given
+
+    return mesh_flags_given(args)
 
 
 # ----------------------------------------------------------------- targets
@@ -180,13 +203,14 @@ def _build_target(args: argparse.Namespace) -> _Built:
     import graphdist as gd
 
     target = args.target
-    strategy = _make_strategy(args.strategy, args.devices)
+    strategy = _make_strategy(args.strategy, args.devices, args)
     if _is_onnx_path(target):
         from graphdist.cli.onnx_target import build_onnx_target
 
         step, example, strategy = build_onnx_target(args, strategy)
+        kind = "model-parallel" if isinstance(strategy, gd.experimental.ModelParallelStrategy) else "data-parallel"
         return _Built(_concrete(step, example, target), strategy, example,
-                      f"data-parallel inference of {target} under {strategy!r}")
+                      f"{kind} inference of {target} under {strategy!r}")
     if getattr(args, "input_shape", None):
         raise UsageError("--input-shape applies to .onnx targets only; a module:function target's example inputs "
                          "decide its shapes (see --batch)")
@@ -260,6 +284,8 @@ def _call_factory(fn: Any, target: str, strategy: Any, batch: int | None) -> tup
     try:
         result = fn(strategy, **kwargs)
     except Exception as err:
+        if _raised_by_layouts(err):
+            raise UsageError(f"--layout does not fit a variable {target}(strategy) makes: {err}") from err
         raise _TargetError(f"{target}(strategy) failed: {type(err).__name__}: {err}") from err
     if not (isinstance(result, tuple) and len(result) == 2 and callable(result[0])):
         raise UsageError(f"{target}(strategy) must return (step_fn, example_args), got {type(result).__name__}; "
@@ -271,6 +297,19 @@ def _call_factory(fn: Any, target: str, strategy: Any, batch: int | None) -> tup
         example = (example,)
     _warn_whole_batch_examples(example, target, strategy)
     return step, example
+
+
+def _raised_by_layouts(err: Exception) -> bool:
+    """Whether ``err`` is ``ModelParallelStrategy`` refusing a variable's layout (rank, divisibility), raised
+    where the variable is made.
+    """
+    import graphdist as gd
+
+    frame = err.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    module = frame.tb_frame.f_globals.get("__name__") if frame is not None else None
+    return isinstance(err, gd.InvalidArgumentError) and module == "graphdist.distribute.model_parallel"
 
 
 def _plain_examples(example: tuple[Any, ...], strategy: Any) -> list[int]:
@@ -492,6 +531,7 @@ def _inspect_plan_directory(args: argparse.Namespace, stage: str) -> tuple[Any, 
     import graphdist as gd
 
     options = [f"--{name}" for name in ("strategy", "devices", "batch", "backend") if getattr(args, name, None)]
+    options += _mesh_flags(args)
     if options or getattr(args, "input_shape", None):
         raise UsageError(f"{args.target!r} is an exported plan directory, already planned: drop "
                          f"{', '.join(options) or '--input-shape'} (re-plan it with 'graphdist replan "
@@ -805,8 +845,15 @@ TARGET is one of:
                     batch) where the model leaves dimensions unknown.
 
 --strategy: one_device (first of --devices, default cpu:0), mirrored, central_storage,
-default; factories and .onnx targets default to one_device on cpu:0. --devices: a
-comma-separated list (cpu:0,cpu:1).
+default, model_parallel; factories and .onnx targets default to one_device on cpu:0.
+--devices: a comma-separated list (cpu:0,cpu:1).
+
+model_parallel (gd.experimental.ModelParallelStrategy, Keras 3's names): --mesh
+batch=2,model=2 is the DeviceMesh over --devices (row-major; default cpu:0...);
+--layout 'PATTERN=AXES' (repeatable) a LayoutMap entry: variables whose name the
+regular expression matches get one mesh axis or None per dimension; --batch-dim-name
+the axis the batch is split over. --mesh alone implies model_parallel. An .onnx
+target's variables are its initializers, by their names in the file.
 """
 
 _INSPECT_EPILOG = _TARGET_HELP + """
@@ -837,6 +884,10 @@ examples:
   graphdist export graphdist.models.mlp:make_step --strategy mirrored --devices cpu:0,cpu:1 -o mlp_plan \\
       --save-inputs mlp_inputs.npz
   graphdist export mlp.onnx --strategy mirrored --devices cpu:0,cpu:1 -o mlp_inference
+  graphdist export graphdist.models.mlp:make_step --mesh batch=1,model=2 \\
+      --layout 'dense_0/kernel=None,model' --layout 'dense_1/kernel=model,None' -o mlp_tp
+  graphdist export digits_mlp.onnx --mesh batch=2,model=2 --devices cpu:0,cpu:1,cpu:2,cpu:3 \\
+      --layout '^coefficient$=None,model' --layout '^coefficient1$=model,None' -o digits_tp
 """
 
 _RUN_EPILOG = """\
@@ -858,8 +909,8 @@ def _add_target_options(command: argparse.ArgumentParser) -> None:
                          help="module:function, module:make_step, path/to/model.onnx (inspect: or a plan "
                               "directory)")
     command.add_argument("--strategy", metavar="NAME", default=None,
-                         help=f"distribution strategy: {', '.join(_strategy_choices())} (default: none for plain "
-                              "functions, one_device otherwise)")
+                         help=f"distribution strategy: {', '.join(_strategy_choices())}, model_parallel (with "
+                              "--mesh and --layout) (default: none for plain functions, one_device otherwise)")
     command.add_argument("--devices", metavar="LIST", default=None,
                          help="comma-separated devices, e.g. cpu:0,cpu:1 (default: the strategy's default)")
     command.add_argument("--batch", type=int, metavar="N", default=None,
@@ -870,6 +921,9 @@ def _add_target_options(command: argparse.ArgumentParser) -> None:
     from graphdist.cli.onnx_target import add_input_shape_option
 
     add_input_shape_option(command)
+    from graphdist.cli.mesh import add_mesh_options
+
+    add_mesh_options(command)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1031,6 +1085,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(str(err), EXIT_USAGE, verbose)
     except GraphdistError as err:
         return _fail(f"{type(err).__name__}: {err}", EXIT_FAILURE, verbose)
+    except NotImplementedError as err:  # graphdist's "not built yet": a valid request it cannot do
+        return _fail(f"not supported yet: {err}", EXIT_FAILURE, verbose)
     except _TargetError as err:
         return _fail(str(err), EXIT_FAILURE, verbose)
     except KeyboardInterrupt:

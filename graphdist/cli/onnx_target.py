@@ -7,6 +7,11 @@ naming it) and imported at its own opset. ``--input-shape NAME=D0xD1x...``
 symbolic (a batch ``N``, a sequence length): ``D0`` is the global batch,
 split across the replicas. Other inputs keep their declared shapes (unknown
 dimensions after the first become 1, with a warning naming the input).
+
+Under ``--strategy model_parallel`` (``--mesh``, ``--layout``) the model is
+loaded with ``gd.onnx.load`` in the strategy's scope, so its floating-point
+initializers are variables named as in the file, which ``--layout`` patterns
+split; under the other strategies they stay constants.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any
 
 from graphdist.cli.main import UsageError
 
-__all__ = ["add_input_shape_option", "parse_input_shapes", "load_onnx_graph", "build_onnx_target"]
+__all__ = ["add_input_shape_option", "parse_input_shapes", "load_onnx_graph", "load_onnx_model", "build_onnx_target"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +68,23 @@ def load_onnx_graph(path: str, shapes: dict[str, tuple[int, ...]]) -> Any:
     """
     from graphdist.errors import GraphError
     from graphdist.ir import from_onnx
-    from graphdist.onnx.files import read_model
     from graphdist.onnx.prepare import clean_model
+
+    model = load_onnx_model(path, shapes)
+    try:
+        return from_onnx(clean_model(model))  # less Dropout-7's unused mask outputs, which ONNX cannot type
+    except GraphError as err:
+        raise UsageError(f"cannot import {path!r}: {err}") from err
+
+
+def load_onnx_model(path: str, shapes: dict[str, tuple[int, ...]]) -> Any:
+    """The ``onnx.ModelProto`` at ``path`` (external data read), its inputs in ``shapes`` fixed to those shapes.
+
+    Raises:
+        UsageError: As :func:`load_onnx_graph`, but for the import.
+    """
+    from graphdist.errors import GraphError
+    from graphdist.onnx.files import read_model
 
     try:
         model, _ = read_model(path)
@@ -83,10 +103,7 @@ def load_onnx_graph(path: str, shapes: dict[str, tuple[int, ...]]) -> Any:
         if name not in shapes and any(not d.HasField("dim_value") for d in list(dims)[1:]):
             logger.warning("input %s of %s has unknown dimensions %s: the example inputs use 1 for them; give "
                            "--input-shape %s=D0x... to choose", name, path, _declared(vi), name)
-    try:
-        return from_onnx(clean_model(model))  # less Dropout-7's unused mask outputs, which ONNX cannot type
-    except GraphError as err:
-        raise UsageError(f"cannot import {path!r}: {err}") from err
+    return model
 
 
 def _declared(vi: Any) -> str:
@@ -129,8 +146,13 @@ def build_onnx_target(args: argparse.Namespace, strategy: Any) -> tuple[Any, tup
     from graphdist.compile.inference import make_inference_step
 
     shapes = parse_input_shapes(getattr(args, "input_shape", None))
-    graph = load_onnx_graph(args.target, shapes)
     strategy = strategy or gd.OneDeviceStrategy("cpu:0")
+    model = None
+    if isinstance(strategy, gd.experimental.ModelParallelStrategy):
+        model = _load_as_variables(args.target, shapes, strategy)
+        graph = model.graph
+    else:
+        graph = load_onnx_graph(args.target, shapes)
     batch = args.batch
     batches = {shape[0] for shape in shapes.values()}
     if len(batches) > 1:
@@ -141,7 +163,28 @@ def build_onnx_target(args: argparse.Namespace, strategy: Any) -> tuple[Any, tup
     if batches and batch is None:
         batch = batches.pop()
     try:
-        step, example = make_inference_step(graph, strategy, batch, backend=args.backend)
+        step, example = make_inference_step(graph, strategy, batch, backend=args.backend, model=model)
     except gd.InvalidArgumentError as err:
         raise UsageError(str(err)) from err
     return step, example, strategy
+
+
+def _load_as_variables(path: str, shapes: dict[str, tuple[int, ...]], strategy: Any) -> Any:
+    """The model loaded in ``strategy``'s scope (``gd.onnx.load``): its floating-point initializers (and
+    ``Constant`` weights) become the strategy's variables, named as in the file, which ``--layout`` patterns
+    split; under the other strategies an inference step keeps them constants.
+
+    Raises:
+        UsageError: The model cannot be imported, or a ``--layout`` does not fit a variable (rank, a dimension
+            its axis does not divide).
+    """
+    import graphdist as gd
+
+    model = load_onnx_model(path, shapes)
+    try:
+        with strategy.scope():
+            return gd.onnx.load(model)
+    except gd.GraphError as err:
+        raise UsageError(f"cannot import {path!r}: {err}") from err
+    except gd.InvalidArgumentError as err:
+        raise UsageError(f"--layout does not fit a variable of {path!r} (its initializers): {err}") from err

@@ -13,6 +13,7 @@ gathered back into the global batch::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from graphdist.compile.function import function
@@ -25,7 +26,7 @@ __all__ = ["make_inference_step"]
 
 
 def make_inference_step(graph: Graph, strategy: Any, batch: int | None = None, *, backend: str | None = None,
-                        seed: int = 0) -> tuple[Any, tuple[Any, ...]]:
+                        seed: int = 0, model: Callable[..., Any] | None = None) -> tuple[Any, tuple[Any, ...]]:
     """A data-parallel inference step for ``graph`` under ``strategy``, with example arguments.
 
     The step takes every graph input as a per-replica value (each replica's
@@ -42,6 +43,11 @@ def make_inference_step(graph: Graph, strategy: Any, batch: int | None = None, *
             dimension when it divides by the replica count, else 8 per replica.
         backend: Backend of the ``gd.function``.
         seed: Seed of the example inputs.
+        model: A traceable callable that computes ``graph`` on its inputs
+            (default: the graph inlined with its initializers as constants),
+            e.g. ``gd.onnx.load(path)`` made in the strategy's scope, whose
+            initializers are the strategy's variables (what a
+            ``ModelParallelStrategy`` splits by name).
 
     Returns:
         ``(step, example_args)``: ``step`` is a ``gd.function``; call it (or
@@ -65,7 +71,7 @@ def make_inference_step(graph: Graph, strategy: Any, batch: int | None = None, *
     # Per-replica values even for one replica: the plan then knows its arguments are the batch, and a plan
     # exported for one device re-plans to N replicas of a share each (RebatchPass), not to one device.
     example = tuple(PerReplica([a[r * share:(r + 1) * share] for r in range(replicas)]) for a in arrays)
-    model = graph_function(graph, batch_axis=0)
+    model = model if model is not None else graph_function(graph, batch_axis=0)
 
     def inference_step(*args: Any) -> Any:
         result = strategy.run(model, args=args)
@@ -73,8 +79,12 @@ def make_inference_step(graph: Graph, strategy: Any, batch: int | None = None, *
             return tuple(strategy.gather(r, axis=0) for r in result)
         return strategy.gather(result, axis=0)
 
-    name = f"{model.__name__}_inference"
+    name = f"{getattr(model, '__name__', None) or _identifier(graph.name)}_inference"
     step = function(inference_step, backend=backend, name=name)
     # The model's own input and output names, kept in an exported plan (graphdist run reads and writes them).
     step.io_names = {"inputs": [v.name for v in graph.inputs], "outputs": [v.name for v in graph.outputs]}
     return step, example
+
+
+def _identifier(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name) or "graph"

@@ -192,7 +192,8 @@ class LoadedPlan:
         traced.stage = "traced"
         values = {name: value.copy() for name, value in self._variables.items()}
         record = StepRecord.from_document(self.metadata, traced, values)
-        return replan(record, strategy, backend=backend, plan_backend=self.backend_name)
+        return replan(record, strategy, backend=backend, plan_backend=self.backend_name,
+                      io_names=self.metadata.get("io_names"))
 
     # ------------------------------------------------------------- state
     @property

@@ -48,7 +48,8 @@ logger = logging.getLogger(__name__)
 
 
 def replan(record: StepRecord, strategy: CompileTarget, *, backend: str | None = None, plan_backend: str | None = None,
-           checker: Callable[[], dict[str, Any]] | None = None) -> LoadedPlan:
+           checker: Callable[[], dict[str, Any]] | None = None,
+           io_names: dict[str, list[str]] | None = None) -> LoadedPlan:
     """A plan of ``record``'s step for ``strategy`` (see the module docstring).
 
     Args:
@@ -59,6 +60,7 @@ def replan(record: StepRecord, strategy: CompileTarget, *, backend: str | None =
         plan_backend: The backend the step was compiled with before.
         checker: Computes ``record.rebatch`` when the per-replica batch changes and the record has
             not been checked (a concrete function checks by tracing again).
+        io_names: An ONNX model's input and output names (``make_inference_step``), kept in the new plan.
 
     Returns:
         A :class:`LoadedPlan` (``directory`` ``None`` until saved), called like the original step.
@@ -89,7 +91,7 @@ def replan(record: StepRecord, strategy: CompileTarget, *, backend: str | None =
                            record.argument_details, record.output_structure, record.variables, record.values,
                            config.total_replicas, record.rebatch, config.accumulate_steps,
                            record.deterministic_chunks)
-    files = step_files(plan, graphs, replanned, resolved, config)
+    files = step_files(plan, graphs, replanned, resolved, config, io_names)
     loaded = load_files(files, plan.backend_name, label=f"plan {record.name!r} re-planned for {config.strategy}")
     logger.info("re-planned %s for %s on %s: %d segment(s)", record.name, config.strategy,
                 ", ".join(config.devices), len(loaded.plan.segments))

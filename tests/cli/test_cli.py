@@ -334,7 +334,7 @@ def test_factory_with_distributed_examples_does_not_warn(tmp_path: Path) -> None
 @pytest.mark.parametrize(("extra", "phrases"), [
     (("--strategy", "foo"), ("unknown strategy 'foo'", "one_device, mirrored, central_storage")),
     (("--strategy", "parameter_server"), ("unknown strategy 'parameter_server'", "graphdist launch")),
-    (("--strategy", "ModelParallelStrategy"), ("needs a device mesh and a LayoutMap", "concrete.export(dir)")),
+    (("--strategy", "ModelParallelStrategy"), ("needs --mesh AXIS=SIZE,...", "--layout PATTERN=AXES")),
     (("--strategy", "one_device", "--devices", "cpu:0,cpu:1"), ("one_device runs on one device",)),
     (("--strategy", "mirrored", "--devices", "cuda:7"), ("cannot create mirrored strategy", "cuda:7")),
     (("--strategy", "mirrored", "--devices", ","), ("names no device",)),
