@@ -181,8 +181,8 @@ def check_layouts_against_variables(strategy: Any, variables: Mapping[str, Any],
     strategy's), each matched variable's rank equals its layout's and each split dimension divides by its axis.
 
     Raises:
-        UsageError: A rank or divisibility mismatch (naming the variable, the dimension and the --layout), or a
-            layout over the batch axis (FSDP), which a re-plan cannot apply to stored variables yet.
+        UsageError: A rank or divisibility mismatch (naming the variable, the dimension and the --layout); a
+            layout over the batch axis (FSDP) is not checked (FSDP pads a weight into equal shards).
     """
     layout_map = strategy.layout_map
     mesh = strategy.device_mesh
@@ -198,10 +198,7 @@ def check_layouts_against_variables(strategy: Any, variables: Mapping[str, Any],
                            len(variables), where, why, ", ".join(sorted(variables)[:8]) or "none")
             continue
         if batch in axes and mesh.axis_size(batch) > 1:
-            raise UsageError(f"--layout {pattern}={_spell(axes)} shards variables over the batch axis {batch!r} "
-                             "(FSDP), which graphdist replan cannot apply to a stored plan yet; export the step under "
-                             "that mesh with 'graphdist export ... --strategy model_parallel', or split over the "
-                             "other axes")
+            continue  # FSDP: the weight is padded into equal shards, any shape fits
         for name, value in matched.items():
             _check_fits(name, tuple(getattr(value, "shape", ())), pattern, axes, mesh)
 

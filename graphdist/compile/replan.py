@@ -72,6 +72,9 @@ def replan(record: StepRecord, strategy: CompileTarget, *, backend: str | None =
         raise PlanError(f"replan: strategy must be a gd.Strategy (e.g. gd.MirroredStrategy(['cpu:0', 'cpu:1'])), "
                         f"got {type(strategy).__name__}")
     config = strategy.pipeline_config().replace(accumulate_steps=record.accumulate_steps)
+    stored_step_config = getattr(strategy, "stored_step_config", None)
+    if stored_step_config is not None:  # a strategy choosing by variable (ModelParallelStrategy's FSDP weights)
+        config = stored_step_config(config, record.traced)
     if record.deterministic_chunks:  # the micro-batches are the chunks per replica of the new replica count
         try:
             config = deterministic_config(config, record.deterministic_chunks)

@@ -45,9 +45,9 @@ from graphdist.distribute.multi_worker import MultiWorkerExtended, MultiWorkerMi
 from graphdist.distribute.strategy import Strategy, get_strategy
 from graphdist.distribute.variables import MirroredVariable
 from graphdist.errors import InvalidArgumentError
-from graphdist.ir.graph import GRAPHDIST_DOMAIN
+from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph
 from graphdist.ir.layouts import MeshSpec
-from graphdist.ir.placement import VariablePlacement, VariableSpec
+from graphdist.ir.placement import VariablePlacement, VariableSpec, variable_specs
 from graphdist.ir.placement_ops import SHARDING_CONSTRAINT
 from graphdist.trace.tracer import current_trace
 
@@ -283,6 +283,24 @@ class ModelParallelStrategy(Strategy):
         """
         return tuple(v._name for v in variables
                      if getattr(v, "_slot_primary", None) is None and self._is_fsdp(self.variable_layout(v)))
+
+    def stored_step_config(self, config: PipelineConfig, graph: Graph) -> PipelineConfig:
+        """``config`` for re-planning a stored step (``graph``, traced), whose variables this strategy did not
+        make: the FSDP weights are chosen by matching the layout map against the stored variables' names.
+
+        A weight qualifies when its layout shards it over the batch axis and it is trainable or the step does
+        not update it (an inference step's weights); an updated non-trainable variable (an optimizer slot, a
+        moving statistic) follows its weight or stays replicated.
+        """
+        if config.shard_parameters:
+            return config
+        updated = {uid for _, uid in graph.meta.variable_updates} | {  # traced: updates are still nodes
+            str(n.attrs.get("variable")) for n in graph.nodes if n.domain == GRAPHDIST_DOMAIN
+            and n.op_type == "AssignVariable"}
+        names = tuple(spec.name for _, spec in variable_specs(graph)
+                      if (spec.trainable or spec.uid not in updated)
+                      and self._is_fsdp(self._layout_map[spec.name] or ()))
+        return config.replace(shard_parameters=names) if names else config
 
     def _tensor_layout(self, variable: Any) -> list[str | None]:
         """The layout the layout passes see: an FSDP weight is whole to them (gathered before use)."""

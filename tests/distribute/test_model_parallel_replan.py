@@ -82,3 +82,23 @@ def test_a_checkpoint_moves_from_mesh_1x2_to_mesh_2x2_and_to_one_device(one_devi
     losses.append(last.step(3))
     np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
     assert_same_state(last.state(), want_state)
+
+
+def test_replan_onto_fsdp_layouts_shards_the_stored_weights_and_trains_on_like_one_device(one_device) -> None:
+    # The re-planned step makes no variables for the strategy to see: its FSDP weights are matched by name.
+    want_losses, want_state = one_device
+    first = _trainer(gd.OneDeviceStrategy("cpu:0"))
+    batch = [gd.PerReplica([part]) for part in first.batch(0)]  # a batch the re-plan splits over the replicas
+    losses = [float(first.train(*batch))]
+    concrete = first.train.get_concrete_function(*batch)
+    mesh = gd.experimental.DeviceMesh((2,), ("batch",), ["cpu:0", "cpu:1"])
+    layout_map = gd.experimental.LayoutMap(mesh)
+    layout_map["kernel"] = ("batch", None)
+    layout_map["bias"] = ("batch",)
+    fsdp = concrete.replan(gd.experimental.ModelParallelStrategy(layout_map=layout_map, batch_dim_name="batch"))
+    gathers = {n.attrs["group_key"] for n in fsdp.graph("rewritten").nodes if n.op_type == "AllGather"}
+    assert {key.split(".")[1] for key in gathers} == {f"mlp/dense_{i}/{kind}" for i in range(2)
+                                                      for kind in ("kernel", "bias")}
+    losses += [float(fsdp(X[i * BATCH:(i + 1) * BATCH], Y[i * BATCH:(i + 1) * BATCH])) for i in range(1, STEPS)]
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
+    assert_same_state(list(fsdp.variables.values()), want_state)
