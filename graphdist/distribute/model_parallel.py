@@ -367,6 +367,13 @@ class _MultiWorkerModelParallelStrategy(ModelParallelStrategy, MultiWorkerMirror
         workers = _worker_count(resolver)
         mesh, batch = self._mesh, self._batch_dim_name
         positions = mesh.axis_size(batch)
+        if positions < workers:
+            raise NotImplementedError(
+                f"ModelParallelStrategy: the batch axis {batch!r} has {positions} position(s) for {workers} worker "
+                "processes, so a model axis would span processes, which is not built yet (each worker holds whole "
+                "batch positions with all their devices); give the batch axis at least one position per worker "
+                f"(e.g. mesh shape ({workers}, ...)) and split the model within each worker, or use FSDP (a layout "
+                "over the batch axis) to spread weights across the workers")
         if positions % workers:
             raise InvalidArgumentError(
                 f"ModelParallelStrategy: the batch axis {batch!r} has {positions} positions, which {workers} worker "

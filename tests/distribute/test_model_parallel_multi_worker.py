@@ -64,6 +64,12 @@ def test_a_batch_axis_the_workers_cannot_share_is_refused() -> None:
         gd.experimental.ModelParallelStrategy(device_mesh=mesh, cluster_resolver=_two_workers())
 
 
+def test_a_model_axis_spanning_workers_is_not_built_and_says_so() -> None:
+    mesh = gd.experimental.DeviceMesh((1, 2), ("batch", "model"))
+    with pytest.raises(NotImplementedError, match="model axis would span processes"):
+        gd.experimental.ModelParallelStrategy(device_mesh=mesh, cluster_resolver=_two_workers())
+
+
 def test_one_worker_cluster_is_the_one_process_strategy() -> None:
     mesh = gd.experimental.DeviceMesh((2,), ("batch",))
     one = SimpleClusterResolver({"worker": ["localhost:1"]}, task_type="worker", task_id=0)
