@@ -32,6 +32,7 @@ __all__ = [
     "machine_markdown",
     "median",
     "median_ms",
+    "mlp_training",
     "peak_rss_bytes",
     "replace_section",
     "run_child",
@@ -40,6 +41,7 @@ __all__ = [
     "git_commit",
     "time_interleaved",
     "update_section",
+    "weights_checksum",
     "write_document",
 ]
 
@@ -168,6 +170,42 @@ def peak_rss_bytes() -> int:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def mlp_training(strategy: Any, sizes: tuple[int, ...], batch: int) -> tuple[Any, Any, Any, tuple]:
+    """An MLP trained with Adam under ``strategy`` on one fixed random global batch.
+
+    Returns:
+        ``(model, optimizer, train, args)``: the model, its optimizer, the compiled step (``train(*args)`` runs
+        one step and returns the summed loss) and the distributed batch; the step is compiled and run once.
+    """
+    import numpy as np
+
+    import graphdist as gd
+    from graphdist.models.mlp import MLP
+
+    with strategy.scope():
+        model = MLP(sizes, seed=0, trainable=True)
+        optimizer = gd.optimizers.Adam(1e-4)
+    replica_step = model.make_train_step(optimizer, batch)
+
+    @gd.function
+    def train(x: Any, labels: Any) -> Any:
+        return strategy.reduce("SUM", strategy.run(replica_step, args=(x, labels)), axis=None)
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, sizes[0])).astype(np.float32)
+    labels = rng.integers(0, sizes[-1], batch)
+    args = next(iter(strategy.experimental_distribute_dataset(gd.data.Dataset.from_tensors((x, labels)))))
+    train(*args)  # compiles, and the first step
+    return model, optimizer, train, tuple(args)
+
+
+def weights_checksum(model: Any) -> float:
+    """Sum of the absolute values of a model's trainable weights (variants that train alike agree on it)."""
+    import numpy as np
+
+    return float(sum(np.abs(v.numpy()).sum(dtype=np.float64) for v in model.trainable_variables))
 
 
 def run_child(module: str, arguments: list[str], timeout: float) -> dict[str, Any]:

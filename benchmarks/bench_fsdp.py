@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import median_ms, peak_rss_bytes, run_child, update_section
+from benchmarks import median_ms, mlp_training, peak_rss_bytes, run_child, update_section, weights_checksum
 
 __all__ = ["NAME", "SIZES", "VARIANTS", "run", "child", "markdown", "main"]
 
@@ -81,35 +81,17 @@ def _gathered_peak(train: Any, args: tuple) -> int:
 
 def child(variant: str, sizes: tuple[int, ...], batch: int, steps: int) -> dict[str, Any]:
     """Trains in this process and returns its measurements (run in a fresh process for a clean RSS)."""
-    import graphdist as gd
-    from graphdist.models.mlp import MLP
     from graphdist.passes.shard_optimizer_state import state_bytes_per_replica
     from graphdist.passes.shard_parameters import parameter_bytes_per_replica
 
-    strategy = _strategy(variant)
-    with strategy.scope():
-        model = MLP(sizes, seed=0, trainable=True)
-        optimizer = gd.optimizers.Adam(1e-4)
-    replica_step = model.make_train_step(optimizer, batch)
-
-    @gd.function
-    def train(x: Any, labels: Any) -> Any:
-        return strategy.reduce("SUM", strategy.run(replica_step, args=(x, labels)), axis=None)
-
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((batch, sizes[0])).astype(np.float32)
-    labels = rng.integers(0, sizes[-1], batch)
-    args = next(iter(strategy.experimental_distribute_dataset(gd.data.Dataset.from_tensors((x, labels)))))
-    train(*args)  # compiles, and the first step
+    model, _, train, args = mlp_training(_strategy(variant), sizes, batch)
     step_ms = median_ms(lambda: train(*args), steps)
-    graph = train.get_concrete_function(*args).graph("rewritten")
-    plan = train.get_concrete_function(*args).plan
+    concrete = train.get_concrete_function(*args)
+    graph = concrete.graph("rewritten")
     return {"variant": variant, "params": int(sum(np.prod(v.shape) for v in model.trainable_variables)),
             "bytes_per_device": parameter_bytes_per_replica(graph) + state_bytes_per_replica(graph),
-            "gathered_peak_bytes": _gathered_peak(train, args),
-            "segments": len(plan.segments),
-            "peak_rss_bytes": peak_rss_bytes(), "step_ms": step_ms,
-            "checksum": float(sum(np.abs(v.numpy()).sum(dtype=np.float64) for v in model.trainable_variables))}
+            "gathered_peak_bytes": _gathered_peak(train, args), "segments": len(concrete.plan.segments),
+            "peak_rss_bytes": peak_rss_bytes(), "step_ms": step_ms, "checksum": weights_checksum(model)}
 
 
 def run(sizes: tuple[int, ...] = SIZES, batch: int = BATCH, steps: int = 5, timeout: float = 900.0) -> dict[str, Any]:

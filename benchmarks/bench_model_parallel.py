@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import median_ms, peak_rss_bytes, run_child, update_section
+from benchmarks import median_ms, mlp_training, peak_rss_bytes, run_child, update_section, weights_checksum
 
 __all__ = ["NAME", "SIZES", "TRANSFORMER", "run", "child", "transformer_child", "markdown", "transformer_markdown",
            "main"]
@@ -84,26 +84,10 @@ def _collective_bytes(graph: Any) -> tuple[int, int]:
 
 def child(kind: str, sizes: tuple[int, ...], batch: int, steps: int) -> dict[str, Any]:
     """Trains in this process and returns its measurements (run in a fresh process for a clean RSS)."""
-    import graphdist as gd
-    from graphdist.models.mlp import MLP
     from graphdist.passes.lower_layouts import variable_bytes_per_device
     from graphdist.runtime import timeline
 
-    strategy = _strategy(kind)
-    with strategy.scope():
-        model = MLP(sizes, seed=0, trainable=True)
-        optimizer = gd.optimizers.Adam(1e-4)
-    replica_step = model.make_train_step(optimizer, batch)
-
-    @gd.function
-    def train(x: Any, labels: Any) -> Any:
-        return strategy.reduce("SUM", strategy.run(replica_step, args=(x, labels)), axis=None)
-
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((batch, sizes[0])).astype(np.float32)
-    labels = rng.integers(0, sizes[-1], batch)
-    args = next(iter(strategy.experimental_distribute_dataset(gd.data.Dataset.from_tensors((x, labels)))))
-    train(*args)  # compiles, and the first step
+    model, _, train, args = mlp_training(_strategy(kind), sizes, batch)
     with timeline.record() as recorded:
         train(*args)
     measured = sum(int(e.args["bytes"]) * len(e.args["participants"]) for e in recorded[0] if e.cat == "collective")
@@ -113,8 +97,7 @@ def child(kind: str, sizes: tuple[int, ...], batch: int, steps: int) -> dict[str
     return {"kind": kind, "params": int(sum(np.prod(v.shape) for v in model.trainable_variables)),
             "bytes_per_device": variable_bytes_per_device(graph), "peak_rss_bytes": peak_rss_bytes(),
             "step_ms": step_ms, "collective_bytes_measured": measured, "collective_bytes_predicted": predicted,
-            "sent_bytes_estimate": sent,
-            "checksum": float(sum(np.abs(v.numpy()).sum(dtype=np.float64) for v in model.trainable_variables))}
+            "sent_bytes_estimate": sent, "checksum": weights_checksum(model)}
 
 
 def _transformer_strategy() -> Any:

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import median_ms, peak_rss_bytes, run_child, update_section
+from benchmarks import median_ms, mlp_training, peak_rss_bytes, run_child, update_section, weights_checksum
 
 __all__ = ["NAME", "GOAL", "SIZES", "run", "child", "markdown", "main"]
 
@@ -54,7 +54,6 @@ def child(zero: bool, sizes: tuple[int, ...], batch: int, steps: int, workers: b
     ``workers``: under ``MultiWorkerMirroredStrategy`` (this process is one worker of ``graphdist launch``).
     """
     import graphdist as gd
-    from graphdist.models.mlp import MLP
     from graphdist.passes.shard_optimizer_state import state_bytes_per_replica
 
     if workers:
@@ -62,21 +61,7 @@ def child(zero: bool, sizes: tuple[int, ...], batch: int, steps: int, workers: b
     else:
         strategy = gd.MirroredStrategy(["cpu:0", "cpu:1"],
                                        cross_device_ops=gd.NcclAllReduce(shard_optimizer_state=zero))
-    with strategy.scope():
-        model = MLP(sizes, seed=0, trainable=True)
-        optimizer = gd.optimizers.Adam(1e-4)
-    replica_step = model.make_train_step(optimizer, batch)
-
-    @gd.function
-    def train(x, labels):
-        return strategy.reduce("SUM", strategy.run(replica_step, args=(x, labels)), axis=None)
-
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((batch, sizes[0])).astype(np.float32)
-    labels = rng.integers(0, sizes[-1], batch)
-    dataset = gd.data.Dataset.from_tensors((x, labels))
-    args = next(iter(strategy.experimental_distribute_dataset(dataset)))
-    train(*args)  # compiles, and the first step
+    model, optimizer, train, args = mlp_training(strategy, sizes, batch)
     step_ms = median_ms(lambda: train(*args), steps)
     plan = train.get_concrete_function(*args).plan
     return {"zero": zero, "params": int(sum(np.prod(v.shape) for v in model.trainable_variables)),
@@ -84,7 +69,7 @@ def child(zero: bool, sizes: tuple[int, ...], batch: int, steps: int, workers: b
             "stored_state_bytes": int(sum(v._stored_nbytes for v in optimizer.variables())),
             "peak_rss_bytes": peak_rss_bytes(),
             "step_ms": step_ms,
-            "checksum": float(sum(np.abs(v.numpy()).sum(dtype=np.float64) for v in model.trainable_variables))}
+            "checksum": weights_checksum(model)}
 
 
 def _across_workers(zero: bool, sizes: tuple[int, ...], batch: int, steps: int, timeout: float) -> dict[str, Any]:

@@ -65,3 +65,31 @@ def assert_same_state(got: Sequence[np.ndarray], want: Sequence[np.ndarray], rto
     assert len(got) == len(want)
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)
+
+
+def train_imported(strategy: gd.Strategy, onnx_model: object, x: np.ndarray, y: np.ndarray, batch: int = 16
+                   ) -> tuple[list[float], list[np.ndarray], object]:
+    """Adam steps of an imported ONNX model (``gd.onnx.load`` in ``strategy``'s scope) over ``x`` in global
+    batches of ``batch``, softmax cross-entropy on its output.
+
+    Returns:
+        The losses, the weights followed by the optimizer's variables, and the step's concrete function.
+    """
+    with strategy.scope():
+        model = gd.onnx.load(onnx_model)
+        optimizer = gd.optimizers.Adam(0.01)
+
+    def replica_step(xb: np.ndarray, yb: np.ndarray) -> np.ndarray:
+        with gd.GradientTape() as tape:
+            per_example = gd.nn.sparse_softmax_cross_entropy(yb, model(xb))
+            loss = gd.nn.compute_average_loss(per_example, global_batch_size=batch)
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    @gd.function
+    def step(xb: np.ndarray, yb: np.ndarray) -> np.ndarray:
+        return strategy.reduce("SUM", strategy.run(replica_step, args=(xb, yb)), axis=None)
+
+    losses = [float(step(x[i:i + batch], y[i:i + batch])) for i in range(0, len(x), batch)]
+    values = [v.numpy() for v in model.trainable_variables] + [v.numpy() for v in optimizer.variables()]
+    return losses, values, step.get_concrete_function(x[:batch], y[:batch])

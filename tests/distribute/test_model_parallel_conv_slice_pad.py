@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import graphdist as gd
+from tests.distribute.digits_training import train_imported
 from tests.distribute.test_model_parallel import _assert_same_training, _digits, _mesh, _train_params
 
 CHANNELS = 8
@@ -150,28 +151,6 @@ def _padded_model() -> object:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def _train_imported(strategy: gd.Strategy, onnx_model: object, x: np.ndarray, y: np.ndarray
-                    ) -> tuple[list[float], list[np.ndarray], object]:
-    with strategy.scope():
-        model = gd.onnx.load(onnx_model)
-        optimizer = gd.optimizers.Adam(0.01)
-
-    def replica_step(xb: np.ndarray, yb: np.ndarray) -> np.ndarray:
-        with gd.GradientTape() as tape:
-            per_example = gd.nn.sparse_softmax_cross_entropy(yb, model(xb))
-            loss = gd.nn.compute_average_loss(per_example, global_batch_size=16)
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
-
-    @gd.function
-    def step(xb: np.ndarray, yb: np.ndarray) -> np.ndarray:
-        return strategy.reduce("SUM", strategy.run(replica_step, args=(xb, yb)), axis=None)
-
-    losses = [float(step(x[i:i + 16], y[i:i + 16])) for i in range(0, len(x), 16)]
-    values = [v.numpy() for v in model.trainable_variables] + [v.numpy() for v in optimizer.variables()]
-    return losses, values, step.get_concrete_function(x[:16], y[:16])
-
-
 def test_padded_split_activation_of_an_imported_model_stays_split_and_equals_one_device() -> None:
     x, y = _digits()
     images = x.reshape(-1, 1, 8, 8)
@@ -180,8 +159,8 @@ def test_padded_split_activation_of_an_imported_model_stays_split_and_equals_one
     layout_map["^k1$"] = ("model", None, None, None)  # output channels
     layout_map["^b1$"] = ("model",)
     layout_map["^k2$"] = (None, "model", None, None)  # input channels: a partial sum
-    one = _train_imported(gd.OneDeviceStrategy("cpu:0"), onnx_model, images, y)
-    tp = _train_imported(gd.experimental.ModelParallelStrategy(layout_map=layout_map), onnx_model, images, y)
+    one = train_imported(gd.OneDeviceStrategy("cpu:0"), onnx_model, images, y)
+    tp = train_imported(gd.experimental.ModelParallelStrategy(layout_map=layout_map), onnx_model, images, y)
     _assert_same_training(one, tp, rtol=1e-4, atol=1e-5)
     pads = [n for n in _forward_ops(tp[2], "Pad") if n.inputs[0].producer.op_type == "Relu"]
     assert sorted((n.device, tuple(n.outputs[0].shape)) for n in pads) == [
