@@ -69,8 +69,12 @@ Cases:
   first device of each group adds the bias (``C``);
 * a grouped ``Conv`` whose channels are split (whole groups per device): each
   copy's ``group`` is the number of groups its block holds;
-* a collective between replicas (``AllReduce`` of the batch axis): one copy
-  per device, each in its own group (``group_key`` suffixed with the device
+* a collective between replicas (``AllReduce`` of the batch axis) of values
+  whole on every device of a replica (a replicated weight's gradient, an FSDP
+  weight's gather or gradient): one copy, on each replica's first device, the
+  others reading its result (``PartitionPass``'s transfers: in one process a
+  second name for the same array); of split or partial values: one copy per
+  device, each in its own group (``group_key`` suffixed with the device
   index);
 * a mesh whose replicas have one device each: only ``ShardingConstraint``
   nodes are removed (they are the identity there);
@@ -85,6 +89,7 @@ from typing import Any
 import numpy as np
 
 from graphdist.errors import GraphError
+from graphdist.ir.comm_ops import is_communication
 from graphdist.ir.graph import GRAPHDIST_DOMAIN, Graph, Node, Value
 from graphdist.ir.layouts import INPUT_LAYOUTS_KEY, RESHARDS_KEY, Layout, MeshSpec, local_slices
 from graphdist.ir.placement import PlacementSpec, VariablePlacement, variable_specs
@@ -319,6 +324,11 @@ class _Lowering:
             for out, new in zip(node.outputs, copy.outputs):
                 self.local[id(out)] = [new] * self.count
             return
+        if self._once_per_replica(node, wanted):
+            copy = self._copy(node, [c[0] for c in columns], self.mesh.devices[replica][0], node.replica, meta, 0)
+            for out, new in zip(node.outputs, copy.outputs):
+                self.local[id(out)] = [new] * self.count  # the other devices read it (a transfer)
+            return
         for out in node.outputs:
             self.local[id(out)] = []
         once = node.meta.get(ADD_ONCE_KEY)
@@ -331,6 +341,16 @@ class _Lowering:
             for out, new in zip(node.outputs, copy.outputs):
                 self._check_local(out, new)
                 self.local[id(out)].append(new)
+
+    def _once_per_replica(self, node: Node, wanted: Sequence[Layout | None]) -> bool:
+        """Whether a collective between replicas runs on each replica's first device only: its inputs and outputs
+        are whole on every device of a replica (a replicated weight's gradient, an FSDP weight's gather), so one
+        device's copy serves them all; per device it would move the same bytes once per device.
+        """
+        if node.domain != GRAPHDIST_DOMAIN or not is_communication(node) or "group_key" not in node.attrs:
+            return False
+        return (all(want is None or want.is_replicated for want in wanted)
+                and all(layout_of(out).is_replicated for out in node.outputs))
 
     def _first_of_groups(self, index: int, axes: frozenset[str]) -> bool:
         coords = self.mesh.coordinates(index)

@@ -69,6 +69,11 @@ def test_kernels_split_over_model_and_biases_over_batch_train_like_one_device(on
     losses, state, graph, model = _train(strategy)
     assert strategy.pipeline_config().shard_parameters == BIASES  # the kernels go to the layout passes
     assert graph.find_nodes("ReduceScatter", gd.ir.GRAPHDIST_DOMAIN)
+    # A bias is whole on both model devices of a replica: one gather and one reduce-scatter per replica, on its
+    # first device (the other reads it), not one per device.
+    fsdp = [n for n in graph.nodes if n.op_type in ("AllGather", "ReduceScatter")
+            and not n.attrs["group_key"].startswith("layout")]  # the layout passes' own are per device
+    assert fsdp and {n.device for n in fsdp} == {"cpu:0", "cpu:2"}  # the replicas' first devices
     for variable in model.trainable_variables:  # kernels: one block per model position; biases: one shard
         assert len(variable.stored_value()) == 2  # per batch position
     np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
