@@ -180,7 +180,7 @@ class MPIClusterResolver(ClusterResolver):
     """
 
     def __init__(self, num_ps: int = 0, has_chief: bool = False, local_devices: Sequence[str] | None = None) -> None:
-        from graphdist.runtime.comm.mpi import world
+        from graphdist.runtime.comm.mpi_world import world
 
         comm = world()
         size, rank = comm.Get_size(), comm.Get_rank()

@@ -120,7 +120,7 @@ class Server:
     def __init__(self, server_or_cluster_def: Any, job_name: str | None = None, task_index: int | None = None,
                  protocol: str | None = None, config: Any = None, start: bool = True,
                  timeout: float | None = None) -> None:
-        from graphdist.runtime.comm.mpi import default_timeout, world
+        from graphdist.runtime.comm.mpi_world import default_timeout, world
 
         self._spec = ClusterSpec(server_or_cluster_def)
         if job_name != "ps":
@@ -365,7 +365,7 @@ class PSClient:
 
     def __init__(self, spec: ClusterSpec, timeout: float | None = None,
                  task: tuple[str, int] | None = None) -> None:
-        from graphdist.runtime.comm.mpi import default_timeout, world
+        from graphdist.runtime.comm.mpi_world import default_timeout, world
 
         self._spec = spec
         self._comm = world(spec, *task) if task is not None else world()

@@ -40,10 +40,8 @@ or ``CrossWorkerReduceScatter`` (ZeRO-1 across workers, inserted by
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
-import sys
 import time
 import zlib
 from collections.abc import Callable, Sequence
@@ -55,20 +53,22 @@ from graphdist.errors import CollectiveTimeoutError, GraphdistError, InvalidArgu
 from graphdist.ir import comm_ops
 from graphdist.runtime import rendezvous, timeline
 from graphdist.runtime.comm import algorithms
+from graphdist.runtime.comm.mpi_world import default_timeout, skip_finalize, world
 
 __all__ = [
     "MPICommunicator",
     "CollectiveMismatchError",
     "CommunicatorBrokenError",
     "TaskLostError",
-    "skip_finalize",
-    "world",
     "default_communicator",
     "set_default_communicator",
-    "default_timeout",
     "run_comm_task",
     "register_group",
     "CROSS_WORKER_OPS",
+    # the job's world and timeout (graphdist.runtime.comm.mpi_world), which callers of the communicator use too
+    "default_timeout",
+    "skip_finalize",
+    "world",
 ]
 
 logger = logging.getLogger(__name__)
@@ -94,88 +94,6 @@ class CommunicatorBrokenError(CollectiveTimeoutError):
 
 class TaskLostError(CollectiveTimeoutError):
     """Another task of the job ended (killed, crashed, failed) while this one waited for it."""
-
-
-def world(spec: Any = None, task_type: str | None = None, task_id: int | None = None) -> Any:
-    """The communicator of every task of the job (initialising MPI on first use).
-
-    Under an MPI launcher (``graphdist launch``, ``mpiexec -n N``, ``srun``)
-    that is ``MPI.COMM_WORLD``. A task started on its own with a multi-task
-    cluster (``spec``, with this task's ``task_type`` / ``task_id``) joins the
-    other tasks first (:func:`graphdist.runtime.comm.mpi_join.join`); later
-    calls return the same communicator.
-
-    Raises:
-        GraphdistError: mpi4py or an MPI library is not installed.
-        ClusterConfigError: The tasks cannot meet or join.
-    """
-    global _joined
-    if _joined is not None:
-        return _joined
-    if spec is not None and task_type is not None and task_id is not None:
-        from graphdist.runtime.comm import mpi_join
-
-        if len(mpi_join.meeting_ranks(spec)) > 1 and task_type != "evaluator":
-            _joined = mpi_join.join(spec, task_type, int(task_id))
-            return _joined
-    return world_of_launcher()
-
-
-_joined: Any = None
-
-
-def world_of_launcher() -> Any:
-    """``MPI.COMM_WORLD``: the processes the MPI launcher started together (initialising MPI)."""
-    return _import_mpi().COMM_WORLD
-
-
-def _import_mpi() -> Any:
-    from graphdist.runtime import launch_status
-
-    # graphdist launch ends a job whose rank ended without MPI while another waits in MPI_Init (for ever).
-    launch_status.record_mpi("init")
-    try:
-        from mpi4py import MPI  # MPI_Init: returns once every rank of the job called it
-    except ImportError as err:  # mpi4py is an optional dependency (the [mpi] extra)
-        from graphdist.runtime.comm.mpi_join import missing_mpi_message
-
-        raise GraphdistError(missing_mpi_message(err)) from None
-    launch_status.record_mpi("ready")
-    return MPI
-
-
-def default_timeout() -> float:
-    """Seconds a collective may wait: ``GRAPHDIST_COLLECTIVE_TIMEOUT`` or 300."""
-    text = os.environ.get("GRAPHDIST_COLLECTIVE_TIMEOUT", "").strip()
-    if not text:
-        return 300.0
-    try:
-        value = float(text)
-    except ValueError:
-        raise InvalidArgumentError(f"GRAPHDIST_COLLECTIVE_TIMEOUT must be a number of seconds, got {text!r}") from None
-    if value <= 0:
-        raise InvalidArgumentError(f"GRAPHDIST_COLLECTIVE_TIMEOUT must be > 0, got {value}")
-    return value
-
-
-_broken_processes: list[str] = []
-
-
-def skip_finalize(reason: str) -> None:
-    """Makes this process leave without ``MPI_Finalize`` (after flushing, with status 1): a peer it waited
-    for is dead or unreachable, and finalizing would wait for it for ever (``reason`` says why).
-    """
-    if not _broken_processes:
-        atexit.register(_skip_finalize_when_broken)
-    _broken_processes.append(reason)
-
-
-def _skip_finalize_when_broken() -> None:
-    # MPI_Finalize would wait for a dead rank forever; leave without it (after flushing output).
-    if _broken_processes:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
 
 
 class MPICommunicator:

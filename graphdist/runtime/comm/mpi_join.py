@@ -239,7 +239,7 @@ def join(spec: ClusterSpec, task_type: str, task_id: int) -> Any:
             rendezvous.split_address(spec.task_address(job, index), f"{job} {index}'s TF_CONFIG address")
         require_mpi4py()
         _reexecute(spec, rank)
-    from graphdist.runtime.comm.mpi import world_of_launcher
+    from graphdist.runtime.comm.mpi_world import world_of_launcher
 
     launched = world_of_launcher()
     if launched.Get_size() != 1:
