@@ -26,7 +26,8 @@ Cases:
 * a graph without marked gathers (no FSDP, or one replica in all): unchanged;
 * one unit per replica: unchanged (nothing to wait for);
 * units ``u0, u1, ...`` per replica (forward then backward): ``u1``'s gathers wait for ``u0``'s readers,
-  and so on; across workers the first collective is the ``CrossWorkerAllGather``, which keeps the order
+  and so on; with ``prefetch=p``, ``u(k)``'s wait for ``u(k-1-p)``'s readers (the first ``p + 1`` units
+  wait for nothing); across workers the first collective is the ``CrossWorkerAllGather``, which keeps the order
   every worker issues its collectives in the same (all workers wait for the same readers);
 * a second run: the same lists, unchanged.
 """
@@ -36,7 +37,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from graphdist.errors import GraphError
+from graphdist.errors import GraphError, InvalidArgumentError
 from graphdist.ir.graph import Graph, Node
 from graphdist.passes.base import PassBase, PassContext, PassResult
 from graphdist.passes.shard_parameters import GATHER_META, WEIGHT_META
@@ -61,9 +62,28 @@ def unit_of(gather_key: str) -> tuple[str, str]:
 
 
 class LimitParameterGathersPass(PassBase):
-    """Makes each unit's weight gathers wait for the previous unit's readers (see the module docstring)."""
+    """Makes each unit's weight gathers wait for the readers of the unit ``prefetch + 1`` before it.
+
+    Args:
+        prefetch: Units gathered ahead of the one computing (FSDP's prefetch): ``0`` (default) holds one
+            unit's gathered weights at a time and a gather waits for the previous unit's readers; ``1`` lets
+            the next unit's gathers run while a unit computes (overlapping communication with computation)
+            and holds two.
+
+    Raises:
+        InvalidArgumentError: ``prefetch`` is not a non-negative integer.
+    """
 
     runs_after = ("ShardParametersPass", "EliminateDeadNodesPass")
+
+    def __init__(self, prefetch: int = 0) -> None:
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise InvalidArgumentError(f"LimitParameterGathersPass: prefetch must be an integer >= 0 (units "
+                                       f"gathered ahead), got {prefetch!r}")
+        self.prefetch = prefetch
+
+    def __repr__(self) -> str:
+        return self.name if not self.prefetch else f"{self.name}(prefetch={self.prefetch})"
 
     def call(self, graph: Graph, ctx: PassContext) -> PassResult:
         heads, weights = _marked(graph)
@@ -74,7 +94,7 @@ class LimitParameterGathersPass(PassBase):
         for replica in sorted({r for r, _ in heads}, key=lambda r: -1 if r is None else r):
             units = sorted((u for r, u in heads if r == replica),
                            key=lambda u: _first_read(weights.get((replica, u), []), position))
-            for previous, unit in zip(units, units[1:]):
+            for previous, unit in zip(units, units[1 + self.prefetch:]):
                 unit_heads = heads[(replica, unit)]
                 after = _awaited(weights.get((replica, previous), []), _descendants(unit_heads))
                 for head in unit_heads:

@@ -17,7 +17,7 @@ import pytest
 
 from graphdist.backends import get_backend
 from graphdist.compile.plan import Plan
-from graphdist.errors import GraphError
+from graphdist.errors import GraphError, InvalidArgumentError
 from graphdist.ir import GRAPHDIST_DOMAIN, Graph, Value
 from graphdist.passes.assign_devices import AssignDevicesPass
 from graphdist.passes.base import PassContext, PassManager
@@ -170,3 +170,34 @@ def test_the_scheduler_holds_one_layers_gathered_weights_at_a_time(monkeypatch: 
     assert unlimited == 3  # every weight gathered at the start of the step
     for got, want in zip(outputs, reference):
         np.testing.assert_array_equal(got, want)
+
+
+def _three_layers() -> tuple[Graph, list[list[str]]]:
+    """y_r = ((x_r @ l0) @ l1) @ l2: three units of one kernel each; returns the graph and, per layer, the
+    names of its readers' outputs (both replicas)."""
+    graph = Graph("three_layers")
+    values = [graph.add_input(f"x{r}", np.float32, (3, 4)) for r in range(2)]
+    readers = []
+    for layer in range(3):
+        weights = _gathered(graph, f"l{layer}/kernel", (4, 4))
+        values = [_op(graph, "MatMul", [values[r], weights[r]], replica=r) for r in range(2)]
+        readers.append(sorted(v.name for v in values))
+    graph.outputs = values
+    return graph, readers
+
+
+def test_prefetch_lets_the_next_layers_gathers_run_while_a_layer_computes() -> None:
+    graph, readers = _three_layers()
+    result = check_pass(LimitParameterGathersPass(prefetch=1), graph, modified=True, ctx=CTX, numerics=False,
+                        meta_keys=META)
+    waits = {n.meta[GATHER_META]: n.attrs.get(AFTER_ATTR) for n in result.nodes if GATHER_META in n.meta}
+    # l0 and l1 wait for nothing (l1 is gathered while l0 computes); l2 waits for l0's readers, not l1's.
+    assert waits == {"fsdp.l0/kernel.forward": None, "fsdp.l1/kernel.forward": None,
+                     "fsdp.l2/kernel.forward": readers[0]}
+    assert repr(LimitParameterGathersPass(prefetch=1)) == "LimitParameterGathersPass(prefetch=1)"
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "1"])
+def test_a_bad_prefetch_names_the_argument(bad: object) -> None:
+    with pytest.raises(InvalidArgumentError, match="prefetch must be an integer >= 0"):
+        LimitParameterGathersPass(prefetch=bad)  # type: ignore[arg-type]
