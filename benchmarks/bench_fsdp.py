@@ -14,38 +14,63 @@ gathered weights alive at once on one device during a step (the scheduler's valu
 step after the timed ones), peak RSS of the process, and the median step time after a warm-up step, with
 the ratios against Mirrored in the same run.
 
-    python -m benchmarks.bench_fsdp [--quick] [--steps N] [--write]
+With ``--hosts`` (root: network namespaces, :mod:`benchmarks.netns`), the same comparison across 2 hosts of one
+core each, every task started on its own host with its ``TF_CONFIG``, on shaped links (10 Gbit/s and 1 Gbit/s):
+``MultiWorkerMirroredStrategy`` against FSDP over the batch axis of mesh ``(2,)`` spanning the hosts (one layer at
+a time, unordered, and with the next layer's gathers prefetched: ``LimitParameterGathersPass(prefetch=1)``),
+MLP ``HOST_SIZES``, median step time of ``HOST_STEPS`` steps per run, runs interleaved.
+
+    python -m benchmarks.bench_fsdp [--quick] [--steps N] [--hosts] [--write]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from benchmarks import median_ms, mlp_training, peak_rss_bytes, run_child, update_section, weights_checksum
 
-__all__ = ["NAME", "SIZES", "VARIANTS", "run", "child", "markdown", "main"]
+__all__ = ["NAME", "SIZES", "VARIANTS", "HOST_VARIANTS", "run", "run_hosts", "child", "host_worker", "markdown",
+           "hosts_markdown", "main"]
 
 NAME = "fsdp"
 SIZES = (784, 4096, 4096, 4096, 10)
 BATCH = 32
 VARIANTS = ("mirrored", "fsdp", "fsdp_unordered")
+#: Across hosts: the variants, the model, the global batch, the timed steps per run and the links.
+HOST_VARIANTS = ("mirrored", "fsdp", "fsdp_unordered", "fsdp_prefetch1")
+HOST_SIZES = (784, 2048, 2048, 2048, 10)
+HOST_BATCH = 64
+HOST_STEPS = 8
+HOST_LINKS = {"10 Gbit/s": "10gbit", "1 Gbit/s": "1gbit"}
 
 
-def _strategy(variant: str) -> Any:
+def _set_gather_order(variant: str) -> None:
+    """``fsdp_unordered``: what the pipeline did before ``LimitParameterGathersPass``; ``fsdp_prefetch1``: the pass
+    with one layer gathered ahead (this benchmark's process only)."""
+    from graphdist.passes.base import PassResult
+    from graphdist.passes.limit_parameter_gathers import LimitParameterGathersPass
+
+    if variant == "fsdp_unordered":
+        LimitParameterGathersPass.call = lambda self, graph, ctx: PassResult(graph, False)  # type: ignore[method-assign]
+    elif variant == "fsdp_prefetch1":
+        original = LimitParameterGathersPass.__init__
+        LimitParameterGathersPass.__init__ = lambda self, prefetch=0: original(self, 1)  # type: ignore[method-assign]
+
+
+def _strategy(variant: str, workers: bool = False) -> Any:
     import graphdist as gd
 
-    devices = ["cpu:0", "cpu:1"]
+    devices = None if workers else ["cpu:0", "cpu:1"]
     if variant == "mirrored":
-        return gd.MirroredStrategy(devices)
-    if variant == "fsdp_unordered":  # what the pipeline did before LimitParameterGathersPass
-        from graphdist.passes.base import PassResult
-        from graphdist.passes.limit_parameter_gathers import LimitParameterGathersPass
-
-        LimitParameterGathersPass.call = lambda self, graph, ctx: PassResult(graph, False)  # type: ignore[method-assign]
+        return gd.MultiWorkerMirroredStrategy() if workers else gd.MirroredStrategy(devices)
+    _set_gather_order(variant)
     mesh = gd.experimental.DeviceMesh((2,), ("batch",), devices)
     layout_map = gd.experimental.LayoutMap(mesh)
     layout_map["kernel"] = ("batch", None)
@@ -94,6 +119,58 @@ def child(variant: str, sizes: tuple[int, ...], batch: int, steps: int) -> dict[
             "peak_rss_bytes": peak_rss_bytes(), "step_ms": step_ms, "checksum": weights_checksum(model)}
 
 
+def host_worker(variant: str, sizes: tuple[int, ...], batch: int, steps: int, out: str) -> None:
+    """One task of a 2-host job (started with its TF_CONFIG): trains and times; the chief writes the result."""
+    from benchmarks import median
+
+    strategy = _strategy(variant, workers=True)
+    model, _, train, args = mlp_training(strategy, sizes, batch)
+    train(*args)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        train(*args)
+        times.append((time.perf_counter() - start) * 1e3)
+    # On every worker: reading a weight sharded across the workers is a collective they all take part in.
+    result = {"step_ms": median(times), "checksum": weights_checksum(model),
+              "segments": len(train.get_concrete_function(*args).plan.segments)}
+    if strategy.extended.should_checkpoint:
+        Path(out).write_text(json.dumps(result))
+
+
+def run_hosts(sizes: tuple[int, ...] = HOST_SIZES, batch: int = HOST_BATCH, steps: int = HOST_STEPS,
+              rounds: int = 2, links: tuple[str, ...] = tuple(HOST_LINKS)) -> dict[str, Any]:
+    """Every host variant on every link, ``rounds`` interleaved runs each; the fastest run's median step counts.
+
+    Raises:
+        RuntimeError: Network namespaces cannot be made here, fewer than 2 cores, or a task failed.
+    """
+    from benchmarks.netns import HostBed, Link, run_worker_tasks, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason:
+        raise RuntimeError(f"bench_fsdp --hosts needs network namespaces: {reason}")
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise RuntimeError("bench_fsdp --hosts needs 2 cores (one per host)")
+    args = ["--sizes", ",".join(map(str, sizes)), "--batch", str(batch), "--steps", str(steps)]
+    results: dict[str, Any] = {"sizes": list(sizes), "batch": batch, "steps": steps, "rounds": rounds, "links": {}}
+    for name in links:
+        runs: dict[str, list[dict[str, Any]]] = {variant: [] for variant in HOST_VARIANTS}
+        with HostBed(2, link=Link(rate=HOST_LINKS[name]), cpus=[cores[0], cores[1]]) as bed:
+            for index in range(rounds):
+                for variant in HOST_VARIANTS if index % 2 == 0 else HOST_VARIANTS[::-1]:
+                    runs[variant].append(run_worker_tasks(bed, 2, "benchmarks.bench_fsdp", ["--child", variant, *args],
+                                                          {}, 900))
+        best = {variant: min(found, key=lambda r: r["step_ms"]) for variant, found in runs.items()}
+        base = best["mirrored"]
+        for result in best.values():
+            result["step_ratio"] = result["step_ms"] / base["step_ms"]
+            result["same_weights"] = bool(np.isclose(result["checksum"], base["checksum"], rtol=1e-4))
+        results["links"][name] = best
+    return results
+
+
 def run(sizes: tuple[int, ...] = SIZES, batch: int = BATCH, steps: int = 5, timeout: float = 900.0) -> dict[str, Any]:
     """Every variant in a child process, and the ratios against Mirrored."""
     results: dict[str, Any] = {"sizes": list(sizes), "batch": batch, "steps": steps}
@@ -140,6 +217,25 @@ def markdown(results: dict[str, Any]) -> str:
         "the per-device columns are what one device of a multi-host run would hold.", ""])
 
 
+def hosts_markdown(results: dict[str, Any]) -> str:
+    """The across-hosts part of the section."""
+    labels = {"mirrored": "MultiWorkerMirrored", "fsdp": "FSDP, one layer at a time",
+              "fsdp_unordered": "FSDP, gathers unordered", "fsdp_prefetch1": "FSDP, next layer prefetched"}
+    links = list(results["links"])
+    rows = [f"| {labels[v]} | " + " | ".join(f"{results['links'][link][v]['step_ms']:,.1f} ms "
+                                             f"({results['links'][link][v]['step_ratio']:.2f})" for link in links)
+            + f" | {results['links'][links[0]][v]['segments']} |" for v in HOST_VARIANTS]
+    same = all(r["same_weights"] for link in results["links"].values() for r in link.values())
+    return "\n".join([
+        f"Across 2 hosts (network namespaces, one core each, each task started with its TF_CONFIG; links shaped "
+        f"by rate), MLP {'-'.join(map(str, results['sizes']))}, Adam, global batch {results['batch']}, mesh (2,) "
+        f"spanning the hosts; median of {results['steps']} steps, the faster of {results['rounds']} interleaved "
+        "runs (`python -m benchmarks.bench_fsdp --hosts`); in brackets the ratio to MultiWorkerMirrored.", "",
+        "| variant | " + " | ".join(links) + " | segments per worker |",
+        "|---|" + "---|" * len(links) + "---|", *rows, "",
+        f"Same weights after the steps in every variant: {same}.", ""])
+
+
 def main(argv: list[str] | None = None) -> None:
     """Command line (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -148,14 +244,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=BATCH)
     parser.add_argument("--sizes", default=None, help="layer sizes, comma-separated")
     parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
-    parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--hosts", action="store_true", help="also across 2 namespace hosts (root)")
+    parser.add_argument("--child", choices=HOST_VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     sizes = tuple(int(s) for s in args.sizes.split(",")) if args.sizes else ((64, 48, 48, 10) if args.quick else SIZES)
+    if args.worker:
+        host_worker(args.child, sizes, args.batch, args.steps, args.out)
+        return
     if args.child:
         print(json.dumps(child(args.child, sizes, args.batch, args.steps)))
         return
-    results = run(sizes, args.batch, args.steps)
-    text = markdown(results)
+    text = markdown(run(sizes, args.batch, args.steps))
+    if args.hosts:
+        quick = {"sizes": (64, 48, 48, 10), "steps": 2, "rounds": 1} if args.quick else {}
+        text += "\n" + hosts_markdown(run_hosts(**quick))
     print(text)
     if args.write:
         update_section(NAME, text)

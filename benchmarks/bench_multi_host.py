@@ -45,9 +45,7 @@ import argparse
 import json
 import logging
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -57,7 +55,7 @@ import numpy as np
 
 from benchmarks import machine_info, median
 from benchmarks.bench_mpi_allreduce import write_section
-from benchmarks.netns import HostBed, Link, unavailable_reason
+from benchmarks.netns import HostBed, Link, run_worker_tasks, unavailable_reason
 
 __all__ = ["NAME", "LINKS", "MODELS", "SIZES", "run", "markdown", "main", "predicted_ms", "goals"]
 
@@ -72,7 +70,6 @@ SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
 BATCH = 256
 BYTES_PER_PACK = 2 << 20
 FINGERPRINT_BYTES = 16
-_REPO = Path(__file__).resolve().parents[1]
 
 
 # ------------------------------------------------------------------ in a host
@@ -187,31 +184,9 @@ def _allreduce_worker(rounds: int, out: str) -> None:
 
 
 # ------------------------------------------------------------------ driver
-def _cluster(hosts: int) -> dict[str, list[str]]:
-    return {"worker": [f"198.18.0.{i + 1}:2222" for i in range(hosts)]}
-
-
 def _run_tasks(bed: HostBed, hosts: int, worker_args: list[str], env: dict[str, str], timeout: float) -> dict:
-    """Starts the worker in ``hosts`` hosts (each with its TF_CONFIG; one host: no cluster), returns the JSON."""
-    with tempfile.TemporaryDirectory() as folder:
-        out = Path(folder) / "result.json"
-        processes = []
-        for index in range(hosts):
-            environment = dict(os.environ, PYTHONPATH=str(_REPO), **env)
-            environment.pop("GRAPHDIST_CONFIG", None)
-            if hosts > 1:
-                environment["TF_CONFIG"] = json.dumps({"cluster": _cluster(hosts),
-                                                       "task": {"type": "worker", "index": index}})
-            else:
-                environment.pop("TF_CONFIG", None)
-            command = [sys.executable, "-m", "benchmarks.bench_multi_host", "--worker", *worker_args,
-                       "--out", str(out)]
-            processes.append(bed.popen(index, command, env=environment, cwd=_REPO, stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT, text=True))
-        logs = [p.communicate(timeout=timeout)[0] for p in processes]
-        if any(p.returncode for p in processes):
-            raise RuntimeError("a benchmark task failed:\n" + "\n".join(log[-3000:] for log in logs))
-        return json.loads(out.read_text())
+    """Starts this module's worker in ``hosts`` hosts (see :func:`benchmarks.netns.run_worker_tasks`)."""
+    return run_worker_tasks(bed, hosts, "benchmarks.bench_multi_host", worker_args, env, timeout)
 
 
 def _measure_link(bed: HostBed, quick: bool, repeats: int) -> dict[str, Any]:

@@ -23,18 +23,21 @@ tests can skip with that reason.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-__all__ = ["HostBed", "Link", "unavailable_reason", "SUBNET"]
+__all__ = ["HostBed", "Link", "unavailable_reason", "run_worker_tasks", "SUBNET"]
 
 
 SUBNET = "198.18.0"
@@ -354,3 +357,33 @@ def _check(argv: list[str]) -> None:
 def _close_all() -> None:
     for bed in list(_beds):
         bed.close()
+
+
+def run_worker_tasks(bed: HostBed, hosts: int, module: str, worker_args: Sequence[str], env: dict[str, str],
+                     timeout: float) -> dict[str, Any]:
+    """Starts ``python -m module --worker *worker_args --out FILE`` in hosts ``0 .. hosts-1`` of ``bed``, each a
+    plain process with its ``TF_CONFIG`` (one host: no cluster), as the seeds start a multi-worker job, and
+    returns the JSON object the job wrote to ``FILE`` (its chief's).
+
+    Raises:
+        RuntimeError: A task failed (every task's output's tail in the message).
+    """
+    repo = Path(__file__).resolve().parents[1]
+    cluster = {"worker": [f"{SUBNET}.{i + 1}:2222" for i in range(hosts)]}
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "result.json"
+        processes = []
+        for index in range(hosts):
+            environment = dict(os.environ, PYTHONPATH=str(repo), **env)
+            environment.pop("GRAPHDIST_CONFIG", None)
+            if hosts > 1:
+                environment["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+            else:
+                environment.pop("TF_CONFIG", None)
+            command = [sys.executable, "-m", module, "--worker", *worker_args, "--out", str(out)]
+            processes.append(bed.popen(index, command, env=environment, cwd=repo, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, text=True))
+        logs = [p.communicate(timeout=timeout)[0] for p in processes]
+        if any(p.returncode for p in processes):
+            raise RuntimeError("a benchmark task failed:\n" + "\n".join(log[-3000:] for log in logs))
+        return json.loads(out.read_text())

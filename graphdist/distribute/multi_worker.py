@@ -249,6 +249,7 @@ class MultiWorkerMirroredStrategy(Strategy):
     # ------------------------------------------------------------ cluster
     def _connect(self, spec: Any) -> Any:
         from graphdist.runtime.comm.mpi import MPICommunicator, register_group, world
+        from graphdist.runtime.comm.mpi_world import task_ended
 
         comm = world(spec, self._resolver.task_type, self._resolver.task_id)
         size, rank = comm.Get_size(), comm.Get_rank()
@@ -262,7 +263,9 @@ class MultiWorkerMirroredStrategy(Strategy):
                 f"{self._resolver.task_id} (rank {self._worker_index}: chief first, then workers by index); "
                 "give each process the config of its own rank (graphdist launch does)")
         names = [_rank_name(spec, r) for r in range(size)]
-        communicator = MPICommunicator(comm, rank_names=names, timeout=self._options.timeout_seconds)
+        # The world's ranks are the job's tasks (checked above): a collective ends at once when a peer ended.
+        communicator = MPICommunicator(comm, rank_names=names, timeout=self._options.timeout_seconds,
+                                       ended=task_ended)
         register_group(self._group, lambda: communicator)
         _abort_job_on_uncaught_exception(comm)
         return communicator

@@ -11,6 +11,9 @@ file:
   initialising MPI (``MPI_Init`` returns only once every rank called it, so
   a rank that ended without ``mpi_ready`` leaves the others in ``MPI_Init``
   for ever: the launcher ends the job instead);
+* ``rank<R>.finishing``: the task's program ended normally and it is leaving
+  (written at exit, before ``MPI_Finalize``, which may wait for the other
+  ranks): a rank waiting for it in a collective stops waiting at once;
 * ``rank<R>.joined``: the task joined the job's communication (a
   ``ParameterServerStrategy`` worker connected to its ps tasks); a worker
   lost after this point does not end a parameter-server job;
@@ -43,6 +46,8 @@ __all__ = [
     "record_start",
     "record_joined",
     "record_mpi",
+    "record_finishing",
+    "finishing",
     "mpi_stage",
     "record_exit",
     "read_start",
@@ -114,6 +119,19 @@ def record_mpi(stage: str) -> None:
     folder, rank = launch_dir(), launch_rank()
     if folder is not None and rank is not None and not (folder / f"rank{rank}.mpi_{stage}").exists():
         write_json(folder / f"rank{rank}.mpi_{stage}", {"time": time.time()})
+
+
+def record_finishing() -> None:
+    """Notes that this task's program ended normally (called at exit, before ``MPI_Finalize``)."""
+    folder, rank = launch_dir(), launch_rank()
+    if folder is not None and rank is not None:
+        write_json(folder / f"rank{rank}.finishing", {"time": time.time()})
+
+
+def finishing(rank: int, folder: Path | None = None) -> bool:
+    """Whether rank ``rank`` recorded :func:`record_finishing` (its program ended; it may still be in MPI)."""
+    folder = launch_dir() if folder is None else folder
+    return folder is not None and (folder / f"rank{rank}.finishing").exists()
 
 
 def mpi_stage(rank: int, folder: Path | None = None) -> str | None:

@@ -1,11 +1,16 @@
-"""benchmarks.bench_fsdp runs end to end on a small MLP (three child processes) and reports consistent numbers
-(no timing checks)."""
+"""benchmarks.bench_fsdp runs end to end on a small MLP (three child processes; across 2 namespace hosts with
+root) and reports consistent numbers (no timing checks)."""
 
 from __future__ import annotations
 
 import math
 
+import pytest
+
 from benchmarks import bench_fsdp as bench
+from benchmarks.netns import unavailable_reason
+
+_REASON = unavailable_reason()
 
 
 def test_fsdp_benchmark_smoke() -> None:
@@ -25,3 +30,16 @@ def test_fsdp_benchmark_smoke() -> None:
     for variant in (mirrored, ordered, unordered):
         assert variant["peak_rss_bytes"] > 0 and math.isfinite(variant["step_ms"]) and variant["step_ms"] > 0
     assert bench.markdown(results).startswith("## FSDP: one layer's gathered weights at a time")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(bool(_REASON), reason=f"multi-host test bed unavailable: {_REASON}")
+def test_fsdp_benchmark_across_hosts_smoke() -> None:
+    results = bench.run_hosts(sizes=(16, 8, 8, 4), batch=8, steps=2, rounds=1, links=("10 Gbit/s",))
+    link = results["links"]["10 Gbit/s"]
+    assert set(link) == set(bench.HOST_VARIANTS)
+    assert all(r["same_weights"] and math.isfinite(r["step_ms"]) and r["step_ms"] > 0 for r in link.values())
+    assert link["mirrored"]["step_ratio"] == 1.0
+    # One layer at a time cuts a worker's plan at every layer's gathers; unordered, at the phases only.
+    assert link["fsdp"]["segments"] > link["fsdp_prefetch1"]["segments"] > link["fsdp_unordered"]["segments"]
+    assert "| FSDP, next layer prefetched |" in bench.hosts_markdown(results)

@@ -214,3 +214,18 @@ def test_an_address_that_does_not_resolve_is_named(tmp_path) -> None:
     cluster = {"worker": [f"localhost:{free_ports(1)[0]}", "no-such-host.invalid:2222"]}
     task = Task(TRAIN[:1] + ["--out", str(tmp_path)], tf_config(cluster, "worker", 1), tmp_path / "w1.log")
     _fails(task, "ClusterConfigError", "the host 'no-such-host.invalid' does not resolve", within=30)
+
+
+def test_a_collective_whose_peer_finished_fails_at_once_naming_it(tmp_path) -> None:
+    """The chief alone reads a weight sharded across the workers; worker 1 has finished. Before, the chief waited
+    out the collective timeout and then hung probing the finished task (a send to a process that left the joined
+    communicator blocks in MPICH); now it fails within seconds, naming the task and the likely mistake."""
+    tasks = start_all(["tests/distribute/lone_gather_worker.py"], _cluster(2), tmp_path, [("worker", 0), ("worker", 1)],
+                      GRAPHDIST_COLLECTIVE_TIMEOUT="120")
+    codes = wait_all(tasks, timeout=100)
+    chief, other = tasks["worker", 0], tasks["worker", 1]
+    assert codes == {("worker", 0): 1, ("worker", 1): 0}, chief.output[-3000:]
+    assert "finished" in other.output
+    assert "worker 1" in chief.output and "ended (finished) without taking part in it" in chief.output
+    assert "variable.numpy()" in chief.output
+    assert chief.ended - chief.started < 60  # not the 120 s timeout

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -110,3 +112,15 @@ def test_a_stuck_rank_is_named_after_the_timeout(tmp_path) -> None:
     assert "all_reduce loss" in error and "did not complete within 1.5 s" in error
     assert "no answer from rank 1" in error
     assert 1.5 <= ranks[0]["seconds"] < 10
+
+
+@pytest.mark.slow
+def test_a_collective_whose_peer_finished_fails_at_once_under_launch() -> None:
+    """graphdist launch: worker 1's program ends (it waits in MPI_Finalize) while the chief alone gathers a sharded
+    weight; the chief fails within seconds naming worker 1 (the rank's "finishing" note), not at the timeout."""
+    start = time.monotonic()
+    job = mpi_jobs.launch("--workers", "2", "--timeout", "120", "--", sys.executable,
+                          "tests/distribute/lone_gather_worker.py")
+    assert job.returncode == 1, job.stdout + job.stderr
+    assert "worker 1 (rank 1) ended (finished) without taking part in it" in job.stdout + job.stderr
+    assert time.monotonic() - start < 60

@@ -80,6 +80,8 @@ _PING, _PONG = 1, 2
 _DESCRIPTION_BYTES = 160
 _SPIN_SECONDS = 1e-4  # busy-poll this long, then yield the core between polls (a peer may share it)
 _SLEEP_AFTER_SECONDS = 1.0  # then sleep between polls (a long wait means a peer is computing)
+#: How often a waiting collective asks whether a peer's task ended (from its first second on).
+_ASK_ENDED_SECONDS = 1.0
 #: Name of the timeline event of a wait for an MPI request (fingerprint or payload) in a recorded step.
 _WAIT_EVENT = "MPI wait"
 
@@ -108,6 +110,11 @@ class MPICommunicator:
             "worker 1"]``); default ``"rank r"``.
         check: Compare fingerprints before every collective (mismatch
             detection); costs one small all-reduce per call.
+        ended: How the task of a rank ended, ``None`` while it runs (e.g.
+            :func:`~graphdist.runtime.comm.mpi_world.task_ended` where the
+            communicator's ranks are the job's tasks); a collective that has
+            waited a second asks it for its peers every second and fails at
+            once, naming the peer, when one ended (it will never take part).
 
     Attributes:
         rank: This process's rank in the communicator.
@@ -115,7 +122,7 @@ class MPICommunicator:
     """
 
     def __init__(self, comm: Any = None, timeout: float | None = None, rank_names: Sequence[str] | None = None,
-                 check: bool = True) -> None:
+                 check: bool = True, ended: Callable[[int], str | None] | None = None) -> None:
         from mpi4py import MPI
 
         self._MPI = MPI
@@ -131,6 +138,7 @@ class MPICommunicator:
             raise InvalidArgumentError(f"rank_names has {len(rank_names)} names for {self.size} ranks")
         self.rank_names = list(rank_names) if rank_names is not None else [f"rank {r}" for r in range(self.size)]
         self.check = bool(check)
+        self._ended = ended
         self._seq = 0
         self._current = "idle"
         self._broken: str | None = None
@@ -364,6 +372,7 @@ class MPICommunicator:
         mpi = self._MPI
         start = time.monotonic()
         deadline = start + self.timeout
+        ask_ended = start + _ASK_ENDED_SECONDS
         polls = 0
         try:
             while not request.Test():
@@ -375,6 +384,9 @@ class MPICommunicator:
                 if lost is not None:
                     self._fail_lost(f"{kind} {name or ''}".strip(), lost)
                 now = time.monotonic()
+                if self._ended is not None and now > ask_ended:
+                    ask_ended = now + _ASK_ENDED_SECONDS
+                    self._fail_if_a_peer_ended(f"{kind} {name or ''}".strip(), request)
                 if now > deadline:
                     self._fail(f"{kind} {name or ''}".strip(), f"did not complete within {self.timeout:g} s")
                 waited = now - start
@@ -396,9 +408,12 @@ class MPICommunicator:
         self._pongs = [(r, b) for r, b in self._pongs if not r.Test()]
 
     def _probe_peers(self, grace: float) -> dict[int, int | None]:
-        """Pings every other rank; returns the collective number each is waiting at (None: no answer)."""
+        """Pings every other rank whose task is not known to have ended (a send to an ended task that joined
+        through a port can block in MPICH); returns the collective number each is waiting at (None: no answer).
+        """
         mpi = self._MPI
-        replies: dict[int, int | None] = {r: None for r in range(self.size) if r != self.rank}
+        ended = self._peers_ended()
+        replies: dict[int, int | None] = {r: None for r in range(self.size) if r != self.rank and r not in ended}
         ping = np.array([self._seq], np.int64)
         sends, receives = [], {}
         try:
@@ -416,6 +431,27 @@ class MPICommunicator:
         except mpi.Exception:
             pass  # a peer that died makes sends fail; it is reported as not answering
         return replies
+
+    def _peers_ended(self) -> dict[int, str]:
+        """``{rank: how it ended}`` of the peers whose task ended (empty without ``ended``)."""
+        if self._ended is None:
+            return {}
+        found = {peer: self._ended(peer) for peer in range(self.size) if peer != self.rank}
+        return {peer: how for peer, how in found.items() if how is not None}
+
+    def _fail_if_a_peer_ended(self, what: str, request: Any) -> None:
+        ended = self._peers_ended()
+        if not ended or request.Test():  # a peer that took part and then ended is no failure
+            return
+        peer, how = min(ended.items())
+        message = (f"{self.rank_names[self.rank]}: collective {self._current} cannot complete: "
+                   f"{self.rank_names[peer]} ended ({how}) without taking part in it. Every task must call the same "
+                   "collectives in the same order; note that reading a variable sharded across workers "
+                   "(variable.numpy(), a checkpoint's save) is such a collective: do it on every worker, not only "
+                   "on the chief")
+        self._break(message)
+        logger.debug("collective failed (%s): %s", what, message)
+        raise TaskLostError(message)
 
     def _fail_lost(self, what: str, lost: str) -> None:
         message = (f"{self.rank_names[self.rank]}: collective {self._current} cannot complete: {lost}. The job "

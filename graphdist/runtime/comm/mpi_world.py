@@ -12,8 +12,9 @@ import sys
 from typing import Any
 
 from graphdist.errors import GraphdistError, InvalidArgumentError
+from graphdist.runtime import launch_status, rendezvous
 
-__all__ = ["world", "world_of_launcher", "default_timeout", "skip_finalize"]
+__all__ = ["world", "world_of_launcher", "default_timeout", "skip_finalize", "task_ended"]
 
 
 def world(spec: Any = None, task_type: str | None = None, task_id: int | None = None) -> Any:
@@ -50,8 +51,6 @@ def world_of_launcher() -> Any:
 
 
 def _import_mpi() -> Any:
-    from graphdist.runtime import launch_status
-
     # graphdist launch ends a job whose rank ended without MPI while another waits in MPI_Init (for ever).
     launch_status.record_mpi("init")
     try:
@@ -61,6 +60,9 @@ def _import_mpi() -> Any:
 
         raise GraphdistError(missing_mpi_message(err)) from None
     launch_status.record_mpi("ready")
+    # Registered after mpi4py's own exit handler, so it runs first: the other ranks learn that this one's program
+    # ended before MPI_Finalize (which may wait for them).
+    atexit.register(launch_status.record_finishing)
     return MPI
 
 
@@ -96,3 +98,19 @@ def _skip_finalize_when_broken() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
+
+
+def task_ended(rank: int) -> str | None:
+    """How task ``rank`` of the job ended (``"finished"``, ``"exited with status 1"``...), ``None`` while it runs
+    or when nobody knows: the job's meeting knows the tasks started with TF_CONFIG (a goodbye, or a lost
+    connection), ``graphdist launch``'s status folder the ranks it started. A collective waiting for a task that
+    ended can end at once instead of at its timeout.
+    """
+    how = rendezvous.task_ended(rank)
+    if how is not None:
+        return how
+    ended = launch_status.read_exit(rank)
+    if ended is None:
+        return "finished" if launch_status.finishing(rank) else None
+    code = int(ended.get("returncode", 0))
+    return "finished" if code == 0 else launch_status.describe_exit(code)
