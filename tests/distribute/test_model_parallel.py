@@ -36,8 +36,13 @@ def _megatron_map(mesh: gd.experimental.DeviceMesh, blocks: int = 1) -> gd.exper
 
 
 def _train(strategy: gd.Strategy, sizes: list[int], x: np.ndarray, y: np.ndarray, steps: int = 5,
-           batch: int = 16, constrain: bool = False) -> tuple[list[float], list[np.ndarray], object]:
-    """``steps`` Adam steps of an MLP (ReLU between layers, softmax cross-entropy) in a custom loop."""
+           batch: int = 16, constrain: bool = False, pins: dict[int, tuple] | None = None
+           ) -> tuple[list[float], list[np.ndarray], object]:
+    """``steps`` Adam steps of an MLP (ReLU between layers, softmax cross-entropy) in a custom loop.
+
+    ``constrain``: each hidden activation pinned split by columns over ``model``, then whole, alternately;
+    ``pins``: hidden layer -> the layout its activation is pinned to (``with_sharding_constraint``).
+    """
     rng = np.random.default_rng(0)
     with strategy.scope():
         params = []
@@ -57,6 +62,8 @@ def _train(strategy: gd.Strategy, sizes: list[int], x: np.ndarray, y: np.ndarray
                     if constrain:
                         h = gd.experimental.with_sharding_constraint(h, (None, "model") if layer % 2 == 0
                                                                      else (None, None))
+                    if pins and layer in pins:
+                        h = gd.experimental.with_sharding_constraint(h, pins[layer])
             per_example = gd.nn.sparse_softmax_cross_entropy(yb, h)
             loss = gd.nn.compute_average_loss(per_example, global_batch_size=batch)
         optimizer.apply_gradients(zip(tape.gradient(loss, params), params))

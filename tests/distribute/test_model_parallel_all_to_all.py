@@ -7,6 +7,7 @@ import numpy as np
 
 import graphdist as gd
 from tests.distribute.test_model_parallel import _assert_same_training, _digits, _mesh
+from tests.distribute.test_model_parallel import _train as _train_mlp
 
 SIZES = [64, 32, 32, 10]
 BATCH = 16
@@ -16,33 +17,7 @@ def _train(strategy: gd.Strategy, x: np.ndarray, y: np.ndarray, steps: int = 3
            ) -> tuple[list[float], list[np.ndarray], object]:
     """Adam steps of an MLP whose first hidden activation is pinned split by rows (examples) over ``model``;
     the first layer's columns are split over ``model`` by the layout map, so the pin moves the split."""
-    rng = np.random.default_rng(0)
-    with strategy.scope():
-        params = []
-        for i, (fan_in, fan_out) in enumerate(zip(SIZES, SIZES[1:])):
-            params.append(gd.Variable((rng.standard_normal((fan_in, fan_out)) / np.sqrt(fan_in)).astype(np.float32),
-                                      name=f"dense_{i}/kernel"))
-            params.append(gd.Variable(rng.standard_normal(fan_out).astype(np.float32) * 0.1, name=f"dense_{i}/bias"))
-        optimizer = gd.optimizers.Adam(0.01)
-
-    def replica_step(xb: np.ndarray, yb: np.ndarray) -> np.ndarray:
-        with gd.GradientTape() as tape:
-            h = gd.nn.relu(xb @ params[0] + params[1])
-            h = gd.experimental.with_sharding_constraint(h, ("model", None))  # columns -> rows
-            h = gd.nn.relu(h @ params[2] + params[3])
-            logits = h @ params[4] + params[5]
-            per_example = gd.nn.sparse_softmax_cross_entropy(yb, logits)
-            loss = gd.nn.compute_average_loss(per_example, global_batch_size=BATCH)
-        optimizer.apply_gradients(zip(tape.gradient(loss, params), params))
-        return loss
-
-    @gd.function
-    def step(xb: np.ndarray, yb: np.ndarray) -> np.ndarray:
-        return strategy.reduce("SUM", strategy.run(replica_step, args=(xb, yb)), axis=None)
-
-    losses = [float(step(x[s * BATCH:(s + 1) * BATCH], y[s * BATCH:(s + 1) * BATCH])) for s in range(steps)]
-    concrete = step.get_concrete_function(x[:BATCH], y[:BATCH])
-    return losses, [p.numpy() for p in params] + [v.numpy() for v in optimizer.variables()], concrete
+    return _train_mlp(strategy, SIZES, x, y, steps=steps, batch=BATCH, pins={0: ("model", None)})
 
 
 def _strategy() -> gd.Strategy:
