@@ -262,9 +262,10 @@ def test_kernels_split_over_two_model_axes_on_mesh_1x2x2_equal_one_device() -> N
     assert [v.worker_shard.part_shape(3) for v in tp[2].variables[:1]] == [(32, 16)]
 
 
-def _train_params(strategy: gd.Strategy, make: object, forward: object, x: np.ndarray, y: np.ndarray
-                  ) -> tuple[list[float], list[np.ndarray], object]:
-    """Adam steps on 16-row batches of ``forward(params, xb) -> logits`` over the params ``make()`` creates."""
+def _train_params(strategy: gd.Strategy, make: object, forward: object, x: np.ndarray, y: np.ndarray,
+                  distribute: bool = False) -> tuple[list[float], list[np.ndarray], object]:
+    """Adam steps on 16-row batches of ``forward(params, xb) -> logits`` over the params ``make()`` creates
+    (``distribute``: the global batches split over the replicas by ``experimental_distribute_dataset``)."""
     with strategy.scope():
         params = make()
         optimizer = gd.optimizers.Adam(0.01)
@@ -280,9 +281,12 @@ def _train_params(strategy: gd.Strategy, make: object, forward: object, x: np.nd
     def step(xb: np.ndarray, yb: np.ndarray) -> np.ndarray:
         return strategy.reduce("SUM", strategy.run(replica_step, args=(xb, yb)), axis=None)
 
-    losses = [float(step(x[i:i + 16], y[i:i + 16])) for i in range(0, len(x), 16)]
+    batches = [(x[i:i + 16], y[i:i + 16]) for i in range(0, len(x), 16)]
+    if distribute:
+        batches = list(strategy.experimental_distribute_dataset(gd.data.Dataset.from_tensor_slices((x, y)).batch(16)))
+    losses = [float(step(xb, yb)) for xb, yb in batches]
     values = [v.numpy() for v in params] + [v.numpy() for v in optimizer.variables()]
-    return losses, values, step.get_concrete_function(x[:16], y[:16])
+    return losses, values, step.get_concrete_function(*batches[0])
 
 
 def _layout_ops(concrete: object) -> dict[tuple[str, str], int]:

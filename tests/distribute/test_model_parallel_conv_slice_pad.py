@@ -24,32 +24,6 @@ def _variables(shapes: list[tuple[str, tuple[int, ...], float]]) -> list:
                         .astype(np.float32), name=name) for name, shape, scale in shapes]
 
 
-def _train_distributed(strategy: gd.Strategy, make: object, forward: object, x: np.ndarray, y: np.ndarray
-                       ) -> tuple[list[float], list[np.ndarray], object]:
-    """Adam steps of ``forward(params, xb) -> logits`` on global batches of 16, split over the replicas by
-    ``experimental_distribute_dataset``."""
-    with strategy.scope():
-        params = make()
-        optimizer = gd.optimizers.Adam(0.01)
-
-    def replica_step(xb: np.ndarray, yb: np.ndarray) -> np.ndarray:
-        with gd.GradientTape() as tape:
-            per_example = gd.nn.sparse_softmax_cross_entropy(yb, forward(params, xb))
-            loss = gd.nn.compute_average_loss(per_example, global_batch_size=16)
-        optimizer.apply_gradients(zip(tape.gradient(loss, params), params))
-        return loss
-
-    @gd.function
-    def step(xb: object, yb: object) -> np.ndarray:
-        return strategy.reduce("SUM", strategy.run(replica_step, args=(xb, yb)), axis=None)
-
-    losses = []
-    for xb, yb in strategy.experimental_distribute_dataset(gd.data.Dataset.from_tensor_slices((x, y)).batch(16)):
-        losses.append(float(step(xb, yb)))
-    values = [v.numpy() for v in params] + [v.numpy() for v in optimizer.variables()]
-    return losses, values, step.get_concrete_function(xb, yb)
-
-
 def _forward_ops(concrete: object, op_type: str) -> list:
     return [n for n in concrete.graph("rewritten").nodes if n.op_type == op_type and not n.name.startswith("grad")]
 
@@ -91,8 +65,9 @@ def test_depthwise_separable_block_splits_whole_groups_and_equals_one_device(sha
     layout_map["depthwise/kernel"] = ("model", None, None, None)
     layout_map["depthwise/bias"] = ("model",)
     layout_map["pointwise/kernel"] = (None, "model", None, None)
-    one = _train_distributed(gd.OneDeviceStrategy("cpu:0"), make, forward, images, y)
-    tp = _train_distributed(gd.experimental.ModelParallelStrategy(layout_map=layout_map), make, forward, images, y)
+    one = _train_params(gd.OneDeviceStrategy("cpu:0"), make, forward, images, y, distribute=True)
+    tp = _train_params(gd.experimental.ModelParallelStrategy(layout_map=layout_map), make, forward, images, y,
+                       distribute=True)
     _assert_same_training(one, tp, rtol=1e-4, atol=1e-5)
     depthwise = [n for n in _forward_ops(tp[2], "Conv") if int(n.attrs.get("group", 1)) > 1]
     devices = [f"cpu:{i}" for i in range(shape[0] * shape[1])]
