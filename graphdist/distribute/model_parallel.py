@@ -295,8 +295,7 @@ class ModelParallelStrategy(Strategy):
         if config.shard_parameters:
             return config
         updated = {uid for _, uid in graph.meta.variable_updates} | {  # traced: updates are still nodes
-            str(n.attrs.get("variable")) for n in graph.nodes if n.domain == GRAPHDIST_DOMAIN
-            and n.op_type == "AssignVariable"}
+            str(n.attrs.get("variable")) for n in graph.find_nodes("AssignVariable", GRAPHDIST_DOMAIN)}
         names = tuple(spec.name for _, spec in variable_specs(graph)
                       if (spec.trainable or spec.uid not in updated)
                       and self._is_fsdp(self._layout_map[spec.name] or ()))

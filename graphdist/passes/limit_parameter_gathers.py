@@ -106,9 +106,7 @@ class LimitParameterGathersPass(PassBase):
                 if names and head.attrs.get(AFTER_ATTR) != names:
                     head.attrs[AFTER_ATTR] = names
                     modified = True
-        if modified:  # a waited-for reader may sit after the gather in the node order: move the gather down
-            graph.topological_sort(after=ordering_edges(graph))
-        return PassResult(graph, modified)
+        return PassResult(graph, modified)  # PartitionPass orders the nodes by these edges where it reads them
 
 
 def ordering_edges(graph: Graph) -> dict[int, list[Node]]:

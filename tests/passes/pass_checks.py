@@ -11,17 +11,27 @@ from __future__ import annotations
 import numpy as np
 
 from graphdist.backends import default_cache, get_backend
-from graphdist.ir import Graph, assert_structural_equal, to_onnx, verify
+from graphdist.ir import Graph, Value, assert_structural_equal, to_onnx, verify
 from graphdist.passes.base import PassBase, PassContext
 from graphdist.runtime.devices import parse_device
 
-__all__ = ["run_reference", "random_feeds", "check_pass"]
+__all__ = ["run_reference", "random_feeds", "check_pass", "replica_op"]
 
 
 def run_reference(graph: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     """``graph``'s outputs on ``feeds`` with the reference backend (graphdist ops as one participant)."""
     exe = default_cache().get_or_compile(get_backend("reference"), to_onnx(graph), parse_device("cpu:0"))
     return exe.run({v.name: feeds[v.name] for v in graph.inputs})
+
+
+def replica_op(graph: Graph, op_type: str, inputs: list, attrs: dict | None = None, *, replica: int = 0,
+               domain: str = "", **meta) -> Value:
+    """Adds a node of replica ``replica`` (``meta["context"] = "replica"`` and ``meta``), as the replicated step
+    holds them; returns its first output."""
+    node = graph.add_node(op_type, inputs, attrs, domain=domain)
+    node.replica = replica
+    node.meta.update(context="replica", **meta)
+    return node.outputs[0]
 
 
 def random_feeds(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:

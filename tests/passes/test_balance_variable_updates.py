@@ -21,6 +21,7 @@ from graphdist.passes.eliminate_dead_nodes import EliminateDeadNodesPass
 from graphdist.passes.lower_collectives import LowerCollectivesPass
 from graphdist.passes.partition import PartitionPass
 from graphdist.passes.shard_optimizer_state import ShardOptimizerStatePass
+from tests.passes.pass_checks import replica_op as _op
 
 CTX = PassContext(devices=("cpu:0", "cpu:1"))
 META = ("replica", "side_effect")
@@ -28,14 +29,6 @@ META = ("replica", "side_effect")
 VARIABLES = {"w": ((4, 3), np.float32), "m": ((4, 3), np.float32), "b": ((3,), np.float32),
              "s": ((5,), np.float32), "n": ((), np.int64)}
 TRAINABLE = {"w", "b"}
-
-
-def _op(graph: Graph, op_type: str, inputs: list, attrs: dict | None = None, *, replica: int,
-        domain: str = "", **meta) -> Value:
-    node = graph.add_node(op_type, inputs, attrs, domain=domain)
-    node.replica = replica
-    node.meta.update(context="replica", **meta)
-    return node.outputs[0]
 
 
 def _sum(graph: Graph, key: str, parts: list[Value], group_size: int) -> list[Value]:

@@ -26,17 +26,10 @@ from graphdist.passes.partition import AFTER_SEGMENTS_ATTR, PartitionPass
 from graphdist.passes.shard_parameters import GATHER_META, WEIGHT_META
 from graphdist.runtime.scheduler import Scheduler
 from tests.passes.pass_checks import check_pass
+from tests.passes.pass_checks import replica_op as _op
 
 CTX = PassContext(devices=("cpu:0", "cpu:1"))
 META = ("replica", GATHER_META, WEIGHT_META)
-
-
-def _op(graph: Graph, op_type: str, inputs: list, attrs: dict | None = None, *, replica: int,
-        domain: str = "", **meta) -> Value:
-    node = graph.add_node(op_type, inputs, attrs, domain=domain)
-    node.replica = replica
-    node.meta.update(context="replica", **meta)
-    return node.outputs[0]
 
 
 def _gathered(graph: Graph, variable: str, shape: tuple[int, ...]) -> list[Value]:

@@ -10,24 +10,17 @@ import pytest
 
 from graphdist.backends import default_cache, get_backend
 from graphdist.errors import GraphError
-from graphdist.ir import GRAPHDIST_DOMAIN, Graph, Value, assert_structural_equal, to_onnx, verify
+from graphdist.ir import GRAPHDIST_DOMAIN, Graph, assert_structural_equal, to_onnx, verify
 from graphdist.ir.comm_ops import SUMMED_GROUP, SUMMED_REPLICAS
 from graphdist.passes.base import PassContext
 from graphdist.passes.lower_deterministic_reductions import LowerDeterministicReductionsPass
 from graphdist.runtime.comm import local
 from graphdist.runtime.devices import parse_device
+from tests.passes.pass_checks import replica_op as _op
 
 SHAPE = (5, 3)
 META = ("replica", SUMMED_GROUP)
 RNG = np.random.default_rng(2)
-
-
-def _op(graph: Graph, op_type: str, inputs: list, attrs: dict | None = None, *, replica: int = 0,
-        domain: str = "", **meta) -> Value:
-    node = graph.add_node(op_type, inputs, attrs, domain=domain)
-    node.replica = replica
-    node.meta.update(context="replica", **meta)
-    return node.outputs[0]
 
 
 def _graph(lowered: bool) -> Graph:

@@ -12,7 +12,7 @@ import pytest
 import graphdist as gd
 from graphdist.backends import get_backend
 from graphdist.compile.plan import Plan
-from graphdist.ir import GRAPHDIST_DOMAIN, Graph, Value, assert_structural_equal, verify
+from graphdist.ir import GRAPHDIST_DOMAIN, Graph, assert_structural_equal, verify
 from graphdist.models.mlp import MLP
 from graphdist.passes.assign_devices import AssignDevicesPass
 from graphdist.passes.base import PassContext, PassManager
@@ -20,6 +20,7 @@ from graphdist.passes.eliminate_dead_nodes import EliminateDeadNodesPass
 from graphdist.passes.lower_collectives import LowerCollectivesPass
 from graphdist.passes.lower_single_reader_all_reduces import LowerSingleReaderAllReducesPass
 from graphdist.passes.partition import PartitionPass
+from tests.passes.pass_checks import replica_op as _op
 
 META = ("replica", "side_effect")
 SHAPE = (4, 3)
@@ -27,14 +28,6 @@ SHAPE = (4, 3)
 
 def _ctx(replicas: int) -> PassContext:
     return PassContext(devices=tuple(f"cpu:{r}" for r in range(replicas)))
-
-
-def _op(graph: Graph, op_type: str, inputs: list, attrs: dict | None = None, *, replica: int,
-        domain: str = "", **meta) -> Value:
-    node = graph.add_node(op_type, inputs, attrs, domain=domain)
-    node.replica = replica
-    node.meta.update(context="replica", **meta)
-    return node.outputs[0]
 
 
 def _before(readers: tuple[int, ...], *, replicas: int = 2, reduce_op: str = "SUM", dtype=np.float32,

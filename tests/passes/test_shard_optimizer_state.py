@@ -17,18 +17,11 @@ from graphdist.passes.eliminate_dead_nodes import EliminateDeadNodesPass
 from graphdist.passes.lower_collectives import LowerCollectivesPass
 from graphdist.passes.partition import PartitionPass
 from graphdist.passes.shard_optimizer_state import REPLICA_PARTS_OPTION, ShardOptimizerStatePass
+from tests.passes.pass_checks import replica_op as _op
 
 CTX = PassContext(devices=("cpu:0", "cpu:1"))
 META = ("replica", "side_effect")
 SHAPE = (3,)  # 3 elements over 2 replicas: shards of 2, one element of padding
-
-
-def _op(graph: Graph, op_type: str, inputs: list, attrs: dict | None = None, *, replica: int,
-        domain: str = "", **meta) -> Value:
-    node = graph.add_node(op_type, inputs, attrs, domain=domain)
-    node.replica = replica
-    node.meta.update(context="replica", **meta)
-    return node.outputs[0]
 
 
 def _before(shape: tuple[int, ...] = SHAPE) -> Graph:

@@ -24,19 +24,12 @@ from graphdist.passes.replicate import Replication
 from graphdist.passes.shard_optimizer_state import REPLICA_PARTS_OPTION, ShardOptimizerStatePass
 from graphdist.passes.shard_parameters import ShardParametersPass, parameter_bytes_per_replica
 from tests.passes.pass_checks import check_pass
+from tests.passes.pass_checks import replica_op as _op
 
 CTX = PassContext(devices=("cpu:0", "cpu:1"))
 PARTS_CTX = PassContext(devices=("cpu:0", "cpu:1"), options={REPLICA_PARTS_OPTION: True})
 META = ("replica", "side_effect", "backward")
 SHAPE = (3,)  # 3 elements over 2 replicas: shards of 2, one element of padding
-
-
-def _op(graph: Graph, op_type: str, inputs: list, attrs: dict | None = None, *, replica: int,
-        domain: str = "", **meta) -> Value:
-    node = graph.add_node(op_type, inputs, attrs, domain=domain)
-    node.replica = replica
-    node.meta.update(context="replica", **meta)
-    return node.outputs[0]
 
 
 def _before() -> Graph:

@@ -449,14 +449,15 @@ class MPICommunicator:
                    "collectives in the same order; note that reading a variable sharded across workers "
                    "(variable.numpy(), a checkpoint's save) is such a collective: do it on every worker, not only "
                    "on the chief")
-        self._break(message)
-        logger.debug("collective failed (%s): %s", what, message)
-        raise TaskLostError(message)
+        self._raise_lost(what, message)
 
     def _fail_lost(self, what: str, lost: str) -> None:
-        message = (f"{self.rank_names[self.rank]}: collective {self._current} cannot complete: {lost}. The job "
-                   "cannot go on without it; check that task's output and restart the job (from the last "
-                   "checkpoint)")
+        self._raise_lost(what, f"{self.rank_names[self.rank]}: collective {self._current} cannot complete: {lost}. "
+                               "The job cannot go on without it; check that task's output and restart the job (from "
+                               "the last checkpoint)")
+
+    def _raise_lost(self, what: str, message: str) -> None:
+        """Breaks the communicator and raises :class:`TaskLostError`: a task this collective needs has ended."""
         self._break(message)
         logger.debug("collective failed (%s): %s", what, message)
         raise TaskLostError(message)
