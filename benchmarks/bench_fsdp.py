@@ -36,7 +36,8 @@ import numpy as np
 
 from benchmarks import median_ms, mlp_training, peak_rss_bytes, run_child, update_section, weights_checksum
 
-__all__ = ["NAME", "SIZES", "VARIANTS", "HOST_VARIANTS", "run", "run_hosts", "child", "host_worker", "markdown",
+__all__ = ["NAME", "SIZES", "VARIANTS", "HOST_VARIANTS", "run", "run_hosts", "child", "host_worker", "gathered_bytes",
+           "markdown",
            "hosts_markdown", "main"]
 
 NAME = "fsdp"
@@ -78,14 +79,20 @@ def _strategy(variant: str, workers: bool = False) -> Any:
     return gd.experimental.ModelParallelStrategy(layout_map=layout_map, batch_dim_name="batch")
 
 
-def _gathered_peak(train: Any, args: tuple) -> int:
-    """Runs one step watching the scheduler's values: the most bytes of gathered weights alive on one device."""
+def gathered_bytes(train: Any, args: tuple) -> tuple[int, dict[str, int]]:
+    """Runs one step of an FSDP plan watching the scheduler's values.
+
+    Returns:
+        The most bytes of gathered weights alive at once on one device, and per layer (``unit_of``) the bytes
+        of one device's copy of its forward gathers.
+    """
+    from graphdist.passes.limit_parameter_gathers import unit_of
     from graphdist.runtime.scheduler import Scheduler
 
     plan = train.get_concrete_function(*args).plan
-    device_of = {name: device for c in plan.comms if c.op == "AllGather" and c.name.startswith("fsdp.")
-                 for name, device in zip(c.outputs, c.devices)}
-    most = [0]
+    gathers = {c.name for c in plan.comms if c.op == "AllGather" and c.name.startswith("fsdp.")}
+    device_of = {name: device for c in plan.comms if c.name in gathers for name, device in zip(c.outputs, c.devices)}
+    most, layers = [0], {}
     original = Scheduler._finish
 
     def watch(self: Any, task: Any, outputs: Any, env: dict[str, Any], *rest: Any) -> None:
@@ -95,13 +102,16 @@ def _gathered_peak(train: Any, args: tuple) -> int:
             if name in device_of:
                 alive[device_of[name]] = alive.get(device_of[name], 0) + np.asarray(env[name]).nbytes
         most[0] = max(most[0], *alive.values(), 0)
+        if task.name in gathers and task.name.endswith(".forward"):
+            layer, _ = unit_of(task.name)  # every participant gets the same bytes
+            layers[layer] = layers.get(layer, 0) + np.asarray(outputs[0]).nbytes
 
     Scheduler._finish = watch  # type: ignore[method-assign]
     try:
         train(*args)
     finally:
         Scheduler._finish = original  # type: ignore[method-assign]
-    return most[0]
+    return most[0], layers
 
 
 def child(variant: str, sizes: tuple[int, ...], batch: int, steps: int) -> dict[str, Any]:
@@ -115,7 +125,7 @@ def child(variant: str, sizes: tuple[int, ...], batch: int, steps: int) -> dict[
     graph = concrete.graph("rewritten")
     return {"variant": variant, "params": int(sum(np.prod(v.shape) for v in model.trainable_variables)),
             "bytes_per_device": parameter_bytes_per_replica(graph) + state_bytes_per_replica(graph),
-            "gathered_peak_bytes": _gathered_peak(train, args), "segments": len(concrete.plan.segments),
+            "gathered_peak_bytes": gathered_bytes(train, args)[0], "segments": len(concrete.plan.segments),
             "peak_rss_bytes": peak_rss_bytes(), "step_ms": step_ms, "checksum": weights_checksum(model)}
 
 

@@ -104,38 +104,20 @@ def test_a_batch_axis_split_need_not_divide_the_dimension() -> None:
 
 def _most_gathered_bytes_alive(monkeypatch: pytest.MonkeyPatch, limit: bool) -> tuple[int, dict[str, int]]:
     """Trains a 3-layer MLP with FSDP on mesh (4,) for two steps; returns the most bytes of gathered weights
-    alive at once on one device during the second step, and the gathered bytes of each layer's forward gather.
+    alive at once on one device during the second step, and the gathered bytes of each layer's forward gather
+    (``benchmarks.bench_fsdp.gathered_bytes``, which the benchmark reports too).
     """
+    from benchmarks.bench_fsdp import gathered_bytes
     from graphdist.passes.base import PassResult
-    from graphdist.passes.limit_parameter_gathers import LimitParameterGathersPass, unit_of
-    from graphdist.runtime.scheduler import Scheduler
+    from graphdist.passes.limit_parameter_gathers import LimitParameterGathersPass
 
     if not limit:  # what the plan did before the pass: every gather free to run at the step's start
         monkeypatch.setattr(LimitParameterGathersPass, "call", lambda self, graph, ctx: PassResult(graph, False))
     trainer = DigitsTrainer(_fsdp(4), (64, 48, 48, 10))
     trainer.step(0)
-    plan = trainer.train.get_concrete_function(*trainer.batch(0)).plan
-    gathers = [c for c in plan.comms if c.op == "AllGather" and c.name.startswith("fsdp.")]
-    device_of = {name: device for c in gathers for name, device in zip(c.outputs, c.devices)}
-    layer_bytes: dict[str, int] = {}
-    most = [0]
-    original = Scheduler._finish
-
-    def spy(self, task, outputs, env, *rest):  # noqa: ANN001, ANN202 - the scheduler's own signature
-        original(self, task, outputs, env, *rest)
-        alive: dict[str, int] = {}
-        for name in env:
-            if name in device_of:
-                alive[device_of[name]] = alive.get(device_of[name], 0) + np.asarray(env[name]).nbytes
-        most[0] = max(most[0], *alive.values(), 0)
-        if task.name in {g.name for g in gathers} and task.name.endswith(".forward"):
-            layer, _ = unit_of(task.name)  # one device's copy: every participant gets the same bytes
-            layer_bytes[layer] = layer_bytes.get(layer, 0) + np.asarray(outputs[0]).nbytes
-
-    monkeypatch.setattr(Scheduler, "_finish", spy)
-    trainer.step(1)
+    measured = gathered_bytes(trainer.train, trainer.batch(1))
     monkeypatch.undo()
-    return most[0], layer_bytes
+    return measured
 
 
 def test_a_device_holds_one_layers_gathered_weights_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
