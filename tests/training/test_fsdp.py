@@ -17,9 +17,9 @@ import pytest
 import graphdist as gd
 from graphdist.compile.pipeline import PipelineConfig
 from graphdist.models.datasets import digits
-from graphdist.models.mlp import MLP
 from graphdist.passes.shard_optimizer_state import state_bytes_per_replica
 from graphdist.passes.shard_parameters import parameter_bytes_per_replica
+from tests.distribute.digits_training import DigitsTrainer
 
 SIZES = (64, 32, 10)
 BATCH = 32  # global batch: 16 or 8 rows per replica
@@ -46,39 +46,13 @@ def _strategy(replicas: int) -> gd.Strategy:
     return _FSDPStrategy([f"cpu:{i}" for i in range(replicas)])
 
 
-class _Trainer:
+def _trainer(strategy: gd.Strategy) -> DigitsTrainer:
     """The MLP with Adam under ``strategy``; ``step(i)`` trains on global batch ``i`` of the digits."""
-
-    def __init__(self, strategy: gd.Strategy) -> None:
-        self.strategy = strategy
-        with strategy.scope():
-            self.model = MLP(SIZES, seed=0, trainable=True)
-            self.optimizer = gd.optimizers.Adam(0.01)
-        replica_step = self.model.make_train_step(self.optimizer, BATCH)
-
-        @gd.function
-        def train(x, labels):
-            return strategy.reduce("SUM", strategy.run(replica_step, args=(x, labels)), axis=None)
-
-        self.train = train
-
-    def batch(self, i: int) -> tuple:
-        rows = slice(i * BATCH, (i + 1) * BATCH)
-        dataset = gd.data.Dataset.from_tensors((DATA.x_train[rows], DATA.y_train[rows]))
-        return next(iter(self.strategy.experimental_distribute_dataset(dataset)))
-
-    def step(self, i: int) -> float:
-        return float(self.train(*self.batch(i)))
-
-    def state(self) -> list[np.ndarray]:
-        return [v.numpy() for v in (*self.model.trainable_variables, *self.optimizer.variables())]
-
-    def rewritten(self) -> gd.Graph:
-        return self.train.get_concrete_function(*self.batch(0)).graph("rewritten")
+    return DigitsTrainer(strategy, SIZES, BATCH)
 
 
-def _trained(replicas: int, steps: int = STEPS) -> tuple[_Trainer, list[float]]:
-    trainer = _Trainer(_strategy(replicas))
+def _trained(replicas: int, steps: int = STEPS) -> tuple[DigitsTrainer, list[float]]:
+    trainer = _trainer(_strategy(replicas))
     return trainer, [trainer.step(i) for i in range(steps)]
 
 
@@ -89,7 +63,7 @@ def _assert_close(got: list[np.ndarray], want: list[np.ndarray]) -> None:
 
 
 @pytest.fixture(scope="module")
-def one_device() -> tuple[_Trainer, list[float]]:
+def one_device() -> tuple[DigitsTrainer, list[float]]:
     return _trained(1)
 
 
@@ -111,7 +85,7 @@ def test_five_adam_steps_with_every_weight_sharded_equal_one_device(replicas: in
     assert not {name for name in WEIGHTS} & {v.name for v in rewritten.inputs}  # no whole weight is fed
 
 
-def _stored_bytes_per_device(trainer: _Trainer, replicas: int) -> list[int]:
+def _stored_bytes_per_device(trainer: DigitsTrainer, replicas: int) -> list[int]:
     """Bytes of parameters and optimizer state each device's replica is fed, from the variables' storage."""
     totals = [0] * replicas
     for variable in (*trainer.model.trainable_variables, *trainer.optimizer.variables()):
@@ -142,14 +116,14 @@ def test_checkpoints_hold_whole_values_and_move_between_fsdp_and_one_device(tmp_
     want, _ = _trained(2)
     first, _ = _trained(2, steps=2)
     path = gd.train.Checkpoint(model=first.model, optimizer=first.optimizer).save(tmp_path / "fsdp2.npz")
-    single = _Trainer(_strategy(1))
+    single = _trainer(_strategy(1))
     gd.train.Checkpoint(model=single.model, optimizer=single.optimizer).restore(path)
     # The checkpoint holds the whole values (the slots are restored when the first step creates them).
     _assert_close([v.numpy() for v in single.model.trainable_variables],
                   [v.numpy() for v in first.model.trainable_variables])
     single.step(2)
     path = gd.train.Checkpoint(model=single.model, optimizer=single.optimizer).save(tmp_path / "one.npz")
-    back = _Trainer(_strategy(4))
+    back = _trainer(_strategy(4))
     gd.train.Checkpoint(model=back.model, optimizer=back.optimizer).restore(path)
     back.step(3)
     back.step(4)
@@ -178,7 +152,7 @@ def test_some_weights_sharded_the_others_mirrored_with_zero1_slots(one_device) -
     single, single_losses = one_device
     kernels = ("mlp/dense_0/kernel", "mlp/dense_1/kernel")
     strategy = _FSDPStrategy(["cpu:0", "cpu:1"], kernels, gd.NcclAllReduce(shard_optimizer_state=True))
-    mixed = _Trainer(strategy)
+    mixed = _trainer(strategy)
     losses = [mixed.step(i) for i in range(STEPS)]
     np.testing.assert_allclose(losses, single_losses, rtol=1e-5)
     _assert_close(mixed.state(), single.state())
@@ -217,7 +191,7 @@ def test_fsdp_with_other_gradient_options_equals_one_device(option: str, one_dev
     single, _ = one_device
     ops = {"packs": gd.NcclAllReduce(num_packs=2), "hierarchical_copy": gd.HierarchicalCopyAllReduce(),
            "reduce_to_one": gd.ReductionToOneDevice()}.get(option)
-    trainer = _Trainer(_FSDPStrategy(["cpu:0", "cpu:1"], WEIGHTS, ops))
+    trainer = _trainer(_FSDPStrategy(["cpu:0", "cpu:1"], WEIGHTS, ops))
     if option == "accumulate_steps":
         replica_step = trainer.model.make_train_step(trainer.optimizer, BATCH)
         strategy = trainer.strategy
