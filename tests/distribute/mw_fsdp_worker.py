@@ -27,8 +27,10 @@ class FSDPStrategy(gd.MultiWorkerMirroredStrategy):
         return super().pipeline_config().replace(shard_parameters=WEIGHTS)
 
 
-def main(directory: Path) -> None:
-    strategy = FSDPStrategy()
+def train_and_compare(strategy: gd.Strategy, checkpoint: Path) -> tuple[Trainer, str]:
+    """Trains 5 Adam steps under ``strategy`` and under OneDevice; saves a checkpoint at ``checkpoint`` (every
+    worker: a save gathers the shards), which the chief restores into OneDevice. Returns the sharded trainer and
+    the ``worker W ok ...`` line of numbers the tests read (more may be appended)."""
     worker = strategy.cluster_resolver.task_id
     sharded, single = Trainer(strategy), Trainer(gd.OneDeviceStrategy("cpu:0"))
     for i in range(5):
@@ -41,7 +43,7 @@ def main(directory: Path) -> None:
     weights = [v for v in sharded.model.trainable_variables if v.worker_shard is not None]
     stored = sum(v._stored_nbytes for v in sharded.model.trainable_variables)
     whole = sum(v.numpy().nbytes for v in sharded.model.trainable_variables)  # numpy() gathers: every worker
-    saved = sharded.checkpoint().save(directory / f"fsdp-worker{worker}.npz")
+    saved = sharded.checkpoint().save(checkpoint)
     restored = 0.0
     if worker == 0:
         moved = Trainer(gd.OneDeviceStrategy("cpu:0"))
@@ -49,8 +51,14 @@ def main(directory: Path) -> None:
         moved.step(0)  # creates the slots, which the restore then fills: compare with one more step on each side
         single.step(0)
         restored = largest_difference(moved.state(), single.state())
-    print(f"worker {worker} ok trained {trained:.1e} restored {restored:.1e} gathers {gathers} scatters {scatters} "
-          f"weights {len(weights)} stored {stored} whole {whole}", flush=True)
+    return sharded, (f"worker {worker} ok trained {trained:.1e} restored {restored:.1e} gathers {gathers} "
+                     f"scatters {scatters} weights {len(weights)} stored {stored} whole {whole}")
+
+
+def main(directory: Path) -> None:
+    strategy = FSDPStrategy()
+    _, line = train_and_compare(strategy, directory / f"fsdp-worker{strategy.cluster_resolver.task_id}.npz")
+    print(line, flush=True)
 
 
 if __name__ == "__main__":

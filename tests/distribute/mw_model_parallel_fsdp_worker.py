@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import graphdist as gd
-from tests.distribute.mw_zero1_worker import Trainer, largest_difference
+from tests.distribute.mw_fsdp_worker import train_and_compare
 
 
 def strategy(positions: int, model: int) -> gd.experimental.ModelParallelStrategy:
@@ -34,30 +34,10 @@ def strategy(positions: int, model: int) -> gd.experimental.ModelParallelStrateg
 
 def main(directory: Path, positions: int, model: int) -> None:
     mp = strategy(positions, model)
-    worker = mp.cluster_resolver.task_id
-    sharded, single = Trainer(mp), Trainer(gd.OneDeviceStrategy("cpu:0"))
-    for i in range(5):
-        sharded.step(i)
-        single.step(i)
-    trained = largest_difference(sharded.state(), single.state())
-    rewritten = sharded.train.get_concrete_function(*sharded.batch(0)).graph("rewritten")
-    gathers = len(rewritten.find_nodes("CrossWorkerAllGather", gd.ir.GRAPHDIST_DOMAIN))
-    scatters = len(rewritten.find_nodes("CrossWorkerReduceScatter", gd.ir.GRAPHDIST_DOMAIN))
-    weights = [v for v in sharded.model.trainable_variables if v.worker_shard is not None]
-    stored = sum(v._stored_nbytes for v in sharded.model.trainable_variables)
+    sharded, line = train_and_compare(mp, directory / f"mp-fsdp-worker{mp.cluster_resolver.task_id}.npz")
     largest_part = max(part.nbytes for part in sharded.model.trainable_variables[0]._value)  # first kernel
-    whole = sum(v.numpy().nbytes for v in sharded.model.trainable_variables)  # numpy() gathers: every worker
-    saved = sharded.checkpoint().save(directory / f"mp-fsdp-worker{worker}.npz")
-    restored = 0.0
-    if worker == 0:
-        moved = Trainer(gd.OneDeviceStrategy("cpu:0"))
-        moved.checkpoint().restore(saved)
-        moved.step(0)  # creates the slots, which the restore then fills: compare with one more step on each side
-        single.step(0)
-        restored = largest_difference(moved.state(), single.state())
-    print(f"worker {worker} ok trained {trained:.1e} restored {restored:.1e} gathers {gathers} scatters {scatters} "
-          f"weights {len(weights)} stored {stored} whole {whole} replicas {mp.num_replicas_in_sync} "
-          f"local {len(mp.extended.worker_devices)} part0 {largest_part}", flush=True)
+    print(f"{line} replicas {mp.num_replicas_in_sync} local {len(mp.extended.worker_devices)} part0 {largest_part}",
+          flush=True)
 
 
 if __name__ == "__main__":
