@@ -102,16 +102,11 @@ def child(kind: str, sizes: tuple[int, ...], batch: int, steps: int) -> dict[str
 
 def _transformer_strategy() -> Any:
     import graphdist as gd
+    from graphdist.models.transformer import TransformerBlock
 
     mesh = gd.experimental.DeviceMesh((2, 2), ("batch", "model"), [f"cpu:{i}" for i in range(4)])
-    layout_map = gd.experimental.LayoutMap(mesh)
-    layout_map["attention/(query|key|value)/kernel"] = (None, "model")  # heads split over "model"
-    layout_map["attention/(query|key|value)/bias"] = ("model",)
-    layout_map["attention/output/kernel"] = ("model", None)
-    layout_map["mlp/dense1/kernel"] = (None, "model")
-    layout_map["mlp/dense1/bias"] = ("model",)
-    layout_map["mlp/dense2/kernel"] = ("model", None)
-    return gd.experimental.ModelParallelStrategy(layout_map=layout_map, batch_dim_name="batch")
+    return gd.experimental.ModelParallelStrategy(layout_map=TransformerBlock.get_layout_map(mesh),
+                                                 batch_dim_name="batch")
 
 
 def transformer_child(batch: int = TRANSFORMER_BATCH) -> dict[str, Any]:

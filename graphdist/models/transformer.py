@@ -212,6 +212,24 @@ class TransformerBlock(Classifier):
             labels = np.concatenate([labels, counts[keep].argmax(axis=1)])
         return ids[:n], labels[:n].astype(np.int64)
 
+    @staticmethod
+    def get_layout_map(device_mesh: Any, model_dim: str = "model") -> Any:
+        """Megatron's tensor parallelism for this block (keras_hub's ``get_layout_map``): the attention's
+        heads and the MLP's hidden units split over ``model_dim`` of ``device_mesh``: query/key/value and the
+        first MLP layer by columns (their biases too), the attention's output and the second MLP layer by rows.
+
+        Returns:
+            A ``gd.experimental.LayoutMap`` for ``ModelParallelStrategy``.
+        """
+        layout_map = gd.experimental.LayoutMap(device_mesh)
+        layout_map["attention/(query|key|value)/kernel"] = (None, model_dim)  # heads split
+        layout_map["attention/(query|key|value)/bias"] = (model_dim,)
+        layout_map["attention/output/kernel"] = (model_dim, None)
+        layout_map["mlp/dense1/kernel"] = (None, model_dim)
+        layout_map["mlp/dense1/bias"] = (model_dim,)
+        layout_map["mlp/dense2/kernel"] = (model_dim, None)
+        return layout_map
+
     def __repr__(self) -> str:
         return (f"TransformerBlock(vocab_size={self.vocab_size}, max_length={self.max_length}, "
                 f"d_model={self.d_model}, num_heads={self.num_heads}, d_ff={self.d_ff}, "

@@ -224,14 +224,7 @@ def test_transformer_block_heads_split_on_mesh_2x2_equals_one_device() -> None:
     from graphdist.models.transformer import TransformerBlock
 
     ids, labels = TransformerBlock.example_data(n=64)
-    mesh = _mesh((2, 2))
-    layout_map = gd.experimental.LayoutMap(mesh)
-    layout_map["attention/(query|key|value)/kernel"] = (None, "model")  # heads split over "model"
-    layout_map["attention/(query|key|value)/bias"] = ("model",)
-    layout_map["attention/output/kernel"] = ("model", None)
-    layout_map["mlp/dense1/kernel"] = (None, "model")
-    layout_map["mlp/dense1/bias"] = ("model",)
-    layout_map["mlp/dense2/kernel"] = ("model", None)
+    layout_map = TransformerBlock.get_layout_map(_mesh((2, 2)))  # heads and MLP units split over "model"
 
     def make() -> object:
         return TransformerBlock(num_heads=4)
