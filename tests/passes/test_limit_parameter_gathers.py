@@ -194,3 +194,13 @@ def test_prefetch_lets_the_next_layers_gathers_run_while_a_layer_computes() -> N
 def test_a_bad_prefetch_names_the_argument(bad: object) -> None:
     with pytest.raises(InvalidArgumentError, match="prefetch must be an integer >= 0"):
         LimitParameterGathersPass(prefetch=bad)  # type: ignore[arg-type]
+
+
+def test_a_plan_whose_collective_waits_for_a_missing_segment_is_refused() -> None:
+    from graphdist.errors import PlanError
+
+    plan = Plan.from_graph(_partitioned())
+    waiting = next(c for c in plan.comms if c.attrs.get(AFTER_SEGMENTS_ATTR))
+    waiting.attrs[AFTER_SEGMENTS_ATTR] = ["cpu0.p9"]  # as an edited plan.json could say
+    with pytest.raises(PlanError, match=r"waits for segment 'cpu0.p9', which the plan lacks"):
+        plan.compile(get_backend("ort"))
